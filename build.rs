@@ -1,0 +1,12 @@
+//! Compiles `proto/fleet.proto` (the test fleet's and the demo's service) with protox, a
+//! protobuf compiler in pure Rust, so that no system `protoc` is needed.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto");
+    let fds = protox::compile(["proto/fleet.proto"], ["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! [`Builder`]: the instances and the settings of a [`BalancedChannel`], checked in
+//! [`Builder::build`].
+
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tonic::transport::Endpoint;
+
+use crate::error::{check_uri, parse_uri, Error};
+use crate::health::{Backoff, Ejection, Policy};
+use crate::pool::Pool;
+use crate::{BalancedChannel, Strategy};
+
+/// The connect timeout that [`Builder::uri`] and [`BalancedChannel::from_static`] give each
+/// instance (tonic has none by default, and a silent address would hold calls for minutes).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Builds a [`BalancedChannel`]: instances (as tonic [`Endpoint`]s, so that TLS, timeouts,
+/// keep-alive and every other per-connection setting come from tonic), the strategy, and the
+/// failure handling.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tonic::transport::Endpoint;
+/// use tonic_balancer::{BalancedChannel, Strategy};
+///
+/// # async fn demo() -> Result<(), tonic_balancer::Error> {
+/// let channel = BalancedChannel::builder()
+///     .endpoint(
+///         Endpoint::from_static("http://10.0.0.7:50051")
+///             .connect_timeout(Duration::from_secs(1))
+///             .http2_keep_alive_interval(Duration::from_secs(30)),
+///     )
+///     .uri("http://10.0.0.8:50051")
+///     .strategy(Strategy::LeastPending)
+///     .build()?;
+/// # let _ = channel; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Builder {
+    endpoints: Vec<(String, Endpoint)>,
+    error: Option<Error>,
+    strategy: Strategy,
+    backoff: Backoff,
+    ejection: Ejection,
+    transparent_retry: bool,
+    latency_expiry: Duration,
+    latency_decay: Duration,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder::new()
+    }
+}
+
+impl Builder {
+    /// A builder with no instances and the default settings.
+    pub fn new() -> Builder {
+        Builder {
+            endpoints: Vec::new(),
+            error: None,
+            strategy: Strategy::default(),
+            backoff: Backoff::default(),
+            ejection: Ejection::default(),
+            transparent_retry: true,
+            latency_expiry: Duration::from_secs(5),
+            latency_decay: Duration::from_secs(1),
+        }
+    }
+
+    /// Adds an instance, with its per-connection settings.
+    pub fn endpoint(mut self, endpoint: Endpoint) -> Builder {
+        self.endpoints.push((endpoint.uri().to_string(), endpoint));
+        self
+    }
+
+    /// Adds several instances.
+    pub fn endpoints(mut self, endpoints: impl IntoIterator<Item = Endpoint>) -> Builder {
+        for e in endpoints {
+            self = self.endpoint(e);
+        }
+        self
+    }
+
+    /// Adds an instance by URI, with tonic's default settings and a connect timeout of
+    /// [`DEFAULT_CONNECT_TIMEOUT`]. A malformed URI is reported by [`build`](Builder::build).
+    pub fn uri(mut self, uri: &str) -> Builder {
+        match parse_uri(uri) {
+            Ok(parsed) => {
+                let endpoint = Endpoint::from(parsed).connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+                self.endpoints.push((uri.to_owned(), endpoint));
+            }
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+        self
+    }
+
+    /// The selection strategy (default: [`Strategy::LeastPending`]).
+    pub fn strategy(mut self, strategy: Strategy) -> Builder {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Reconnect backoff for instances that cannot be reached (default: gRPC's, 1 s first,
+    /// ×1.6, ±20% jitter, 120 s cap).
+    pub fn backoff(mut self, backoff: Backoff) -> Builder {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Outlier ejection (see [`Ejection`] for the defaults).
+    pub fn ejection(mut self, ejection: Ejection) -> Builder {
+        self.ejection = ejection;
+        self
+    }
+
+    /// Whether a call whose instance could not be reached before any of its request went out
+    /// is sent to another instance, as gRPC's transparent retry does (default: on).
+    pub fn transparent_retry(mut self, on: bool) -> Builder {
+        self.transparent_retry = on;
+        self
+    }
+
+    /// How long a latency estimate stays valid without a new sample (default 5 s). Past it,
+    /// the instance counts as of unknown latency and is tried again, so that an instance that
+    /// was slow once wins its share back.
+    pub fn latency_expiry(mut self, expiry: Duration) -> Builder {
+        self.latency_expiry = expiry;
+        self
+    }
+
+    /// Checks the settings and builds the channel. Must be called within a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoInstances`] for an empty set, [`Error::InvalidUri`] and
+    /// [`Error::DuplicateUri`] naming the address, [`Error::InvalidSetting`] naming the
+    /// setting, [`Error::NoRuntime`] outside a tokio runtime.
+    pub fn build(self) -> Result<BalancedChannel, Error> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if self.endpoints.is_empty() {
+            return Err(Error::NoInstances);
+        }
+        for (i, (display, endpoint)) in self.endpoints.iter().enumerate() {
+            check_uri(endpoint.uri()).map_err(|reason| Error::InvalidUri {
+                uri: display.clone(),
+                reason: reason.to_owned(),
+            })?;
+            if self.endpoints[..i]
+                .iter()
+                .any(|(_, e)| e.uri() == endpoint.uri())
+            {
+                return Err(Error::DuplicateUri {
+                    uri: display.clone(),
+                });
+            }
+        }
+        self.backoff.validate()?;
+        self.ejection.validate()?;
+        if self.latency_expiry.is_zero() {
+            return Err(Error::InvalidSetting {
+                name: "latency_expiry",
+                reason: "must be above zero".to_owned(),
+            });
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime);
+        }
+        let policy = Arc::new(Policy {
+            epoch: Instant::now(),
+            clock: AtomicU64::new(0),
+            latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
+            latency_decay: self.latency_decay,
+            default_latency_ns: 1_000_000.0,
+            backoff: self.backoff,
+            ejection: self.ejection,
+            ejected: AtomicUsize::new(0),
+            members: AtomicUsize::new(0),
+        });
+        let mut pool = Pool::new(policy.clone(), self.strategy);
+        pool.replay = self.transparent_retry;
+        let pool = Arc::new(pool);
+        for (display, endpoint) in self.endpoints {
+            pool.insert(display, endpoint);
+        }
+        tracing::info!(instances = pool.snapshot().len(), strategy = ?self.strategy, "balanced channel built");
+        if let Some(every) = policy.ejection.success_rate_interval {
+            tokio::spawn(success_rate_task(Arc::downgrade(&pool), every));
+        }
+        Ok(BalancedChannel { pool })
+    }
+}
+
+async fn success_rate_task(pool: Weak<Pool>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        crate::health::success_rate_sweep(&pool.snapshot());
+    }
+}

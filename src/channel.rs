@@ -1,0 +1,508 @@
+//! [`BalancedChannel`]: the `tower::Service` that generated stubs call, and its future.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use tokio::time::Sleep;
+use tonic::body::Body;
+use tonic::transport::Channel;
+use tower::BoxError;
+
+use crate::error::{deadline_exceeded, unavailable};
+use crate::guard::{CallGuard, GuardedBody};
+use crate::health::{self, Outcome};
+use crate::instance::Instance;
+use crate::pick::{self, Load, Rng};
+use crate::pool::Pool;
+use crate::stats::EndpointStats;
+use crate::Strategy;
+
+/// A tonic channel that spreads calls over a set of instances, sending each call to the one
+/// with the fewest calls in flight.
+///
+/// Use it wherever a [`tonic::transport::Channel`] goes: `FooClient::new(channel)`. Clones are
+/// cheap and share one set of instances and one set of counts. See the [crate docs](crate) for
+/// the routing rule and the failure handling.
+#[derive(Clone)]
+pub struct BalancedChannel {
+    pub(crate) pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for BalancedChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BalancedChannel")
+            .field("strategy", &self.pool.strategy)
+            .field("instances", &self.pool.snapshot().len())
+            .finish()
+    }
+}
+
+impl BalancedChannel {
+    /// A channel over these addresses with the default settings: least pending,
+    /// a 5 s connect timeout per instance, and tonic's defaults otherwise.
+    ///
+    /// Each string must be an `http://` or `https://` URI with a host (and an optional port),
+    /// such as `"http://10.0.0.7:50051"`. An empty list, a malformed URI or a duplicate is
+    /// refused with an [`Error`](crate::Error) that quotes it. Must be called within a tokio
+    /// runtime: each instance's connection task is spawned on it (connections open lazily, on
+    /// the first call).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// let channel = tonic_balancer::BalancedChannel::from_static([
+    ///     "http://10.0.0.7:50051",
+    ///     "http://10.0.0.8:50051",
+    /// ])?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn from_static<I, S>(uris: I) -> Result<BalancedChannel, crate::Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut builder = BalancedChannel::builder();
+        for uri in uris {
+            builder = builder.uri(uri.as_ref());
+        }
+        builder.build()
+    }
+
+    /// A [`Builder`](crate::Builder) for the instances' `Endpoint`s, the strategy and the
+    /// failure-handling settings.
+    pub fn builder() -> crate::Builder {
+        crate::Builder::new()
+    }
+
+    /// A snapshot of every instance: the ones in the set, then the ones draining.
+    pub fn endpoints(&self) -> Vec<EndpointStats> {
+        let now = self.pool.policy.now_ns();
+        let mut out: Vec<EndpointStats> = self
+            .pool
+            .snapshot()
+            .iter()
+            .map(|i| EndpointStats::of(i, now))
+            .collect();
+        out.extend(
+            self.pool
+                .draining()
+                .iter()
+                .map(|i| EndpointStats::of(i, now)),
+        );
+        out
+    }
+
+    /// The strategy this channel routes with.
+    pub fn strategy(&self) -> Strategy {
+        self.pool.strategy
+    }
+
+    /// Adds an instance while calls flow; its connection opens on its first call. Returns
+    /// `Ok(false)` if an instance with this URI is in the set already. An instance of this URI
+    /// that is draining is taken back with its connection.
+    pub fn insert(&self, endpoint: tonic::transport::Endpoint) -> Result<bool, crate::Error> {
+        crate::error::check_uri(endpoint.uri()).map_err(|reason| crate::Error::InvalidUri {
+            uri: endpoint.uri().to_string(),
+            reason: reason.to_owned(),
+        })?;
+        Ok(self.pool.insert(endpoint.uri().to_string(), endpoint))
+    }
+
+    /// Removes the instance with this URI: it gets no new calls from now on, finishes the
+    /// calls it has (it shows as [`State::Draining`](crate::State::Draining) meanwhile), then
+    /// its connection closes. Returns `Ok(false)` if there is no such instance.
+    pub fn remove(&self, uri: &str) -> Result<bool, crate::Error> {
+        let uri = crate::error::parse_uri(uri)?;
+        Ok(self.pool.remove(&uri))
+    }
+
+    /// Picks the instance for one call (excluding the ones in `tried`).
+    #[inline]
+    fn pick(pool: &Pool, snap: &[Arc<Instance>], tried: &[Arc<Instance>]) -> Option<usize> {
+        let policy = &pool.policy;
+        let now = policy.clock.load(Ordering::Relaxed);
+        let expiry = policy.latency_expiry_ns;
+        let load = |i: &Arc<Instance>| -> Option<Load> {
+            if !i.state().is_usable()
+                || (!tried.is_empty() && tried.iter().any(|t| Arc::ptr_eq(t, i)))
+            {
+                return None;
+            }
+            Some(Load {
+                in_flight: i.in_flight.load(Ordering::Relaxed),
+                latency_ns: i.latency(now, expiry),
+            })
+        };
+        match pool.strategy {
+            Strategy::LeastPending => {
+                let mut rng = Rng::thread();
+                let r = pick::least_pending(snap, &mut rng, load);
+                rng.store();
+                r
+            }
+            Strategy::PeakEwma => {
+                let mut rng = Rng::thread();
+                let r = pick::peak_ewma(snap, &mut rng, policy.default_latency_ns, load);
+                rng.store();
+                r
+            }
+            Strategy::PowerOfTwoChoices => {
+                let mut rng = Rng::thread();
+                let r = pick::power_of_two(snap, &mut rng, load);
+                rng.store();
+                r
+            }
+            Strategy::RoundRobin => {
+                let c = pool.rr.fetch_add(1, Ordering::Relaxed);
+                pick::round_robin(snap, c, load)
+            }
+        }
+    }
+}
+
+/// Why nothing could be picked, for the UNAVAILABLE message.
+fn no_instance_message(snap: &[Arc<Instance>]) -> String {
+    if snap.is_empty() {
+        return "tonic-balancer: no instances in the set".to_owned();
+    }
+    let mut counts = std::collections::BTreeMap::<&'static str, usize>::new();
+    for i in snap {
+        *counts.entry(i.state().as_str()).or_default() += 1;
+    }
+    let states: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    format!(
+        "tonic-balancer: no usable instance among {} ({})",
+        snap.len(),
+        states.join(", ")
+    )
+}
+
+impl tower::Service<http::Request<Body>> for BalancedChannel {
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future = ResponseFuture;
+
+    /// Always ready: the channel itself queues nothing. Each call waits, within its own future,
+    /// for room in its instance's connection.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let deadline =
+            crate::deadline::from_headers(req.headers()).map(|d| Box::pin(tokio::time::sleep(d)));
+        let snap = self.pool.snapshot();
+        let Some(idx) = Self::pick(&self.pool, &snap, &[]) else {
+            let msg = no_instance_message(&snap);
+            tracing::debug!(reason = %msg, "call refused");
+            return ResponseFuture::failed(unavailable(msg));
+        };
+        let inst = &snap[idx];
+        tracing::trace!(addr = %inst.display, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
+        // Keep what is needed to send the call elsewhere if its instance cannot be reached,
+        // when there is somewhere else to send it.
+        let (req, replay) = if snap.len() > 1 && self.pool.replay {
+            Replay::wrap(req, self.pool.clone())
+        } else {
+            (req, None)
+        };
+        let guard = CallGuard::new(inst.clone());
+        ResponseFuture {
+            state: CallState::Routed {
+                channel: inst.channel.clone(),
+                req: Some(req),
+            },
+            guard: Some(guard),
+            deadline,
+            replay,
+        }
+    }
+}
+
+/// What is kept to replay a call on another instance: the request head, and a slot that gets
+/// the body back if the connection drops it without reading any of it.
+struct Replay {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: http::HeaderMap,
+    extensions: http::Extensions,
+    slot: Arc<Mutex<Option<Body>>>,
+    tried: Vec<Arc<Instance>>,
+    pool: Arc<Pool>,
+}
+
+impl Replay {
+    fn wrap(
+        req: http::Request<Body>,
+        pool: Arc<Pool>,
+    ) -> (http::Request<Body>, Option<Box<Replay>>) {
+        let (parts, body) = req.into_parts();
+        let slot = Arc::new(Mutex::new(None));
+        let replay = Box::new(Replay {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            version: parts.version,
+            headers: parts.headers.clone(),
+            extensions: parts.extensions.clone(),
+            slot: slot.clone(),
+            tried: Vec::new(),
+            pool,
+        });
+        let body = Body::new(UnsentBody::new(body, slot));
+        (http::Request::from_parts(parts, body), Some(replay))
+    }
+
+    /// The request again, if its body came back unread.
+    fn take_request(&mut self) -> Option<http::Request<Body>> {
+        let body = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        let body = Body::new(UnsentBody::new(body, self.slot.clone()));
+        let mut req = http::Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers.clone();
+        *req.extensions_mut() = self.extensions.clone();
+        Some(req)
+    }
+}
+
+/// A request body that hands itself back to the call's [`Replay`] slot if it is dropped before
+/// anyone read from it: then not one byte of it went out, and the call can go elsewhere. From
+/// its first read on it is an ordinary body (no lock on the poll path).
+struct UnsentBody {
+    inner: Body,
+    slot: Option<Arc<Mutex<Option<Body>>>>,
+}
+
+impl UnsentBody {
+    fn new(inner: Body, slot: Arc<Mutex<Option<Body>>>) -> UnsentBody {
+        UnsentBody {
+            inner,
+            slot: Some(slot),
+        }
+    }
+}
+
+impl Drop for UnsentBody {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            let body = std::mem::take(&mut self.inner);
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(body);
+        }
+    }
+}
+
+impl HttpBody for UnsentBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let this = &mut *self;
+        this.slot = None;
+        Pin::new(&mut this.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+// The request lives in the future until it is sent; boxing it would cost an allocation per
+// call for nothing.
+#[allow(clippy::large_enum_variant)]
+enum CallState {
+    /// Routed to an instance; waiting for room in its connection.
+    Routed {
+        channel: Channel,
+        req: Option<http::Request<Body>>,
+    },
+    /// Sent; waiting for the response head.
+    Sent(tonic::transport::channel::ResponseFuture),
+    /// Refused before routing, or over.
+    Failed(Option<tonic::Status>),
+}
+
+/// The future of one call through a [`BalancedChannel`].
+pub struct ResponseFuture {
+    state: CallState,
+    guard: Option<CallGuard>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    replay: Option<Box<Replay>>,
+}
+
+impl std::fmt::Debug for ResponseFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResponseFuture {
+    fn failed(status: tonic::Status) -> ResponseFuture {
+        ResponseFuture {
+            state: CallState::Failed(Some(status)),
+            guard: None,
+            deadline: None,
+            replay: None,
+        }
+    }
+
+    fn fail(
+        &mut self,
+        outcome: Outcome,
+        error: BoxError,
+    ) -> Poll<Result<http::Response<Body>, BoxError>> {
+        if let Some(mut guard) = self.guard.take() {
+            guard.finish(outcome);
+        }
+        self.state = CallState::Failed(None);
+        Poll::Ready(Err(error))
+    }
+
+    /// After an error that left the request unsent: route it to an instance it has not tried.
+    fn reroute(&mut self, error: &BoxError) -> bool {
+        let Some(replay) = self.replay.as_mut() else {
+            return false;
+        };
+        let Some(guard) = self.guard.take() else {
+            return false;
+        };
+        let Some(req) = replay.take_request() else {
+            self.guard = Some(guard);
+            return false;
+        };
+        let failed = guard.instance().clone();
+        drop(guard); // Cancelled: the connection failure itself was recorded already.
+        replay.tried.push(failed.clone());
+        let pool = replay.pool.clone();
+        let snap = pool.snapshot();
+        let Some(idx) = BalancedChannel::pick(&pool, &snap, &replay.tried) else {
+            tracing::debug!(addr = %failed.display, error = %error, "instance unreachable and no other to try");
+            return false;
+        };
+        let inst = &snap[idx];
+        tracing::debug!(from = %failed.display, to = %inst.display, error = %error, "call replayed on another instance");
+        self.guard = Some(CallGuard::new(inst.clone()));
+        self.state = CallState::Routed {
+            channel: inst.channel.clone(),
+            req: Some(req),
+        };
+        true
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = Result<http::Response<Body>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Some(deadline) = this.deadline.as_mut() {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return this.fail(Outcome::Failure, deadline_exceeded().into());
+            }
+        }
+        loop {
+            match &mut this.state {
+                CallState::Failed(status) => {
+                    let status = status
+                        .take()
+                        .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
+                    return Poll::Ready(Err(status.into()));
+                }
+                CallState::Routed { channel, req } => {
+                    match tower::Service::poll_ready(channel, cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(e)) => {
+                            return this.fail(Outcome::Failure, e.into());
+                        }
+                        Poll::Ready(Ok(())) => {
+                            let req = req.take().expect("request sent once");
+                            let fut = tower::Service::call(channel, req);
+                            this.state = CallState::Sent(fut);
+                        }
+                    }
+                }
+                CallState::Sent(fut) => match Pin::new(fut).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(resp)) => {
+                        let mut guard = this.guard.take().expect("guard held until the response");
+                        guard.headers_received();
+                        let trailers_only = health::classify_headers(resp.headers());
+                        health::connected(guard.instance());
+                        if trailers_only != Outcome::Cancelled {
+                            guard.finish(trailers_only);
+                        }
+                        let deadline = this.deadline.take();
+                        this.state = CallState::Failed(None);
+                        return Poll::Ready(Ok(
+                            resp.map(|body| Body::new(GuardedBody::new(body, guard, deadline)))
+                        ));
+                    }
+                    Poll::Ready(Err(e)) => {
+                        let e: BoxError = e.into();
+                        match classify_error(&*e) {
+                            ErrorKind::Timeout => {
+                                return this.fail(Outcome::Failure, deadline_exceeded().into())
+                            }
+                            ErrorKind::Unsent { connect } => {
+                                if connect {
+                                    if let Some(g) = this.guard.as_ref() {
+                                        health::connect_failed(g.instance(), &*e);
+                                    }
+                                }
+                                if this.reroute(&e) {
+                                    continue;
+                                }
+                                return this.fail(Outcome::Failure, e);
+                            }
+                            ErrorKind::Other => return this.fail(Outcome::Failure, e),
+                        }
+                    }
+                },
+            }
+        }
+    }
+}
+
+enum ErrorKind {
+    /// tonic's own timer (an `Endpoint::timeout` or the `grpc-timeout`) ran out.
+    Timeout,
+    /// The request did not go out: a connect error, or a connection that was closed before the
+    /// request was written.
+    Unsent {
+        connect: bool,
+    },
+    Other,
+}
+
+fn classify_error(e: &(dyn std::error::Error + 'static)) -> ErrorKind {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<tonic::TimeoutExpired>() {
+            return ErrorKind::Timeout;
+        }
+        if err.is::<tonic::ConnectError>() {
+            return ErrorKind::Unsent { connect: true };
+        }
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            if h.is_canceled() || h.is_closed() {
+                return ErrorKind::Unsent { connect: false };
+            }
+        }
+        cur = err.source();
+    }
+    ErrorKind::Other
+}

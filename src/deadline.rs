@@ -1,0 +1,62 @@
+//! The call's deadline, from its `grpc-timeout` header (set by `tonic::Request::set_timeout`).
+//!
+//! The channel enforces it itself, over the whole call (the response head *and* the response
+//! stream), and ends a call whose deadline passes with DEADLINE_EXCEEDED, the gRPC code for it.
+//! (tonic's own timer covers only the response head and reports CANCELLED "Timeout expired".)
+
+use std::time::Duration;
+
+/// The timeout in a `grpc-timeout` header: 1 to 8 ASCII digits and a unit (`H`, `M`, `S`, `m`,
+/// `u`, `n`). `None` when absent or malformed (the call then has no deadline of the channel's,
+/// as in tonic).
+pub(crate) fn from_headers(headers: &http::HeaderMap) -> Option<Duration> {
+    parse(headers.get("grpc-timeout")?.as_bytes())
+}
+
+pub(crate) fn parse(v: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = v.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+    use std::time::Duration;
+
+    #[test]
+    fn units() {
+        assert_eq!(parse(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse(b"2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse(b"3S"), Some(Duration::from_secs(3)));
+        assert_eq!(parse(b"500m"), Some(Duration::from_millis(500)));
+        assert_eq!(parse(b"7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse(b"99999999n"), Some(Duration::from_nanos(99_999_999)));
+    }
+
+    #[test]
+    fn malformed() {
+        for bad in [
+            &b""[..],
+            b"m",
+            b"123456789m",
+            b"12x",
+            b"-1S",
+            b"1.5S",
+            b" 1S",
+        ] {
+            assert_eq!(parse(bad), None, "{:?}", std::str::from_utf8(bad));
+        }
+    }
+}

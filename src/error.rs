@@ -1,0 +1,102 @@
+//! Errors: the ones [`Builder::build`](crate::Builder::build) refuses a configuration with, and
+//! the gRPC statuses the channel itself produces for a call.
+
+use std::fmt;
+
+/// Why a [`BalancedChannel`](crate::BalancedChannel) could not be built.
+///
+/// Every variant names the input it refuses, so that the message points at the line of
+/// configuration to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// No instance was given: a channel needs at least one address.
+    NoInstances,
+    /// A string that is not an `http://` or `https://` URI with a host.
+    InvalidUri {
+        /// The string as given.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The same address was given twice.
+    DuplicateUri {
+        /// The address as given.
+        uri: String,
+    },
+    /// `build()` was called outside a tokio runtime: the channel's connections and timers
+    /// run on the runtime it is built in.
+    NoRuntime,
+    /// A setting whose value is out of its range.
+    InvalidSetting {
+        /// The builder method that took the value, such as `max_replay_body`.
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoInstances => {
+                f.write_str("no instances: a balanced channel needs at least one URI")
+            }
+            Error::InvalidUri { uri, reason } => write!(f, "invalid URI {uri:?}: {reason}"),
+            Error::DuplicateUri { uri } => {
+                write!(f, "duplicate URI {uri:?}: each instance must be given once")
+            }
+            Error::NoRuntime => {
+                f.write_str("no tokio runtime: build the channel within a tokio runtime")
+            }
+            Error::InvalidSetting { name, reason } => {
+                write!(f, "invalid setting `{name}`: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Checks that `s` is an absolute `http://` or `https://` URI with a host, and parses it.
+pub(crate) fn parse_uri(s: &str) -> Result<http::Uri, Error> {
+    let invalid = |reason: &str| Error::InvalidUri {
+        uri: s.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let uri: http::Uri = s
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
+    check_uri(&uri).map_err(invalid)?;
+    Ok(uri)
+}
+
+/// The checks of [`parse_uri`] for a URI that is already parsed (from an `Endpoint`).
+pub(crate) fn check_uri(uri: &http::Uri) -> Result<(), &'static str> {
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        Some(_) => return Err("the scheme must be http or https"),
+        None => return Err("a scheme (http:// or https://) is required"),
+    }
+    match uri.host() {
+        Some(h) if !h.is_empty() => {}
+        _ => return Err("a host is required"),
+    }
+    if uri
+        .path_and_query()
+        .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
+    {
+        return Err("an instance URI has no path or query");
+    }
+    Ok(())
+}
+
+/// UNAVAILABLE, for a call the channel cannot route.
+pub(crate) fn unavailable(message: impl Into<String>) -> tonic::Status {
+    tonic::Status::unavailable(message)
+}
+
+/// DEADLINE_EXCEEDED, for a call whose `grpc-timeout` ran out.
+pub(crate) fn deadline_exceeded() -> tonic::Status {
+    tonic::Status::deadline_exceeded("deadline exceeded: the call's grpc-timeout ran out")
+}

@@ -1,0 +1,153 @@
+//! The in-flight guard, and the response body that carries it.
+//!
+//! A call counts against its instance from the moment it is routed until it is over. The count
+//! is held by a [`CallGuard`], an RAII value: `+1` when it is made, `-1` in its `Drop`, so it is
+//! released exactly once whatever happens: success, error, timeout, or the caller dropping the
+//! future or the response stream at any await point. The guard moves from the response future
+//! into the response body ([`GuardedBody`]); the call is over when the body yields its trailers
+//! or an error, or is dropped.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use tokio::time::Sleep;
+use tonic::body::Body;
+
+use crate::health::{self, Outcome};
+use crate::instance::Instance;
+
+/// Holds one call's place in its instance's in-flight count.
+pub(crate) struct CallGuard {
+    inst: Arc<Instance>,
+    start: Instant,
+    outcome: Option<Outcome>,
+}
+
+impl CallGuard {
+    #[inline]
+    pub(crate) fn new(inst: Arc<Instance>) -> CallGuard {
+        inst.in_flight.fetch_add(1, Ordering::Relaxed);
+        inst.started.fetch_add(1, Ordering::Relaxed);
+        CallGuard {
+            inst,
+            start: Instant::now(),
+            outcome: None,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn instance(&self) -> &Arc<Instance> {
+        &self.inst
+    }
+
+    /// The response headers arrived: one latency sample.
+    #[inline]
+    pub(crate) fn headers_received(&self) {
+        health::observe_latency(&self.inst, self.start.elapsed());
+    }
+
+    /// The call is over with this outcome; the count is released when the guard drops.
+    #[inline]
+    pub(crate) fn finish(&mut self, outcome: Outcome) {
+        if self.outcome.is_none() {
+            self.outcome = Some(outcome);
+        }
+    }
+}
+
+impl Drop for CallGuard {
+    #[inline]
+    fn drop(&mut self) {
+        self.inst.in_flight.fetch_sub(1, Ordering::Release);
+        health::record(&self.inst, self.outcome.unwrap_or(Outcome::Cancelled));
+    }
+}
+
+impl std::fmt::Debug for CallGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallGuard")
+            .field("addr", &self.inst.display)
+            .finish()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that holds its call's [`CallGuard`] until the call is over, and ends the
+    /// stream with DEADLINE_EXCEEDED if the call's deadline passes first.
+    pub(crate) struct GuardedBody {
+        #[pin]
+        inner: Body,
+        guard: Option<CallGuard>,
+        deadline: Option<Pin<Box<Sleep>>>,
+    }
+}
+
+impl GuardedBody {
+    pub(crate) fn new(inner: Body, guard: CallGuard, deadline: Option<Pin<Box<Sleep>>>) -> Self {
+        GuardedBody {
+            inner,
+            guard: Some(guard),
+            deadline,
+        }
+    }
+}
+
+impl HttpBody for GuardedBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let this = self.project();
+        let Some(guard) = this.guard.as_mut() else {
+            // Over: trailers were read, an error was returned, or the deadline passed.
+            return Poll::Ready(None);
+        };
+        if let Some(deadline) = this.deadline.as_mut() {
+            if deadline.as_mut().poll(cx).is_ready() {
+                guard.finish(Outcome::Failure);
+                *this.guard = None;
+                *this.deadline = None;
+                return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
+            }
+        }
+        match this.inner.poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    guard.finish(health::classify_headers(trailers));
+                    *this.guard = None;
+                    *this.deadline = None;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(status))) => {
+                guard.finish(Outcome::Failure);
+                *this.guard = None;
+                *this.deadline = None;
+                Poll::Ready(Some(Err(status)))
+            }
+            Poll::Ready(None) => {
+                *this.guard = None;
+                *this.deadline = None;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.guard.is_none() || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,200 @@
+//! Health: what each call's outcome says about its instance, and the state machine that keeps
+//! failing instances out of the pick.
+//!
+//! ```text
+//!              connect error                      probe connects
+//!   Connecting --------------> Failing  --(backoff)--------------> Ready
+//!   Ready      --------------> Failing
+//!   Ready --(N failures in a row, or low success rate)--> Ejected --(time)--> Ready (probation)
+//!   Ready (probation) --(one failure)--> Ejected (for twice as long)
+//!   any --(removed)--> Draining
+//! ```
+//!
+//! Signals, as in gRPC's outlier detection (gRFC A50) and connection backoff specs:
+//! - a connect error (refused, timeout, already closed) before any byte of the request went out
+//!   marks the instance [`Failing`](crate::State::Failing); a background task probes it with
+//!   exponential backoff and marks it ready when a connection opens;
+//! - statuses UNAVAILABLE, RESOURCE_EXHAUSTED, a transport error, or a deadline that expires
+//!   while the instance holds the call count as failures of the instance; application statuses
+//!   (NOT_FOUND, INVALID_ARGUMENT, ...) are the service's answers and count as successes here.
+
+mod backoff;
+mod outlier;
+
+pub use backoff::Backoff;
+pub use outlier::Ejection;
+pub(crate) use outlier::{eject_check, forget as forget_ejection, success_rate_sweep};
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tonic::Code;
+
+use crate::instance::{Instance, State};
+
+/// How a call ended, as far as its instance's health is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// OK: the instance did its job.
+    Success,
+    /// An application status (NOT_FOUND, INVALID_ARGUMENT, ...): the instance did its job, the
+    /// call failed for the caller.
+    AppError,
+    /// A status or error that says the instance is in trouble.
+    Failure,
+    /// The caller gave up (dropped the call or the stream) or the stream ended without status:
+    /// says nothing about the instance.
+    Cancelled,
+}
+
+/// Settings and pool-wide counters that every instance of one channel shares.
+#[derive(Debug)]
+pub(crate) struct Policy {
+    pub(crate) epoch: Instant,
+    /// A coarse clock for the pick, in nanoseconds since `epoch`: the time of the latest
+    /// latency sample of any instance. Reading it costs a load, not a clock call.
+    pub(crate) clock: AtomicU64,
+    /// A latency estimate older than this counts as unknown.
+    pub(crate) latency_expiry_ns: u64,
+    /// Time constant of the moving average of latency.
+    pub(crate) latency_decay: Duration,
+    /// Peak EWMA: the latency of an instance with no estimate yet.
+    pub(crate) default_latency_ns: f64,
+    pub(crate) backoff: Backoff,
+    pub(crate) ejection: Ejection,
+    /// Instances ejected now.
+    pub(crate) ejected: AtomicUsize,
+    /// Instances in the set now (not draining).
+    pub(crate) members: AtomicUsize,
+}
+
+impl Policy {
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+/// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response).
+#[inline]
+pub(crate) fn classify_headers(headers: &http::HeaderMap) -> Outcome {
+    match headers.get("grpc-status") {
+        None => Outcome::Cancelled,
+        Some(v) => match v.as_bytes() {
+            b"0" => Outcome::Success,
+            other => {
+                let code = std::str::from_utf8(other)
+                    .ok()
+                    .and_then(|s| s.parse::<i32>().ok())
+                    .map(Code::from_i32)
+                    .unwrap_or(Code::Unknown);
+                classify_code(code)
+            }
+        },
+    }
+}
+
+/// Whether a status code is the instance's fault.
+pub(crate) fn classify_code(code: Code) -> Outcome {
+    match code {
+        Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded => Outcome::Failure,
+        Code::Ok => Outcome::Success,
+        Code::Cancelled => Outcome::Cancelled,
+        _ => Outcome::AppError,
+    }
+}
+
+pub(crate) fn observe_latency(inst: &Instance, elapsed: Duration) {
+    let policy = &inst.policy;
+    let now = policy.now_ns();
+    inst.observe_latency(elapsed.as_nanos() as f64, now, policy.latency_decay);
+    policy.clock.fetch_max(now, Ordering::Relaxed);
+}
+
+/// A response arrived from `inst`: its connection works.
+#[inline]
+pub(crate) fn connected(inst: &Instance) {
+    if inst.state() == State::Connecting {
+        inst.transition(State::Connecting, State::Ready);
+    }
+}
+
+/// Records the outcome of one call of `inst` (from the guard's `Drop`).
+pub(crate) fn record(inst: &Arc<Instance>, outcome: Outcome) {
+    match outcome {
+        Outcome::Cancelled => {}
+        Outcome::Success | Outcome::AppError => {
+            if outcome == Outcome::AppError {
+                inst.failed.fetch_add(1, Ordering::Relaxed);
+            }
+            inst.window_ok.fetch_add(1, Ordering::Relaxed);
+            inst.consecutive_failures.store(0, Ordering::Relaxed);
+            let ok = inst.consecutive_successes.fetch_add(1, Ordering::Relaxed) + 1;
+            if inst.probation.load(Ordering::Relaxed) {
+                inst.probation.store(false, Ordering::Relaxed);
+                tracing::debug!(addr = %inst.display, "instance passed probation");
+            }
+            if ok >= 100 && inst.ejection_streak.load(Ordering::Relaxed) > 0 {
+                inst.ejection_streak.store(0, Ordering::Relaxed);
+            }
+            connected(inst);
+        }
+        Outcome::Failure => {
+            inst.failed.fetch_add(1, Ordering::Relaxed);
+            inst.window_err.fetch_add(1, Ordering::Relaxed);
+            inst.consecutive_successes.store(0, Ordering::Relaxed);
+            let n = inst.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+            eject_check(inst, n);
+        }
+    }
+}
+
+/// The instance's connection could not be opened: take it out of the pick and reconnect in the
+/// background with backoff.
+pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error) {
+    let prev = inst.state();
+    if !matches!(prev, State::Connecting | State::Ready) {
+        return;
+    }
+    if !inst.transition(prev, State::Failing) {
+        return;
+    }
+    tracing::warn!(addr = %inst.display, error = %error, "cannot connect to instance; reconnecting with backoff");
+    let weak = Arc::downgrade(inst);
+    let backoff = inst.policy.backoff.clone();
+    tokio::spawn(reconnect(weak, backoff));
+}
+
+async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
+    let mut attempt = 0u32;
+    loop {
+        let delay = backoff.delay(attempt);
+        tokio::time::sleep(delay).await;
+        let Some(inst) = weak.upgrade() else { return };
+        if inst.state() != State::Failing {
+            return;
+        }
+        let endpoint = inst.endpoint.clone();
+        let name = inst.display.clone();
+        drop(inst);
+        let result = tokio::time::timeout(backoff.min_connect_timeout(), endpoint.connect()).await;
+        let Some(inst) = weak.upgrade() else { return };
+        match result {
+            Ok(Ok(_probe)) => {
+                if inst.transition(State::Failing, State::Ready) {
+                    inst.consecutive_failures.store(0, Ordering::Relaxed);
+                    tracing::info!(addr = %name, attempt, "instance reachable again");
+                }
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(addr = %name, attempt, error = %e, "reconnect failed");
+            }
+            Err(_) => {
+                tracing::debug!(addr = %name, attempt, "reconnect timed out");
+            }
+        }
+        attempt = attempt.saturating_add(1);
+    }
+}

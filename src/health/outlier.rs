@@ -1,0 +1,223 @@
+//! Outlier ejection, after gRPC's (gRFC A50) and Envoy's: an instance whose calls fail several
+//! times in a row, or whose success rate falls far below the others', is ejected for a time that
+//! doubles with each ejection in a streak, then readmitted on probation.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::instance::{Instance, State};
+
+/// Outlier ejection settings.
+///
+/// Defaults: 5 failures in a row eject; 30 s the first time, doubling up to 300 s; at most half
+/// of the instances ejected at once; the success-rate rule on (every 10 s, instances with at
+/// least 20 calls in the interval whose success rate is below 1.9 standard deviations under the
+/// mean, and under 95%).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ejection {
+    /// Failures in a row that eject an instance.
+    pub consecutive_failures: u32,
+    /// How long the first ejection lasts.
+    pub base_time: Duration,
+    /// Cap on the ejection time.
+    pub max_time: Duration,
+    /// At most this share of the instances (in percent) is ejected at once; 0 turns ejection
+    /// off. Above 0, one instance may always be ejected when there are two or more, and one is
+    /// always left in.
+    pub max_ejected_percent: u32,
+    /// Interval of the success-rate rule; `None` turns the rule off.
+    pub success_rate_interval: Option<Duration>,
+    /// Calls an instance needs in one interval for the success-rate rule to judge it.
+    pub success_rate_min_calls: u64,
+    /// An instance more than this many standard deviations below the mean success rate is
+    /// ejected...
+    pub success_rate_stdev_factor: f64,
+    /// ...provided its success rate is also below this (0..=1).
+    pub success_rate_threshold: f64,
+}
+
+impl Default for Ejection {
+    fn default() -> Self {
+        Ejection {
+            consecutive_failures: 5,
+            base_time: Duration::from_secs(30),
+            max_time: Duration::from_secs(300),
+            max_ejected_percent: 50,
+            success_rate_interval: Some(Duration::from_secs(10)),
+            success_rate_min_calls: 20,
+            success_rate_stdev_factor: 1.9,
+            success_rate_threshold: 0.95,
+        }
+    }
+}
+
+impl Ejection {
+    pub(crate) fn validate(&self) -> Result<(), crate::Error> {
+        let bad = |reason: &str| crate::Error::InvalidSetting {
+            name: "ejection",
+            reason: reason.to_owned(),
+        };
+        if self.consecutive_failures == 0 {
+            return Err(bad("consecutive_failures must be at least 1"));
+        }
+        if self.base_time.is_zero() {
+            return Err(bad("base_time must be above zero"));
+        }
+        if self.max_time < self.base_time {
+            return Err(bad("max_time must be at least base_time"));
+        }
+        if self.max_ejected_percent > 100 {
+            return Err(bad("max_ejected_percent must be at most 100"));
+        }
+        if self.success_rate_interval.is_some_and(|d| d.is_zero()) {
+            return Err(bad("success_rate_interval must be above zero"));
+        }
+        if !(0.0..=1.0).contains(&self.success_rate_threshold) {
+            return Err(bad("success_rate_threshold must be between 0 and 1"));
+        }
+        if self.success_rate_stdev_factor.is_nan() || self.success_rate_stdev_factor < 0.0 {
+            return Err(bad("success_rate_stdev_factor must be at least 0"));
+        }
+        Ok(())
+    }
+
+    /// How many instances of `members` may be ejected at once.
+    pub(crate) fn cap(&self, members: usize) -> usize {
+        if members < 2 || self.max_ejected_percent == 0 {
+            return 0;
+        }
+        (members * self.max_ejected_percent as usize / 100).clamp(1, members - 1)
+    }
+}
+
+/// After a failure: eject `inst` if it failed `n` times in a row, or once on probation.
+pub(crate) fn eject_check(inst: &Arc<Instance>, n: u32) {
+    let policy = &inst.policy;
+    let on_probation = inst.probation.load(Ordering::Relaxed);
+    if n >= policy.ejection.consecutive_failures || on_probation {
+        let why = if on_probation {
+            "failed on probation"
+        } else {
+            "consecutive failures"
+        };
+        eject(inst, why);
+    }
+}
+
+/// Ejects `inst` if the cap allows it; spawns the timer that readmits it.
+pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
+    let policy = &inst.policy;
+    let cap = policy.ejection.cap(policy.members.load(Ordering::Relaxed));
+    // Reserve a slot under the cap first, so that concurrent ejections cannot exceed it.
+    let reserved = policy
+        .ejected
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
+            (e < cap).then_some(e + 1)
+        })
+        .is_ok();
+    if !reserved {
+        tracing::debug!(addr = %inst.display, cap, "not ejected: ejection cap reached");
+        return false;
+    }
+    if !inst.transition(State::Ready, State::Ejected)
+        && !inst.transition(State::Connecting, State::Ejected)
+    {
+        policy.ejected.fetch_sub(1, Ordering::AcqRel);
+        return false;
+    }
+    let streak = inst.ejection_streak.fetch_add(1, Ordering::Relaxed);
+    inst.ejections.fetch_add(1, Ordering::Relaxed);
+    let base = policy.ejection.base_time;
+    let time = base
+        .checked_mul(1u32 << streak.min(16))
+        .unwrap_or(policy.ejection.max_time)
+        .min(policy.ejection.max_time);
+    tracing::warn!(
+        addr = %inst.display,
+        reason = why,
+        failures = inst.consecutive_failures.load(Ordering::Relaxed),
+        ejection_secs = time.as_secs_f64(),
+        "instance ejected"
+    );
+    let weak = Arc::downgrade(inst);
+    tokio::spawn(async move {
+        tokio::time::sleep(time).await;
+        if let Some(inst) = weak.upgrade() {
+            readmit(&inst);
+        }
+    });
+    true
+}
+
+fn readmit(inst: &Instance) {
+    if inst.transition(State::Ejected, State::Ready) {
+        inst.policy.ejected.fetch_sub(1, Ordering::AcqRel);
+        inst.consecutive_failures.store(0, Ordering::Relaxed);
+        inst.consecutive_successes.store(0, Ordering::Relaxed);
+        inst.probation.store(true, Ordering::Relaxed);
+        tracing::info!(addr = %inst.display, "instance readmitted on probation");
+    }
+}
+
+/// Releases the ejection slot of an instance leaving the set while ejected.
+pub(crate) fn forget(inst: &Instance) {
+    if inst.state() == State::Ejected {
+        inst.policy.ejected.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One round of the success-rate rule over `instances`: ejects the ones far below the mean.
+/// Resets the interval's counters.
+pub(crate) fn success_rate_sweep(instances: &[Arc<Instance>]) {
+    let Some(first) = instances.first() else {
+        return;
+    };
+    let cfg = first.policy.ejection.clone();
+    let mut rates = Vec::with_capacity(instances.len());
+    for inst in instances {
+        let ok = inst.window_ok.swap(0, Ordering::Relaxed);
+        let err = inst.window_err.swap(0, Ordering::Relaxed);
+        let total = ok + err;
+        if total >= cfg.success_rate_min_calls && inst.state() == State::Ready {
+            rates.push((inst, ok as f64 / total as f64));
+        }
+    }
+    if rates.len() < 2 {
+        return;
+    }
+    let mean = rates.iter().map(|r| r.1).sum::<f64>() / rates.len() as f64;
+    let var = rates.iter().map(|r| (r.1 - mean).powi(2)).sum::<f64>() / rates.len() as f64;
+    let floor = mean - cfg.success_rate_stdev_factor * var.sqrt();
+    for (inst, rate) in rates {
+        if rate < floor && rate < cfg.success_rate_threshold {
+            tracing::debug!(addr = %inst.display, rate, mean, "success rate far below the others");
+            eject(inst, "low success rate");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_leaves_one_and_allows_one() {
+        let e = Ejection::default();
+        assert_eq!(e.cap(0), 0);
+        assert_eq!(e.cap(1), 0);
+        assert_eq!(e.cap(2), 1);
+        assert_eq!(e.cap(5), 2);
+        assert_eq!(e.cap(20), 10);
+        let all = Ejection {
+            max_ejected_percent: 100,
+            ..Ejection::default()
+        };
+        assert_eq!(all.cap(4), 3);
+        let none = Ejection {
+            max_ejected_percent: 0,
+            ..Ejection::default()
+        };
+        assert_eq!(none.cap(4), 0);
+    }
+}

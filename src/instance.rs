@@ -1,0 +1,193 @@
+//! One instance: its address, its tonic `Channel`, and the counters the pick and the health
+//! logic read without a lock.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::health::Policy;
+
+/// The health of an instance, as the channel sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum State {
+    /// Not connected yet: calls are sent to it, and the first one opens the connection.
+    Connecting,
+    /// Connected and answering: calls are sent to it.
+    Ready,
+    /// Its connection could not be opened: no calls, reconnecting in the background with
+    /// backoff.
+    Failing,
+    /// Its calls failed too often: no calls until the ejection ends.
+    Ejected,
+    /// Taken out by a health check (`NOT_SERVING` or no answer): no calls until it answers
+    /// `SERVING`.
+    Unhealthy,
+    /// Removed from the set: no new calls; it finishes the calls it has, then closes.
+    Draining,
+}
+
+impl State {
+    const ALL: [State; 6] = [
+        State::Connecting,
+        State::Ready,
+        State::Failing,
+        State::Ejected,
+        State::Unhealthy,
+        State::Draining,
+    ];
+
+    fn from_u8(v: u8) -> State {
+        Self::ALL[v as usize]
+    }
+
+    /// Whether the pick may send calls to an instance in this state.
+    pub fn is_usable(self) -> bool {
+        matches!(self, State::Connecting | State::Ready)
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            State::Connecting => "connecting",
+            State::Ready => "ready",
+            State::Failing => "failing",
+            State::Ejected => "ejected",
+            State::Unhealthy => "unhealthy",
+            State::Draining => "draining",
+        }
+    }
+}
+
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One instance of the service.
+///
+/// The fields the pick reads on every call (`in_flight`, `state`, `latency`) come first so that
+/// they share a cache line.
+pub(crate) struct Instance {
+    pub(crate) in_flight: AtomicUsize,
+    state: AtomicU8,
+    /// Peak-sensitive moving average of the time to response headers, in nanoseconds
+    /// (`f64` bits; 0 before the first sample).
+    pub(crate) latency_ns: AtomicU64,
+    /// When `latency_ns` was last updated, in nanoseconds since the pool's epoch.
+    pub(crate) latency_at: AtomicU64,
+    pub(crate) uri: http::Uri,
+    pub(crate) display: String,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) channel: Channel,
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) started: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) consecutive_failures: AtomicU32,
+    pub(crate) consecutive_successes: AtomicU32,
+    pub(crate) ejections: AtomicU32,
+    /// Ejections in a row without a healthy spell between them: the next ejection lasts
+    /// `base × 2^streak`.
+    pub(crate) ejection_streak: AtomicU32,
+    /// Readmitted after an ejection: one more failure ejects it again.
+    pub(crate) probation: AtomicBool,
+    /// Time-window counters for the success-rate rule.
+    pub(crate) window_ok: AtomicU64,
+    pub(crate) window_err: AtomicU64,
+}
+
+impl Instance {
+    /// Creates an instance whose channel connects on its first call. Needs a tokio runtime.
+    pub(crate) fn new(display: String, endpoint: Endpoint, policy: Arc<Policy>) -> Instance {
+        let channel = endpoint.connect_lazy();
+        let now_ns = policy.now_ns();
+        Instance {
+            in_flight: AtomicUsize::new(0),
+            state: AtomicU8::new(State::Connecting as u8),
+            latency_ns: AtomicU64::new(0),
+            latency_at: AtomicU64::new(now_ns),
+            uri: endpoint.uri().clone(),
+            display,
+            endpoint,
+            channel,
+            policy,
+            started: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            consecutive_successes: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejection_streak: AtomicU32::new(0),
+            probation: AtomicBool::new(false),
+            window_ok: AtomicU64::new(0),
+            window_err: AtomicU64::new(0),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn state(&self) -> State {
+        State::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// Moves from `from` to `to`; false if the state was not `from`.
+    pub(crate) fn transition(&self, from: State, to: State) -> bool {
+        let ok = self
+            .state
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if ok {
+            tracing::debug!(addr = %self.display, from = %from, to = %to, "instance state changed");
+        }
+        ok
+    }
+
+    /// Sets the state whatever it was; returns the previous one.
+    pub(crate) fn set_state(&self, to: State) -> State {
+        let from = State::from_u8(self.state.swap(to as u8, Ordering::AcqRel));
+        if from != to {
+            tracing::debug!(addr = %self.display, from = %from, to = %to, "instance state changed");
+        }
+        from
+    }
+
+    /// The latency estimate in nanoseconds, or 0 ("unknown: try it") when it has had no
+    /// sample for `expiry`: an instance that was slow once is tried again and, if it is fast
+    /// now, wins its share back. Cheap enough for the pick: two loads and a compare.
+    #[inline]
+    pub(crate) fn latency(&self, now_ns: u64, expiry_ns: u64) -> f64 {
+        let at = self.latency_at.load(Ordering::Relaxed);
+        if now_ns.saturating_sub(at) > expiry_ns {
+            return 0.0;
+        }
+        f64::from_bits(self.latency_ns.load(Ordering::Relaxed))
+    }
+
+    /// Folds one latency sample into the estimate: a sample above the estimate replaces it
+    /// (peak), a lower one pulls it down exponentially with time constant `decay`.
+    pub(crate) fn observe_latency(&self, sample_ns: f64, now_ns: u64, decay: Duration) {
+        let prev = f64::from_bits(self.latency_ns.load(Ordering::Relaxed));
+        let next = if prev == 0.0 || sample_ns > prev {
+            sample_ns
+        } else {
+            let at = self.latency_at.load(Ordering::Relaxed);
+            let elapsed = now_ns.saturating_sub(at) as f64;
+            // Weight of the new sample grows with the time since the last one, as in
+            // Finagle's PeakEwma; at least 5% so that a busy instance still moves.
+            let w = (1.0 - (-elapsed / decay.as_nanos() as f64).exp()).max(0.05);
+            prev * (1.0 - w) + sample_ns * w
+        };
+        self.latency_ns.store(next.to_bits(), Ordering::Relaxed);
+        self.latency_at.store(now_ns, Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Debug for Instance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instance")
+            .field("uri", &self.display)
+            .field("state", &self.state())
+            .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .finish()
+    }
+}

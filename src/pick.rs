@@ -1,0 +1,390 @@
+//! The selection strategies, as pure functions over a slice of candidates.
+//!
+//! Each function scans the candidates once, reads each one's load through a closure that
+//! returns `None` for an instance that must not get calls, and returns the index it chose. No
+//! lock, no allocation: a scan of 50 instances is a few dozen nanoseconds (see
+//! `benches/pick.rs`). Being pure, they are property-tested without a network (see the tests at
+//! the end of this file).
+//!
+//! # Least pending
+//!
+//! The instance with the fewest calls in flight wins. This is the rule of Finagle's and
+//! linkerd's "least loaded" balancers, applied over every instance rather than over two random
+//! ones: with a few dozen instances a full scan is cheap and always finds the least loaded one.
+//!
+//! Ties are frequent (at low load every instance has zero calls in flight), and the naive scan
+//! that keeps the first minimum sends every call to the same instance. Here ties are broken in
+//! two steps:
+//!
+//! 1. **Latency.** Among the tied instances, one whose latency estimate is markedly higher than
+//!    the fastest tied one ([`SLOWER_RATIO`] times, and at least [`SLOWER_GAP_NS`] more) loses
+//!    the tie. So at low load a slow instance is not picked by chance. An instance with no
+//!    recent latency sample counts as unknown and is not penalised, so it is tried again and a
+//!    formerly slow instance wins its share back.
+//! 2. **Chance.** Among the remaining ties the choice is uniform (reservoir sampling over the
+//!    scan), so that calls spread evenly over equally good instances.
+//!
+//! # Peak EWMA
+//!
+//! Cost = (calls in flight + 1) × the peak-sensitive moving average of latency, as in Finagle's
+//! and linkerd's `PeakEwma`; the cheapest wins, ties at random.
+//!
+//! # Power of two choices
+//!
+//! The less loaded of two distinct instances drawn at random (Mitzenmacher, "The Power of Two
+//! Choices in Randomized Load Balancing", 2001), as tower's `p2c` does.
+//!
+//! # Round robin
+//!
+//! The next usable instance in order, ignoring load: the baseline.
+
+use std::cell::Cell;
+
+/// An instance whose latency estimate exceeds the best tied one by this factor loses the tie.
+pub(crate) const SLOWER_RATIO: f64 = 3.0;
+/// ...and by at least this much, so that sub-millisecond noise does not split ties.
+pub(crate) const SLOWER_GAP_NS: f64 = 1_000_000.0;
+
+/// What the pick needs to know of one candidate: calls in flight and the latency estimate in
+/// nanoseconds (0 when unknown).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Load {
+    /// Calls in flight on the candidate.
+    pub in_flight: usize,
+    /// Its latency estimate in nanoseconds, 0 when unknown.
+    pub latency_ns: f64,
+}
+
+/// A small, fast, thread-local random source (xorshift64*), good enough to break ties and draw
+/// the two choices; not for anything that needs unpredictability.
+pub struct Rng(u64);
+
+thread_local! {
+    static RNG_STATE: Cell<u64> = Cell::new(seed());
+}
+
+fn seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded per thread from the OS; its hash of nothing is a fine seed.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x9E37_79B9_7F4A_7C15);
+    h.finish() | 1
+}
+
+impl Rng {
+    /// This thread's random source; give it back with [`Rng::store`].
+    #[inline]
+    pub fn thread() -> Rng {
+        Rng(RNG_STATE.with(|s| s.get()))
+    }
+
+    /// A random source with a fixed seed, for tests and benchmarks.
+    pub fn seeded(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    /// Gives the state back to this thread, so the next draw continues the sequence.
+    #[inline]
+    pub fn store(self) {
+        RNG_STATE.with(|s| s.set(self.0));
+    }
+
+    #[inline]
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2^-32 for any n we use).
+    #[inline]
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (((self.next_u64() >> 32) * n as u64) >> 32) as usize
+    }
+}
+
+#[inline]
+fn markedly_slower(a: f64, b: f64) -> bool {
+    a > b * SLOWER_RATIO && a - b > SLOWER_GAP_NS
+}
+
+/// Least pending with latency tie-break (see the module docs). `load` returns `None` for an
+/// instance that must not get calls.
+#[inline]
+pub fn least_pending<T>(
+    items: &[T],
+    rng: &mut Rng,
+    mut load: impl FnMut(&T) -> Option<Load>,
+) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    let mut best_load = usize::MAX;
+    let mut best_lat = 0.0f64;
+    let mut ties = 0usize;
+    for (i, item) in items.iter().enumerate() {
+        let Some(l) = load(item) else { continue };
+        if l.in_flight < best_load {
+            best = Some(i);
+            best_load = l.in_flight;
+            best_lat = l.latency_ns;
+            ties = 1;
+        } else if l.in_flight == best_load {
+            if markedly_slower(l.latency_ns, best_lat) {
+                continue;
+            }
+            if markedly_slower(best_lat, l.latency_ns) {
+                best = Some(i);
+                best_lat = l.latency_ns;
+                ties = 1;
+                continue;
+            }
+            ties += 1;
+            if l.latency_ns < best_lat {
+                best_lat = l.latency_ns;
+            }
+            if rng.below(ties) == 0 {
+                best = Some(i);
+            }
+        }
+    }
+    best
+}
+
+/// Peak EWMA: the lowest (in flight + 1) × latency; unknown latency counts as `floor_ns`.
+#[inline]
+pub fn peak_ewma<T>(
+    items: &[T],
+    rng: &mut Rng,
+    floor_ns: f64,
+    mut load: impl FnMut(&T) -> Option<Load>,
+) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    let mut best_cost = f64::INFINITY;
+    let mut ties = 0usize;
+    for (i, item) in items.iter().enumerate() {
+        let Some(l) = load(item) else { continue };
+        let cost = (l.in_flight as f64 + 1.0) * l.latency_ns.max(floor_ns);
+        if cost < best_cost {
+            best = Some(i);
+            best_cost = cost;
+            ties = 1;
+        } else if cost == best_cost {
+            ties += 1;
+            if rng.below(ties) == 0 {
+                best = Some(i);
+            }
+        }
+    }
+    best
+}
+
+/// Power of two choices: the less loaded of two distinct random candidates (fewer in flight;
+/// on equal counts the lower latency; then the first draw). Falls back to a scan when random
+/// draws keep hitting unusable instances.
+#[inline]
+pub fn power_of_two<T>(
+    items: &[T],
+    rng: &mut Rng,
+    mut load: impl FnMut(&T) -> Option<Load>,
+) -> Option<usize> {
+    let n = items.len();
+    if n == 0 {
+        return None;
+    }
+    // A draw among all indices but `not` (distinct by construction); a few tries to land on a
+    // usable one.
+    let mut draw = |rng: &mut Rng, not: Option<usize>| -> Option<(usize, Load)> {
+        let range = n - usize::from(not.is_some());
+        for _ in 0..8 {
+            let mut i = rng.below(range);
+            if not.is_some_and(|x| i >= x) {
+                i += 1;
+            }
+            if let Some(l) = load(&items[i]) {
+                return Some((i, l));
+            }
+        }
+        None
+    };
+    let Some(a) = draw(rng, None) else {
+        // Most are unusable: take a uniformly random usable one, if any.
+        return uniform_usable(items, rng, load);
+    };
+    if n == 1 {
+        return Some(a.0);
+    }
+    let Some(b) = draw(rng, Some(a.0)) else {
+        return Some(a.0);
+    };
+    let a_wins = (a.1.in_flight, a.1.latency_ns) <= (b.1.in_flight, b.1.latency_ns);
+    Some(if a_wins { a.0 } else { b.0 })
+}
+
+fn uniform_usable<T>(
+    items: &[T],
+    rng: &mut Rng,
+    mut load: impl FnMut(&T) -> Option<Load>,
+) -> Option<usize> {
+    let mut best = None;
+    let mut seen = 0usize;
+    for (i, item) in items.iter().enumerate() {
+        if load(item).is_some() {
+            seen += 1;
+            if rng.below(seen) == 0 {
+                best = Some(i);
+            }
+        }
+    }
+    best
+}
+
+/// Round robin: the first usable candidate at or after `counter` (mod the length).
+#[inline]
+pub fn round_robin<T>(
+    items: &[T],
+    counter: usize,
+    mut load: impl FnMut(&T) -> Option<Load>,
+) -> Option<usize> {
+    let n = items.len();
+    for k in 0..n {
+        let i = (counter + k) % n;
+        if load(&items[i]).is_some() {
+            return Some(i);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rng;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn loads(v: &[(Option<usize>, f64)]) -> Vec<Option<Load>> {
+        v.iter()
+            .map(|&(f, l)| {
+                f.map(|in_flight| Load {
+                    in_flight,
+                    latency_ns: l,
+                })
+            })
+            .collect()
+    }
+
+    fn arb_fleet() -> impl Strategy<Value = Vec<(Option<usize>, f64)>> {
+        prop::collection::vec(
+            (
+                prop::option::weighted(0.85, 0usize..6),
+                prop_oneof![Just(0.0), Just(2e6), 0.0f64..50e6],
+            ),
+            0..60,
+        )
+    }
+
+    proptest! {
+        /// The least-pending pick never chooses an instance with more calls in flight than
+        /// another usable one, never an unusable one, and finds one whenever one exists.
+        #[test]
+        fn least_pending_is_least(fleet in arb_fleet(), seed: u64) {
+            let items = loads(&fleet);
+            let mut rng = Rng::seeded(seed);
+            let got = least_pending(&items, &mut rng, |l| *l);
+            let min = items.iter().flatten().map(|l| l.in_flight).min();
+            match (got, min) {
+                (None, None) => {}
+                (Some(i), Some(m)) => {
+                    let l = items[i].expect("picked an unusable instance");
+                    prop_assert_eq!(l.in_flight, m);
+                }
+                other => prop_assert!(false, "pick {:?}", other),
+            }
+        }
+
+        /// Peak EWMA and p2c never pick an unusable instance and find one whenever one exists;
+        /// peak EWMA picks the lowest cost.
+        #[test]
+        fn other_strategies_pick_usable(fleet in arb_fleet(), seed: u64, counter: usize) {
+            let items = loads(&fleet);
+            let any = items.iter().any(|l| l.is_some());
+            let mut rng = Rng::seeded(seed);
+            let pe = peak_ewma(&items, &mut rng, 1e6, |l| *l);
+            prop_assert_eq!(pe.is_some(), any);
+            if let Some(i) = pe {
+                let cost = |l: &Load| (l.in_flight as f64 + 1.0) * l.latency_ns.max(1e6);
+                let c = cost(&items[i].unwrap());
+                prop_assert!(items.iter().flatten().all(|l| cost(l) >= c));
+            }
+            let p2 = power_of_two(&items, &mut rng, |l| *l);
+            prop_assert_eq!(p2.is_some(), any);
+            prop_assert!(p2.is_none_or(|i| items[i].is_some()));
+            let rr = round_robin(&items, counter, |l| *l);
+            prop_assert_eq!(rr.is_some(), any);
+            prop_assert!(rr.is_none_or(|i| items[i].is_some()));
+        }
+
+        /// Ties of equal latency spread: over many picks every tied instance is chosen, and
+        /// none gets more than twice its fair share.
+        #[test]
+        fn ties_spread(n in 2usize..40, busy in prop::collection::vec(any::<bool>(), 40), seed: u64) {
+            let items: Vec<Option<Load>> = (0..n)
+                .map(|i| Some(Load { in_flight: usize::from(busy[i]), latency_ns: 1e6 }))
+                .collect();
+            let tied: Vec<usize> = (0..n).filter(|&i| !busy[i]).collect();
+            let tied = if tied.is_empty() { (0..n).collect() } else { tied };
+            let mut rng = Rng::seeded(seed);
+            let picks = 400 * tied.len();
+            let mut counts = vec![0usize; n];
+            for _ in 0..picks {
+                counts[least_pending(&items, &mut rng, |l| *l).unwrap()] += 1;
+            }
+            for &i in &tied {
+                prop_assert!(counts[i] > 0, "instance {} never picked: {:?}", i, counts);
+                prop_assert!(counts[i] < 2 * picks / tied.len(), "instance {} over-picked: {:?}", i, counts);
+            }
+            prop_assert_eq!(counts.iter().sum::<usize>(), picks);
+        }
+
+        /// Among idle instances, a markedly slower one loses the tie; once its estimate is
+        /// unknown again it is picked like the others.
+        #[test]
+        fn slow_instance_loses_ties(n in 2usize..30, slow in 0usize..30, seed: u64) {
+            let slow = slow % n;
+            let mut items: Vec<Option<Load>> = (0..n)
+                .map(|_| Some(Load { in_flight: 0, latency_ns: 2e6 }))
+                .collect();
+            items[slow] = Some(Load { in_flight: 0, latency_ns: 40e6 });
+            let mut rng = Rng::seeded(seed);
+            for _ in 0..200 {
+                prop_assert_ne!(least_pending(&items, &mut rng, |l| *l), Some(slow));
+            }
+            items[slow] = Some(Load { in_flight: 0, latency_ns: 0.0 });
+            let hits = (0..100 * n).filter(|_| least_pending(&items, &mut rng, |l| *l) == Some(slow)).count();
+            prop_assert!(hits > 0);
+        }
+    }
+
+    #[test]
+    fn empty_and_all_unusable() {
+        let mut rng = Rng::seeded(7);
+        let none: Vec<Option<Load>> = vec![None; 5];
+        assert_eq!(least_pending(&none, &mut rng, |l| *l), None);
+        assert_eq!(peak_ewma(&none, &mut rng, 1.0, |l| *l), None);
+        assert_eq!(power_of_two(&none, &mut rng, |l| *l), None);
+        assert_eq!(round_robin(&none, 3, |l| *l), None);
+        let empty: Vec<Option<Load>> = vec![];
+        assert_eq!(least_pending(&empty, &mut rng, |l| *l), None);
+        assert_eq!(power_of_two(&empty, &mut rng, |l| *l), None);
+    }
+
+    #[test]
+    fn p2c_prefers_less_loaded_of_two() {
+        let items = loads(&[(Some(5), 0.0), (Some(0), 0.0)]);
+        let mut rng = Rng::seeded(3);
+        for _ in 0..100 {
+            assert_eq!(power_of_two(&items, &mut rng, |l| *l), Some(1));
+        }
+    }
+}

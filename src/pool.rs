@@ -1,0 +1,118 @@
+//! The shared set of instances: a snapshot that every call loads without a lock, replaced as a
+//! whole by the rare writers (membership changes).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use arc_swap::ArcSwap;
+use tonic::transport::Endpoint;
+
+use crate::health::{self, Policy};
+use crate::instance::{Instance, State};
+use crate::Strategy;
+
+pub(crate) type Snapshot = Arc<Vec<Arc<Instance>>>;
+
+/// The instances of one channel and its clones.
+pub(crate) struct Pool {
+    /// The instances that get calls; readers `load()` it without a lock.
+    pub(crate) members: ArcSwap<Vec<Arc<Instance>>>,
+    /// Removed instances that may still have calls in flight; they close when the last call
+    /// ends (the calls hold the instance).
+    draining: Mutex<Vec<Weak<Instance>>>,
+    /// Serialises writers.
+    write: Mutex<()>,
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) strategy: Strategy,
+    pub(crate) rr: AtomicUsize,
+    /// Transparent retry on (see `Builder::transparent_retry`).
+    pub(crate) replay: bool,
+}
+
+impl Pool {
+    pub(crate) fn new(policy: Arc<Policy>, strategy: Strategy) -> Pool {
+        Pool {
+            members: ArcSwap::from_pointee(Vec::new()),
+            draining: Mutex::new(Vec::new()),
+            write: Mutex::new(()),
+            policy,
+            strategy,
+            rr: AtomicUsize::new(0),
+            replay: true,
+        }
+    }
+
+    fn publish(&self, next: Vec<Arc<Instance>>) {
+        self.policy.members.store(next.len(), Ordering::Relaxed);
+        self.members.store(Arc::new(next));
+    }
+
+    /// Adds an instance; false if one with the same URI is in the set already. An instance of
+    /// that URI that is draining is taken back, with its connection.
+    pub(crate) fn insert(&self, name: String, endpoint: Endpoint) -> bool {
+        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.members.load_full();
+        if cur.iter().any(|i| i.uri == *endpoint.uri()) {
+            return false;
+        }
+        let revived = {
+            let mut draining = self.draining.lock().unwrap_or_else(|e| e.into_inner());
+            draining.retain(|w| w.strong_count() > 0);
+            let pos = draining
+                .iter()
+                .position(|w| w.upgrade().is_some_and(|i| i.uri == *endpoint.uri()));
+            pos.and_then(|p| draining.swap_remove(p).upgrade())
+        };
+        let inst = match revived {
+            Some(inst) if inst.transition(State::Draining, State::Ready) => {
+                tracing::info!(addr = %inst.display, "instance re-added while draining: reused");
+                inst
+            }
+            _ => {
+                tracing::info!(addr = %name, "instance added");
+                Arc::new(Instance::new(name, endpoint, self.policy.clone()))
+            }
+        };
+        let mut next = Vec::with_capacity(cur.len() + 1);
+        next.extend(cur.iter().cloned());
+        next.push(inst);
+        self.publish(next);
+        true
+    }
+
+    /// Removes the instance with this URI: no new calls from now on; it finishes the calls it
+    /// has, then its connection closes. False if there is none.
+    pub(crate) fn remove(&self, uri: &http::Uri) -> bool {
+        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.members.load_full();
+        let Some(pos) = cur.iter().position(|i| i.uri == *uri) else {
+            return false;
+        };
+        let mut next: Vec<Arc<Instance>> = cur.iter().cloned().collect();
+        let gone = next.remove(pos);
+        self.publish(next);
+        health::forget_ejection(&gone);
+        gone.set_state(State::Draining);
+        tracing::info!(
+            addr = %gone.display,
+            in_flight = gone.in_flight.load(Ordering::Relaxed),
+            "instance removed; draining"
+        );
+        let mut draining = self.draining.lock().unwrap_or_else(|e| e.into_inner());
+        draining.retain(|w| w.strong_count() > 0);
+        draining.push(Arc::downgrade(&gone));
+        true
+    }
+
+    /// The instances that are draining and still have calls in flight.
+    pub(crate) fn draining(&self) -> Vec<Arc<Instance>> {
+        let mut draining = self.draining.lock().unwrap_or_else(|e| e.into_inner());
+        draining.retain(|w| w.strong_count() > 0);
+        draining.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    #[inline]
+    pub(crate) fn snapshot(&self) -> arc_swap::Guard<Snapshot> {
+        self.members.load()
+    }
+}

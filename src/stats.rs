@@ -1,0 +1,90 @@
+//! [`EndpointStats`]: what the channel knows of one instance, at one moment.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::instance::{Instance, State};
+
+/// A snapshot of one instance, from [`BalancedChannel::endpoints`](crate::BalancedChannel::endpoints).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointStats {
+    uri: String,
+    state: State,
+    in_flight: usize,
+    started: u64,
+    failed: u64,
+    consecutive_failures: u32,
+    ejections: u32,
+    latency: Option<Duration>,
+}
+
+impl EndpointStats {
+    pub(crate) fn of(i: &Instance, _now_ns: u64) -> EndpointStats {
+        let lat = f64::from_bits(i.latency_ns.load(Ordering::Relaxed));
+        EndpointStats {
+            uri: i.display.clone(),
+            state: i.state(),
+            in_flight: i.in_flight.load(Ordering::Acquire),
+            started: i.started.load(Ordering::Relaxed),
+            failed: i.failed.load(Ordering::Relaxed),
+            consecutive_failures: i.consecutive_failures.load(Ordering::Relaxed),
+            ejections: i.ejections.load(Ordering::Relaxed),
+            latency: (lat > 0.0).then(|| Duration::from_nanos(lat as u64)),
+        }
+    }
+
+    /// The instance's URI, as configured.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// Its state: connecting, ready, failing, ejected, unhealthy or draining.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Calls in flight on it now: routed to it and not over yet (a streaming call counts until
+    /// its stream ends or is dropped).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Calls routed to it since it joined (a call replayed elsewhere counts on each instance it
+    /// was routed to).
+    pub fn started(&self) -> u64 {
+        self.started
+    }
+
+    /// Calls on it that ended in an error: a transport error, a deadline, or any status other
+    /// than OK (application statuses included; cancellations by the caller excluded).
+    pub fn failed(&self) -> u64 {
+        self.failed
+    }
+
+    /// Calls in a row that failed in a way that counts against the instance (UNAVAILABLE,
+    /// RESOURCE_EXHAUSTED, deadline, transport error); reset by a success.
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive_failures
+    }
+
+    /// How many times it was ejected since it joined.
+    pub fn ejections(&self) -> u32 {
+        self.ejections
+    }
+
+    /// Its latency estimate (peak-sensitive moving average of the time to response headers),
+    /// if it answered at least once.
+    pub fn latency(&self) -> Option<Duration> {
+        self.latency
+    }
+}
+
+impl std::fmt::Display for EndpointStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} in_flight={} started={} failed={} ejections={}",
+            self.uri, self.state, self.in_flight, self.started, self.failed, self.ejections
+        )
+    }
+}
