@@ -10,6 +10,7 @@ use tonic::transport::Endpoint;
 use crate::error::{check_uri, parse_uri, Error};
 use crate::health::{Backoff, Ejection, Policy};
 use crate::pool::Pool;
+use crate::retry::{Budget, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 use crate::{BalancedChannel, Strategy};
 
 /// The connect timeout that [`Builder::uri`] and [`BalancedChannel::from_static`] give each
@@ -45,6 +46,8 @@ pub struct Builder {
     backoff: Backoff,
     ejection: Ejection,
     transparent_retry: bool,
+    retry: Option<RetryPolicy>,
+    max_replay_body: usize,
     latency_expiry: Duration,
     latency_decay: Duration,
 }
@@ -65,6 +68,8 @@ impl Builder {
             backoff: Backoff::default(),
             ejection: Ejection::default(),
             transparent_retry: true,
+            retry: None,
+            max_replay_body: DEFAULT_MAX_REPLAY_BODY,
             latency_expiry: Duration::from_secs(5),
             latency_decay: Duration::from_secs(1),
         }
@@ -125,6 +130,21 @@ impl Builder {
         self
     }
 
+    /// Retries calls that fail with the policy's statuses on other instances (default: off).
+    /// See [`RetryPolicy`].
+    pub fn retry(mut self, policy: RetryPolicy) -> Builder {
+        self.retry = Some(policy);
+        self
+    }
+
+    /// The largest request body kept so that a call can be sent again (default 64 KiB, at
+    /// most 16 MiB). A call whose body is larger is not retried by the retry policy; a call
+    /// whose body was never read (its instance could not be reached) is always replayed.
+    pub fn max_replay_body(mut self, bytes: usize) -> Builder {
+        self.max_replay_body = bytes;
+        self
+    }
+
     /// How long a latency estimate stays valid without a new sample (default 5 s). Past it,
     /// the instance counts as of unknown latency and is tried again, so that an instance that
     /// was slow once wins its share back.
@@ -163,6 +183,15 @@ impl Builder {
         }
         self.backoff.validate()?;
         self.ejection.validate()?;
+        if let Some(r) = &self.retry {
+            r.validate()?;
+        }
+        if self.max_replay_body > 16 * 1024 * 1024 {
+            return Err(Error::InvalidSetting {
+                name: "max_replay_body",
+                reason: format!("{} bytes is above the 16 MiB cap", self.max_replay_body),
+            });
+        }
         if self.latency_expiry.is_zero() {
             return Err(Error::InvalidSetting {
                 name: "latency_expiry",
@@ -185,6 +214,9 @@ impl Builder {
         });
         let mut pool = Pool::new(policy.clone(), self.strategy);
         pool.replay = self.transparent_retry;
+        pool.budget = self.retry.as_ref().map(Budget::new);
+        pool.retry = self.retry;
+        pool.max_replay_body = self.max_replay_body;
         let pool = Arc::new(pool);
         for (display, endpoint) in self.endpoints {
             pool.insert(display, endpoint);

@@ -3,11 +3,10 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use bytes::Bytes;
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::Sleep;
 use tonic::body::Body;
 use tonic::transport::Channel;
@@ -19,6 +18,7 @@ use crate::health::{self, Outcome};
 use crate::instance::Instance;
 use crate::pick::{self, Load, Rng};
 use crate::pool::Pool;
+use crate::retry::Replay;
 use crate::stats::EndpointStats;
 use crate::Strategy;
 
@@ -203,10 +203,22 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
         };
         let inst = &snap[idx];
         tracing::trace!(addr = %inst.display, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
-        // Keep what is needed to send the call elsewhere if its instance cannot be reached,
-        // when there is somewhere else to send it.
-        let (req, replay) = if snap.len() > 1 && self.pool.replay {
-            Replay::wrap(req, self.pool.clone())
+        // Keep what is needed to send the call elsewhere if its instance cannot be reached (or,
+        // with a retry policy, fails), when there is somewhere else to send it.
+        let pool = &self.pool;
+        let (req, again) = if snap.len() > 1 && (pool.replay || pool.retry.is_some()) {
+            if let Some(b) = &pool.budget {
+                b.deposit();
+            }
+            let (req, replay) = Replay::wrap(req, pool.retry.is_some(), pool.max_replay_body);
+            let again = Box::new(Again {
+                replay,
+                pool: pool.clone(),
+                tried: vec![inst.clone()],
+                attempts: 1,
+                deadline_at: deadline.as_ref().map(|d| d.deadline()),
+            });
+            (req, Some(again))
         } else {
             (req, None)
         };
@@ -218,104 +230,8 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
             },
             guard: Some(guard),
             deadline,
-            replay,
+            again,
         }
-    }
-}
-
-/// What is kept to replay a call on another instance: the request head, and a slot that gets
-/// the body back if the connection drops it without reading any of it.
-struct Replay {
-    method: http::Method,
-    uri: http::Uri,
-    version: http::Version,
-    headers: http::HeaderMap,
-    extensions: http::Extensions,
-    slot: Arc<Mutex<Option<Body>>>,
-    tried: Vec<Arc<Instance>>,
-    pool: Arc<Pool>,
-}
-
-impl Replay {
-    fn wrap(
-        req: http::Request<Body>,
-        pool: Arc<Pool>,
-    ) -> (http::Request<Body>, Option<Box<Replay>>) {
-        let (parts, body) = req.into_parts();
-        let slot = Arc::new(Mutex::new(None));
-        let replay = Box::new(Replay {
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
-            version: parts.version,
-            headers: parts.headers.clone(),
-            extensions: parts.extensions.clone(),
-            slot: slot.clone(),
-            tried: Vec::new(),
-            pool,
-        });
-        let body = Body::new(UnsentBody::new(body, slot));
-        (http::Request::from_parts(parts, body), Some(replay))
-    }
-
-    /// The request again, if its body came back unread.
-    fn take_request(&mut self) -> Option<http::Request<Body>> {
-        let body = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take()?;
-        let body = Body::new(UnsentBody::new(body, self.slot.clone()));
-        let mut req = http::Request::new(body);
-        *req.method_mut() = self.method.clone();
-        *req.uri_mut() = self.uri.clone();
-        *req.version_mut() = self.version;
-        *req.headers_mut() = self.headers.clone();
-        *req.extensions_mut() = self.extensions.clone();
-        Some(req)
-    }
-}
-
-/// A request body that hands itself back to the call's [`Replay`] slot if it is dropped before
-/// anyone read from it: then not one byte of it went out, and the call can go elsewhere. From
-/// its first read on it is an ordinary body (no lock on the poll path).
-struct UnsentBody {
-    inner: Body,
-    slot: Option<Arc<Mutex<Option<Body>>>>,
-}
-
-impl UnsentBody {
-    fn new(inner: Body, slot: Arc<Mutex<Option<Body>>>) -> UnsentBody {
-        UnsentBody {
-            inner,
-            slot: Some(slot),
-        }
-    }
-}
-
-impl Drop for UnsentBody {
-    fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            let body = std::mem::take(&mut self.inner);
-            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(body);
-        }
-    }
-}
-
-impl HttpBody for UnsentBody {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        let this = &mut *self;
-        this.slot = None;
-        Pin::new(&mut this.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -330,8 +246,21 @@ enum CallState {
     },
     /// Sent; waiting for the response head.
     Sent(tonic::transport::channel::ResponseFuture),
+    /// Between two attempts of the retry policy.
+    Backoff(Pin<Box<Sleep>>),
     /// Refused before routing, or over.
     Failed(Option<tonic::Status>),
+}
+
+/// What a call needs to go to another instance.
+struct Again {
+    replay: Replay,
+    pool: Arc<Pool>,
+    tried: Vec<Arc<Instance>>,
+    /// Attempts made under the retry policy (transparent replays do not count).
+    attempts: u32,
+    /// When the call's deadline passes, if it has one.
+    deadline_at: Option<tokio::time::Instant>,
 }
 
 /// The future of one call through a [`BalancedChannel`].
@@ -339,7 +268,7 @@ pub struct ResponseFuture {
     state: CallState,
     guard: Option<CallGuard>,
     deadline: Option<Pin<Box<Sleep>>>,
-    replay: Option<Box<Replay>>,
+    again: Option<Box<Again>>,
 }
 
 impl std::fmt::Debug for ResponseFuture {
@@ -350,21 +279,19 @@ impl std::fmt::Debug for ResponseFuture {
     }
 }
 
+type CallResult = Result<http::Response<Body>, BoxError>;
+
 impl ResponseFuture {
     fn failed(status: tonic::Status) -> ResponseFuture {
         ResponseFuture {
             state: CallState::Failed(Some(status)),
             guard: None,
             deadline: None,
-            replay: None,
+            again: None,
         }
     }
 
-    fn fail(
-        &mut self,
-        outcome: Outcome,
-        error: BoxError,
-    ) -> Poll<Result<http::Response<Body>, BoxError>> {
+    fn fail(&mut self, outcome: Outcome, error: BoxError) -> Poll<CallResult> {
         if let Some(mut guard) = self.guard.take() {
             guard.finish(outcome);
         }
@@ -372,29 +299,25 @@ impl ResponseFuture {
         Poll::Ready(Err(error))
     }
 
-    /// After an error that left the request unsent: route it to an instance it has not tried.
-    fn reroute(&mut self, error: &BoxError) -> bool {
-        let Some(replay) = self.replay.as_mut() else {
+    /// Routes the call to an instance it has not tried; false if there is none or the request
+    /// cannot be had again.
+    fn reroute(&mut self, why: &dyn std::fmt::Display) -> bool {
+        let Some(again) = self.again.as_mut() else {
             return false;
         };
-        let Some(guard) = self.guard.take() else {
-            return false;
-        };
-        let Some(req) = replay.take_request() else {
-            self.guard = Some(guard);
-            return false;
-        };
-        let failed = guard.instance().clone();
-        drop(guard); // Cancelled: the connection failure itself was recorded already.
-        replay.tried.push(failed.clone());
-        let pool = replay.pool.clone();
+        let pool = again.pool.clone();
         let snap = pool.snapshot();
-        let Some(idx) = BalancedChannel::pick(&pool, &snap, &replay.tried) else {
-            tracing::debug!(addr = %failed.display, error = %error, "instance unreachable and no other to try");
+        let Some(idx) = BalancedChannel::pick(&pool, &snap, &again.tried) else {
+            tracing::debug!(reason = %why, "no other instance to send the call to");
+            return false;
+        };
+        let Some(req) = again.replay.request() else {
+            tracing::debug!(reason = %why, "call cannot be sent again: its request body is gone");
             return false;
         };
         let inst = &snap[idx];
-        tracing::debug!(from = %failed.display, to = %inst.display, error = %error, "call replayed on another instance");
+        tracing::debug!(to = %inst.display, reason = %why, "call sent again on another instance");
+        again.tried.push(inst.clone());
         self.guard = Some(CallGuard::new(inst.clone()));
         self.state = CallState::Routed {
             channel: inst.channel.clone(),
@@ -402,10 +325,34 @@ impl ResponseFuture {
         };
         true
     }
+
+    /// Whether the retry policy sends this failure again (and takes a token of the budget);
+    /// if so, the backoff to wait first.
+    fn retry_after(&mut self, code: tonic::Code) -> Option<Duration> {
+        let again = self.again.as_mut()?;
+        let policy = again.pool.retry.as_ref()?;
+        if !policy.retries(code) || again.attempts >= policy.max_attempts {
+            return None;
+        }
+        let delay = policy.backoff(again.attempts);
+        if again
+            .deadline_at
+            .is_some_and(|d| tokio::time::Instant::now() + delay >= d)
+        {
+            return None;
+        }
+        let budget = again.pool.budget.as_ref()?;
+        if !budget.withdraw() {
+            tracing::debug!("retry budget spent: not retrying");
+            return None;
+        }
+        again.attempts += 1;
+        Some(delay)
+    }
 }
 
 impl Future for ResponseFuture {
-    type Output = Result<http::Response<Body>, BoxError>;
+    type Output = CallResult;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
@@ -422,28 +369,46 @@ impl Future for ResponseFuture {
                         .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
                     return Poll::Ready(Err(status.into()));
                 }
-                CallState::Routed { channel, req } => {
-                    match tower::Service::poll_ready(channel, cx) {
-                        Poll::Pending => return Poll::Pending,
-                        Poll::Ready(Err(e)) => {
-                            return this.fail(Outcome::Failure, e.into());
-                        }
-                        Poll::Ready(Ok(())) => {
-                            let req = req.take().expect("request sent once");
-                            let fut = tower::Service::call(channel, req);
-                            this.state = CallState::Sent(fut);
-                        }
+                CallState::Backoff(sleep) => {
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    if !this.reroute(&"retry policy") {
+                        let status =
+                            unavailable("tonic-balancer: retry found no instance left to try");
+                        return this.fail(Outcome::Cancelled, status.into());
                     }
                 }
+                CallState::Routed { channel, req } => match tower::Service::poll_ready(channel, cx)
+                {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => return this.fail(Outcome::Failure, e.into()),
+                    Poll::Ready(Ok(())) => {
+                        let req = req.take().expect("request sent once");
+                        let fut = tower::Service::call(channel, req);
+                        this.state = CallState::Sent(fut);
+                    }
+                },
                 CallState::Sent(fut) => match Pin::new(fut).poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(resp)) => {
                         let mut guard = this.guard.take().expect("guard held until the response");
                         guard.headers_received();
-                        let trailers_only = health::classify_headers(resp.headers());
                         health::connected(guard.instance());
+                        let trailers_only = health::classify_headers(resp.headers());
                         if trailers_only != Outcome::Cancelled {
                             guard.finish(trailers_only);
+                            if trailers_only != Outcome::Success {
+                                if let Some(code) = status_code(resp.headers()) {
+                                    if let Some(delay) = this.retry_after(code) {
+                                        drop(guard);
+                                        tracing::debug!(?code, ?delay, "retrying call");
+                                        this.state =
+                                            CallState::Backoff(Box::pin(tokio::time::sleep(delay)));
+                                        continue;
+                                    }
+                                }
+                            }
                         }
                         let deadline = this.deadline.take();
                         this.state = CallState::Failed(None);
@@ -458,23 +423,47 @@ impl Future for ResponseFuture {
                                 return this.fail(Outcome::Failure, deadline_exceeded().into())
                             }
                             ErrorKind::Unsent { connect } => {
-                                if connect {
-                                    if let Some(g) = this.guard.as_ref() {
-                                        health::connect_failed(g.instance(), &*e);
-                                    }
+                                let failed = this.guard.take();
+                                if let (true, Some(g)) = (connect, &failed) {
+                                    health::connect_failed(g.instance(), &*e);
                                 }
                                 if this.reroute(&e) {
+                                    // Released without an outcome: the connection failure is
+                                    // recorded above, and the call goes on elsewhere.
+                                    drop(failed);
+                                    continue;
+                                }
+                                this.guard = failed;
+                                return this.fail(Outcome::Failure, e);
+                            }
+                            ErrorKind::Other => {
+                                if let Some(delay) = this.retry_after(tonic::Code::Unavailable) {
+                                    if let Some(mut g) = this.guard.take() {
+                                        g.finish(Outcome::Failure);
+                                    }
+                                    this.state =
+                                        CallState::Backoff(Box::pin(tokio::time::sleep(delay)));
                                     continue;
                                 }
                                 return this.fail(Outcome::Failure, e);
                             }
-                            ErrorKind::Other => return this.fail(Outcome::Failure, e),
                         }
                     }
                 },
             }
         }
     }
+}
+
+/// The `grpc-status` of a trailers-only response.
+fn status_code(headers: &http::HeaderMap) -> Option<tonic::Code> {
+    let v = headers
+        .get("grpc-status")?
+        .to_str()
+        .ok()?
+        .parse::<i32>()
+        .ok()?;
+    Some(tonic::Code::from_i32(v))
 }
 
 enum ErrorKind {

@@ -74,6 +74,7 @@ mod health;
 mod instance;
 mod pick;
 mod pool;
+mod retry;
 mod stats;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT};
@@ -81,6 +82,7 @@ pub use channel::{BalancedChannel, ResponseFuture};
 pub use error::Error;
 pub use health::{Backoff, Ejection};
 pub use instance::State;
+pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 pub use stats::EndpointStats;
 
 /// How the channel chooses the instance for a call. All of them skip instances that are

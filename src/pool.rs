@@ -9,6 +9,7 @@ use tonic::transport::Endpoint;
 
 use crate::health::{self, Policy};
 use crate::instance::{Instance, State};
+use crate::retry::{Budget, RetryPolicy};
 use crate::Strategy;
 
 pub(crate) type Snapshot = Arc<Vec<Arc<Instance>>>;
@@ -27,6 +28,11 @@ pub(crate) struct Pool {
     pub(crate) rr: AtomicUsize,
     /// Transparent retry on (see `Builder::transparent_retry`).
     pub(crate) replay: bool,
+    /// The retry policy, if any, and its budget.
+    pub(crate) retry: Option<RetryPolicy>,
+    pub(crate) budget: Option<Budget>,
+    /// Cap on the request body kept for another attempt.
+    pub(crate) max_replay_body: usize,
 }
 
 impl Pool {
@@ -39,6 +45,9 @@ impl Pool {
             strategy,
             rr: AtomicUsize::new(0),
             replay: true,
+            retry: None,
+            budget: None,
+            max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
         }
     }
 
