@@ -1,0 +1,196 @@
+//! The opt-in retry policy and its budget.
+mod fleet;
+
+use std::time::{Duration, Instant};
+
+use fleet::pb::{fleet_client::FleetClient, Req};
+use fleet::{Behavior, Fleet};
+use tonic::Code;
+use tonic_balancer::{BalancedChannel, Ejection, RetryPolicy};
+
+fn retrying(uris: Vec<String>, policy: RetryPolicy, ejection: Ejection) -> BalancedChannel {
+    let mut b = BalancedChannel::builder().retry(policy).ejection(ejection);
+    for u in &uris {
+        b = b.uri(u);
+    }
+    b.build().unwrap()
+}
+
+/// One instance of five answers UNAVAILABLE (or RESOURCE_EXHAUSTED) at once: with the retry
+/// policy on, not one of 1,000 calls fails, and the bad instance did get calls (the retries
+/// are what saved them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_policy_hides_a_failing_instance() {
+    for code in [Code::Unavailable, Code::ResourceExhausted] {
+        let fleet = Fleet::start(5, Behavior::Ok);
+        fleet.instances[2].set(Behavior::Fail(code));
+        let ch = retrying(fleet.uris(), RetryPolicy::default(), Ejection::default());
+        let mut client = FleetClient::new(ch.clone());
+        let mut failed = 0;
+        for id in 0..1000 {
+            if client
+                .unary(Req {
+                    id,
+                    ..Default::default()
+                })
+                .await
+                .is_err()
+            {
+                failed += 1;
+            }
+        }
+        assert_eq!(failed, 0, "{code:?}: calls failed despite the retry policy");
+        assert!(
+            fleet.instances[2].served() > 0,
+            "the failing instance was never tried"
+        );
+        fleet::wait_until("counts back to zero", Duration::from_secs(10), || {
+            fleet::total_in_flight(&ch) == 0
+        })
+        .await;
+    }
+}
+
+/// With every instance failing, the budget caps retries at its ratio (20%) plus its floor
+/// (10 per second, and the 10 it starts with), instead of tripling the load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_stops_retries_when_everything_fails() {
+    let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(2),
+        ..RetryPolicy::default()
+    };
+    // Ejection off: this test is about the budget alone.
+    let ejection = Ejection {
+        max_ejected_percent: 0,
+        ..Ejection::default()
+    };
+    let ch = retrying(fleet.uris(), policy, ejection);
+    let mut client = FleetClient::new(ch);
+    let start = Instant::now();
+    let calls = 1000u64;
+    for id in 0..calls {
+        let err = client
+            .unary(Req {
+                id,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let served: u64 = fleet.served().iter().sum();
+    let retries = served - calls;
+    let allowed = 0.2 * calls as f64 + 10.0 * secs + 10.0 + 2.0;
+    assert!(
+        (retries as f64) <= allowed,
+        "{retries} retries for {calls} calls in {secs:.1}s; the budget allows {allowed:.0}"
+    );
+    // Without the budget, each call would make 3 attempts.
+    assert!(
+        retries < calls,
+        "{retries} retries: the budget did not bite"
+    );
+}
+
+/// A retry never outlives the call's deadline: with every instance failing and a long backoff,
+/// the call ends by its deadline with the last status it got.
+#[tokio::test]
+async fn retries_respect_the_deadline() {
+    let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
+    let policy = RetryPolicy {
+        max_attempts: 5,
+        initial_backoff: Duration::from_secs(5),
+        max_backoff: Duration::from_secs(5),
+        ..RetryPolicy::default()
+    };
+    let ch = retrying(fleet.uris(), policy, Ejection::default());
+    let mut client = FleetClient::new(ch);
+    for id in 0..20 {
+        let mut req = tonic::Request::new(Req {
+            id,
+            ..Default::default()
+        });
+        req.set_timeout(Duration::from_millis(300));
+        let start = Instant::now();
+        let err = client.unary(req).await.unwrap_err();
+        assert!(
+            matches!(err.code(), Code::Unavailable | Code::DeadlineExceeded),
+            "{err:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "call outlived its deadline"
+        );
+    }
+}
+
+/// Each attempt goes to an instance the call has not tried: with 3 attempts and two failing
+/// instances out of three, every call succeeds.
+#[tokio::test]
+async fn attempts_go_to_untried_instances() {
+    let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
+    fleet.instances[1].set(Behavior::Ok);
+    let ejection = Ejection {
+        max_ejected_percent: 0,
+        ..Ejection::default()
+    };
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(1),
+        budget_ratio: 10.0,
+        ..RetryPolicy::default()
+    };
+    let ch = retrying(fleet.uris(), policy, ejection);
+    let mut client = FleetClient::new(ch);
+    for id in 0..100 {
+        let r = client
+            .unary(Req {
+                id,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.instance, "i1");
+    }
+}
+
+/// Bad retry settings are refused by build(), naming the setting.
+#[tokio::test]
+async fn bad_retry_settings_are_refused() {
+    for bad in [
+        RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        RetryPolicy {
+            codes: vec![],
+            ..RetryPolicy::default()
+        },
+        RetryPolicy {
+            multiplier: 0.1,
+            ..RetryPolicy::default()
+        },
+        RetryPolicy {
+            max_backoff: Duration::ZERO,
+            ..RetryPolicy::default()
+        },
+    ] {
+        let err = BalancedChannel::builder()
+            .uri("http://127.0.0.1:1")
+            .retry(bad)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("`retry`"), "{err}");
+    }
+    let err = BalancedChannel::builder()
+        .uri("http://127.0.0.1:1")
+        .max_replay_body(1 << 30)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("max_replay_body"), "{err}");
+}
