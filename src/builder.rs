@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::Endpoint;
 
 use crate::error::{check_uri, parse_uri, Error};
-use crate::health::{Backoff, Ejection, Policy};
+use crate::health::{Backoff, Ejection, HealthCheck, Policy};
 use crate::pool::Pool;
 use crate::retry::{Budget, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 use crate::{BalancedChannel, Strategy};
@@ -47,6 +47,7 @@ pub struct Builder {
     ejection: Ejection,
     transparent_retry: bool,
     retry: Option<RetryPolicy>,
+    health_check: Option<HealthCheck>,
     max_replay_body: usize,
     latency_expiry: Duration,
     latency_decay: Duration,
@@ -69,6 +70,7 @@ impl Builder {
             ejection: Ejection::default(),
             transparent_retry: true,
             retry: None,
+            health_check: None,
             max_replay_body: DEFAULT_MAX_REPLAY_BODY,
             latency_expiry: Duration::from_secs(5),
             latency_decay: Duration::from_secs(1),
@@ -137,6 +139,13 @@ impl Builder {
         self
     }
 
+    /// Checks each instance with the standard `grpc.health.v1` protocol (default: off). See
+    /// [`HealthCheck`].
+    pub fn health_check(mut self, check: HealthCheck) -> Builder {
+        self.health_check = Some(check);
+        self
+    }
+
     /// The largest request body kept so that a call can be sent again (default 64 KiB, at
     /// most 16 MiB). A call whose body is larger is not retried by the retry policy; a call
     /// whose body was never read (its instance could not be reached) is always replayed.
@@ -186,6 +195,9 @@ impl Builder {
         if let Some(r) = &self.retry {
             r.validate()?;
         }
+        if let Some(h) = &self.health_check {
+            h.validate()?;
+        }
         if self.max_replay_body > 16 * 1024 * 1024 {
             return Err(Error::InvalidSetting {
                 name: "max_replay_body",
@@ -209,6 +221,7 @@ impl Builder {
             default_latency_ns: 1_000_000.0,
             backoff: self.backoff,
             ejection: self.ejection,
+            health_check: self.health_check,
             ejected: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
         });

@@ -80,7 +80,7 @@ mod stats;
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT};
 pub use channel::{BalancedChannel, ResponseFuture};
 pub use error::Error;
-pub use health::{Backoff, Ejection};
+pub use health::{Backoff, Ejection, HealthCheck};
 pub use instance::State;
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 pub use stats::EndpointStats;

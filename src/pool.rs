@@ -79,7 +79,11 @@ impl Pool {
             }
             _ => {
                 tracing::info!(addr = %name, "instance added");
-                Arc::new(Instance::new(name, endpoint, self.policy.clone()))
+                let inst = Arc::new(Instance::new(name, endpoint, self.policy.clone()));
+                if let Some(cfg) = &self.policy.health_check {
+                    health::check::spawn(&inst, cfg.clone());
+                }
+                inst
             }
         };
         let mut next = Vec::with_capacity(cur.len() + 1);

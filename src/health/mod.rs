@@ -19,9 +19,11 @@
 //!   (NOT_FOUND, INVALID_ARGUMENT, ...) are the service's answers and count as successes here.
 
 mod backoff;
+pub(crate) mod check;
 mod outlier;
 
 pub use backoff::Backoff;
+pub use check::HealthCheck;
 pub use outlier::Ejection;
 pub(crate) use outlier::{eject_check, forget as forget_ejection, success_rate_sweep};
 
@@ -63,6 +65,8 @@ pub(crate) struct Policy {
     pub(crate) default_latency_ns: f64,
     pub(crate) backoff: Backoff,
     pub(crate) ejection: Ejection,
+    /// Active health checks, if on.
+    pub(crate) health_check: Option<HealthCheck>,
     /// Instances ejected now.
     pub(crate) ejected: AtomicUsize,
     /// Instances in the set now (not draining).

@@ -51,6 +51,42 @@ pub struct Shared {
     pub active: AtomicUsize,
     /// Calls waiting in `Hold` now.
     pub held: AtomicUsize,
+    /// What the instance answers to `grpc.health.v1.Health/Check` (true: SERVING).
+    pub serving: std::sync::atomic::AtomicBool,
+    /// Health checks answered.
+    pub health_checks: AtomicU64,
+}
+
+/// The standard health service, answering from [`Shared::serving`].
+struct HealthSvc(Arc<Shared>);
+
+#[tonic::async_trait]
+impl tonic_health::pb::health_server::Health for HealthSvc {
+    async fn check(
+        &self,
+        _req: Request<tonic_health::pb::HealthCheckRequest>,
+    ) -> Result<Response<tonic_health::pb::HealthCheckResponse>, Status> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        self.0.health_checks.fetch_add(1, Ordering::SeqCst);
+        let status = if self.0.serving.load(Ordering::SeqCst) {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        Ok(Response::new(tonic_health::pb::HealthCheckResponse {
+            status: status as i32,
+        }))
+    }
+
+    type WatchStream =
+        Pin<Box<dyn Stream<Item = Result<tonic_health::pb::HealthCheckResponse, Status>> + Send>>;
+
+    async fn watch(
+        &self,
+        _req: Request<tonic_health::pb::HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("watch"))
+    }
 }
 
 struct Svc(Arc<Shared>);
@@ -222,6 +258,8 @@ impl Instance {
             served: AtomicU64::new(0),
             active: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
+            serving: std::sync::atomic::AtomicBool::new(true),
+            health_checks: AtomicU64::new(0),
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().unwrap();
@@ -249,7 +287,10 @@ impl Instance {
                     let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                     let server = tonic::transport::Server::builder()
-                        .add_service(FleetServer::new(Svc(shared)))
+                        .add_service(FleetServer::new(Svc(shared.clone())))
+                        .add_service(tonic_health::pb::health_server::HealthServer::new(
+                            HealthSvc(shared),
+                        ))
                         .serve_with_incoming(incoming);
                     tokio::select! {
                         _ = server => {}
@@ -274,6 +315,15 @@ impl Instance {
 
     pub fn set(&self, behavior: Behavior) {
         *self.shared.behavior.lock().unwrap() = behavior;
+    }
+
+    /// Sets what the instance answers to health checks.
+    pub fn set_serving(&self, serving: bool) {
+        self.shared.serving.store(serving, Ordering::SeqCst);
+    }
+
+    pub fn health_checks(&self) -> u64 {
+        self.shared.health_checks.load(Ordering::SeqCst)
     }
 
     /// Lets `n` held calls go on.

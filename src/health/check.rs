@@ -1,0 +1,100 @@
+//! Active health checks with the standard `grpc.health.v1` protocol (tonic-health's client),
+//! over each instance's own connection.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use crate::instance::{Instance, State};
+
+/// Active health checking (opt-in, see [`Builder::health_check`](crate::Builder::health_check)).
+///
+/// Every `interval`, each instance is asked `grpc.health.v1.Health/Check` for `service` over its
+/// own connection. An answer other than `SERVING`, an error, or no answer within `timeout` takes
+/// the instance out ([`State::Unhealthy`](crate::State::Unhealthy)) until it answers `SERVING`
+/// again. The first check runs as soon as the instance joins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// Time between two checks of one instance (default 5 s).
+    pub interval: Duration,
+    /// How long a check may take (default 1 s).
+    pub timeout: Duration,
+    /// The service name to ask about; empty for the server as a whole (the default).
+    pub service: String,
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        HealthCheck {
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(1),
+            service: String::new(),
+        }
+    }
+}
+
+impl HealthCheck {
+    pub(crate) fn validate(&self) -> Result<(), crate::Error> {
+        let bad = |reason: &str| crate::Error::InvalidSetting {
+            name: "health_check",
+            reason: reason.to_owned(),
+        };
+        if self.interval.is_zero() {
+            return Err(bad("interval must be above zero"));
+        }
+        if self.timeout.is_zero() {
+            return Err(bad("timeout must be above zero"));
+        }
+        Ok(())
+    }
+}
+
+/// Starts the checks of `inst`; they stop when it is dropped or starts draining.
+pub(crate) fn spawn(inst: &Arc<Instance>, cfg: HealthCheck) {
+    tokio::spawn(run(Arc::downgrade(inst), cfg));
+}
+
+async fn run(weak: Weak<Instance>, cfg: HealthCheck) {
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inst) = weak.upgrade() else { return };
+        if inst.state() == State::Draining {
+            return;
+        }
+        let mut client = HealthClient::new(inst.channel.clone());
+        drop(inst);
+        let req = HealthCheckRequest {
+            service: cfg.service.clone(),
+        };
+        let answer = tokio::time::timeout(cfg.timeout, client.check(req)).await;
+        let Some(inst) = weak.upgrade() else { return };
+        let verdict = match answer {
+            Ok(Ok(resp)) => match resp.into_inner().status() {
+                ServingStatus::Serving => Ok(()),
+                other => Err(format!("status {}", other.as_str_name())),
+            },
+            Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+            Err(_) => Err(format!("no answer within {:?}", cfg.timeout)),
+        };
+        match verdict {
+            Ok(()) => {
+                if inst.transition(State::Unhealthy, State::Ready) {
+                    tracing::info!(addr = %inst.display, "health check passed: instance back in");
+                }
+            }
+            Err(why) => {
+                let prev = inst.state();
+                if matches!(prev, State::Ready | State::Connecting)
+                    && inst.transition(prev, State::Unhealthy)
+                {
+                    tracing::warn!(addr = %inst.display, reason = %why, "health check failed: instance out");
+                }
+            }
+        }
+    }
+}

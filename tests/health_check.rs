@@ -1,0 +1,120 @@
+//! Active health checks (grpc.health.v1) take an instance out and bring it back.
+mod fleet;
+
+use std::time::Duration;
+
+use fleet::pb::{fleet_client::FleetClient, Req};
+use fleet::{Behavior, Fleet};
+use tonic_balancer::{BalancedChannel, HealthCheck, State};
+
+fn state_of(ch: &BalancedChannel, uri: &str) -> State {
+    ch.endpoints()
+        .into_iter()
+        .find(|e| e.uri() == uri)
+        .expect("instance listed")
+        .state()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_serving_takes_an_instance_out_and_serving_brings_it_back() {
+    let fleet = Fleet::start(3, Behavior::Ok);
+    let check = HealthCheck {
+        interval: Duration::from_millis(50),
+        timeout: Duration::from_millis(500),
+        ..HealthCheck::default()
+    };
+    let mut b = BalancedChannel::builder().health_check(check);
+    for u in fleet.uris() {
+        b = b.uri(&u);
+    }
+    let ch = b.build().unwrap();
+    let sick = &fleet.instances[1];
+    let sick_uri = sick.uri();
+    fleet::wait_until("first health checks", Duration::from_secs(10), || {
+        fleet.instances.iter().all(|i| i.health_checks() > 0)
+    })
+    .await;
+
+    sick.set_serving(false);
+    fleet::wait_until("instance marked unhealthy", Duration::from_secs(10), || {
+        state_of(&ch, &sick_uri) == State::Unhealthy
+    })
+    .await;
+    let before = sick.served();
+    let mut client = FleetClient::new(ch.clone());
+    for id in 0..200 {
+        client
+            .unary(Req {
+                id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(sick.served(), before, "an unhealthy instance got calls");
+
+    sick.set_serving(true);
+    fleet::wait_until("instance back in", Duration::from_secs(10), || {
+        state_of(&ch, &sick_uri) == State::Ready
+    })
+    .await;
+    for id in 0..200 {
+        client
+            .unary(Req {
+                id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert!(sick.served() > before, "a healthy instance got no calls");
+}
+
+/// An instance that does not answer health checks in time is taken out too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_takes_an_instance_out() {
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let check = HealthCheck {
+        interval: Duration::from_millis(50),
+        timeout: Duration::from_millis(200),
+        ..HealthCheck::default()
+    };
+    let mut b = BalancedChannel::builder().health_check(check);
+    for u in fleet.uris() {
+        b = b.uri(&u);
+    }
+    let ch = b.build().unwrap();
+    let mut gone = fleet.instances.into_iter();
+    let keep = gone.next().unwrap();
+    let mut dead = gone.next().unwrap();
+    let dead_uri = dead.uri();
+    dead.stop();
+    fleet::wait_until("dead instance out", Duration::from_secs(10), || {
+        !state_of(&ch, &dead_uri).is_usable()
+    })
+    .await;
+    let mut client = FleetClient::new(ch.clone());
+    for id in 0..50 {
+        let r = client
+            .unary(Req {
+                id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.into_inner().instance, keep.name());
+    }
+}
+
+#[tokio::test]
+async fn bad_health_check_settings_are_refused() {
+    let err = BalancedChannel::builder()
+        .uri("http://127.0.0.1:1")
+        .health_check(HealthCheck {
+            interval: Duration::ZERO,
+            ..HealthCheck::default()
+        })
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("health_check"), "{err}");
+}
