@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Endpoint;
 
+use crate::discover::{Dns, Resolve, Template};
 use crate::error::{check_uri, parse_uri, Error};
 use crate::health::{Backoff, Ejection, HealthCheck, Policy};
 use crate::pool::Pool;
 use crate::retry::{Budget, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 use crate::{BalancedChannel, Strategy};
+use hickory_resolver::config::{ResolverConfig, ResolverOpts};
 
 /// The connect timeout that [`Builder::uri`] and [`BalancedChannel::from_static`] give each
 /// instance (tonic has none by default, and a silent address would hold calls for minutes).
@@ -38,7 +40,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 ///     .build()?;
 /// # let _ = channel; Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Builder {
     endpoints: Vec<(String, Endpoint)>,
     error: Option<Error>,
@@ -51,6 +53,41 @@ pub struct Builder {
     max_replay_body: usize,
     latency_expiry: Duration,
     latency_decay: Duration,
+    discovery: Option<Source>,
+    discovery_interval: Duration,
+    template: Option<Template>,
+}
+
+/// Where discovery gets its addresses: built in `build()` so that errors surface there.
+#[derive(Clone)]
+enum Source {
+    Dns {
+        target: String,
+        config: Option<(ResolverConfig, ResolverOpts)>,
+    },
+    Custom(Arc<dyn Resolve>),
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Dns { target, .. } => write!(f, "Dns({target})"),
+            Source::Custom(r) => write!(f, "Custom({})", r.name()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field(
+                "endpoints",
+                &self.endpoints.iter().map(|(u, _)| u).collect::<Vec<_>>(),
+            )
+            .field("strategy", &self.strategy)
+            .field("discovery", &self.discovery)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Builder {
@@ -74,7 +111,64 @@ impl Builder {
             max_replay_body: DEFAULT_MAX_REPLAY_BODY,
             latency_expiry: Duration::from_secs(5),
             latency_decay: Duration::from_secs(1),
+            discovery: None,
+            discovery_interval: Duration::from_secs(30),
+            template: None,
         }
+    }
+
+    /// Discovers the instances in DNS: `target` is `host:port` (such as
+    /// `my-service.default.svc.cluster.local:50051`, the name of a Kubernetes headless
+    /// Service), resolved with the system's DNS configuration into one instance per A or AAAA
+    /// record, again every [`discovery_interval`](Builder::discovery_interval). Instances
+    /// given with [`endpoint`](Builder::endpoint) or [`uri`](Builder::uri) are replaced by the
+    /// first answer. See the [`discover`](crate::discover) module for the behaviour on failures.
+    pub fn dns(mut self, target: &str) -> Builder {
+        self.discovery = Some(Source::Dns {
+            target: target.to_owned(),
+            config: None,
+        });
+        self
+    }
+
+    /// As [`dns`](Builder::dns), with the resolver's configuration given (name servers and
+    /// options), for tests and unusual networks.
+    pub fn dns_with_config(
+        mut self,
+        target: &str,
+        config: ResolverConfig,
+        options: ResolverOpts,
+    ) -> Builder {
+        self.discovery = Some(Source::Dns {
+            target: target.to_owned(),
+            config: Some((config, options)),
+        });
+        self
+    }
+
+    /// Discovers the instances with a source of your own (a registry, a control plane).
+    pub fn resolver(mut self, source: impl Resolve) -> Builder {
+        self.discovery = Some(Source::Custom(Arc::new(source)));
+        self
+    }
+
+    /// How often discovery asks its source again (default 30 s; sooner, at most once a
+    /// second, when an instance cannot be reached).
+    pub fn discovery_interval(mut self, every: Duration) -> Builder {
+        self.discovery_interval = every;
+        self
+    }
+
+    /// How a discovered address becomes an `Endpoint` (TLS, timeouts, keep-alive...). The
+    /// default is `Endpoint::from(uri)` with a [`DEFAULT_CONNECT_TIMEOUT`]. For `https`
+    /// instances, return an `https://` endpoint's settings here and give the URI's scheme
+    /// with [`dns`](Builder::dns) target `https://host:port`.
+    pub fn endpoint_template(
+        mut self,
+        template: impl Fn(http::Uri) -> Endpoint + Send + Sync + 'static,
+    ) -> Builder {
+        self.template = Some(Arc::new(template));
+        self
     }
 
     /// Adds an instance, with its per-connection settings.
@@ -173,7 +267,7 @@ impl Builder {
         if let Some(e) = self.error {
             return Err(e);
         }
-        if self.endpoints.is_empty() {
+        if self.endpoints.is_empty() && self.discovery.is_none() {
             return Err(Error::NoInstances);
         }
         for (i, (display, endpoint)) in self.endpoints.iter().enumerate() {
@@ -213,6 +307,42 @@ impl Builder {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
         }
+        if self.discovery_interval.is_zero() {
+            return Err(Error::InvalidSetting {
+                name: "discovery_interval",
+                reason: "must be above zero".to_owned(),
+            });
+        }
+        let discovery = match self.discovery.clone() {
+            None => None,
+            Some(Source::Custom(r)) => Some((r, "http")),
+            Some(Source::Dns { target, config }) => {
+                let (scheme, rest) = match target.split_once("://") {
+                    Some(("http", rest)) => ("http", rest),
+                    Some(("https", rest)) => ("https", rest),
+                    Some(_) => {
+                        return Err(Error::InvalidUri {
+                            uri: target.clone(),
+                            reason: "the scheme must be http or https".to_owned(),
+                        })
+                    }
+                    None => ("http", target.as_str()),
+                };
+                let (host, port) = crate::discover::split_target(rest).map_err(|e| match e {
+                    Error::InvalidUri { reason, .. } => Error::InvalidUri {
+                        uri: target.clone(),
+                        reason,
+                    },
+                    other => other,
+                })?;
+                let dns = match config {
+                    Some((c, o)) => Dns::with_config(&host, port, c, o)?,
+                    None => Dns::system(&host, port)?,
+                };
+                let source: Arc<dyn Resolve> = Arc::new(dns);
+                Some((source, scheme))
+            }
+        };
         let policy = Arc::new(Policy {
             epoch: Instant::now(),
             clock: AtomicU64::new(0),
@@ -222,6 +352,7 @@ impl Builder {
             backoff: self.backoff,
             ejection: self.ejection,
             health_check: self.health_check,
+            discovery_wake: std::sync::OnceLock::new(),
             ejected: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
         });
@@ -235,6 +366,27 @@ impl Builder {
             pool.insert(display, endpoint);
         }
         tracing::info!(instances = pool.snapshot().len(), strategy = ?self.strategy, "balanced channel built");
+        if let Some((source, scheme)) = discovery {
+            let _ = policy.discovery_wake.set(pool.discovery_wake.clone());
+            if pool.snapshot().is_empty() {
+                pool.discovered.send_replace(false);
+            }
+            let template = self.template.clone().unwrap_or_else(|| {
+                Arc::new(|uri: http::Uri| {
+                    Endpoint::from(uri).connect_timeout(DEFAULT_CONNECT_TIMEOUT)
+                })
+            });
+            tracing::info!(source = %source.name(), "discovery on");
+            crate::discover::spawn(
+                &pool,
+                crate::discover::Discovery {
+                    source,
+                    interval: self.discovery_interval,
+                    scheme,
+                    template,
+                },
+            );
+        }
         if let Some(every) = policy.ejection.success_rate_interval {
             tokio::spawn(success_rate_task(Arc::downgrade(&pool), every));
         }

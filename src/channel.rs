@@ -120,6 +120,24 @@ impl BalancedChannel {
         Ok(self.pool.remove(&uri))
     }
 
+    /// Makes the set exactly these instances: adds the new ones, removes (drains) the ones
+    /// not listed, leaves the others and their connections alone. Returns how many were
+    /// added and removed. Nothing is changed if an endpoint's URI is invalid.
+    pub fn replace_all(
+        &self,
+        endpoints: impl IntoIterator<Item = tonic::transport::Endpoint>,
+    ) -> Result<(usize, usize), crate::Error> {
+        let mut want = Vec::new();
+        for e in endpoints {
+            crate::error::check_uri(e.uri()).map_err(|reason| crate::Error::InvalidUri {
+                uri: e.uri().to_string(),
+                reason: reason.to_owned(),
+            })?;
+            want.push((e.uri().to_string(), e));
+        }
+        Ok(self.pool.sync(want))
+    }
+
     /// Picks the instance for one call (excluding the ones in `tried`).
     #[inline]
     fn pick(pool: &Pool, snap: &[Arc<Instance>], tried: &[Arc<Instance>]) -> Option<usize> {
@@ -165,9 +183,12 @@ impl BalancedChannel {
 }
 
 /// Why nothing could be picked, for the UNAVAILABLE message.
-fn no_instance_message(snap: &[Arc<Instance>]) -> String {
+fn no_instance_message(pool: &Pool, snap: &[Arc<Instance>]) -> String {
     if snap.is_empty() {
-        return "tonic-balancer: no instances in the set".to_owned();
+        return match pool.discovery_error() {
+            Some(e) => format!("tonic-balancer: no instances in the set (discovery: {e})"),
+            None => "tonic-balancer: no instances in the set".to_owned(),
+        };
     }
     let mut counts = std::collections::BTreeMap::<&'static str, usize>::new();
     for i in snap {
@@ -195,43 +216,69 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let deadline =
             crate::deadline::from_headers(req.headers()).map(|d| Box::pin(tokio::time::sleep(d)));
-        let snap = self.pool.snapshot();
-        let Some(idx) = Self::pick(&self.pool, &snap, &[]) else {
-            let msg = no_instance_message(&snap);
-            tracing::debug!(reason = %msg, "call refused");
-            return ResponseFuture::failed(unavailable(msg));
-        };
-        let inst = &snap[idx];
-        tracing::trace!(addr = %inst.display, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
-        // Keep what is needed to send the call elsewhere if its instance cannot be reached (or,
-        // with a retry policy, fails), when there is somewhere else to send it.
-        let pool = &self.pool;
-        let (req, again) = if snap.len() > 1 && (pool.replay || pool.retry.is_some()) {
-            if let Some(b) = &pool.budget {
-                b.deposit();
-            }
-            let (req, replay) = Replay::wrap(req, pool.retry.is_some(), pool.max_replay_body);
-            let again = Box::new(Again {
-                replay,
-                pool: pool.clone(),
-                tried: vec![inst.clone()],
-                attempts: 1,
-                deadline_at: deadline.as_ref().map(|d| d.deadline()),
+        route(&self.pool, req, deadline)
+    }
+}
+
+/// Routes one call: picks its instance and makes its future.
+fn route(
+    pool: &Arc<Pool>,
+    req: http::Request<Body>,
+    deadline: Option<Pin<Box<Sleep>>>,
+) -> ResponseFuture {
+    let snap = pool.snapshot();
+    let Some(idx) = BalancedChannel::pick(pool, &snap, &[]) else {
+        if snap.is_empty() && !*pool.discovered.borrow() {
+            // Discovery has not answered yet: wait for its first answer (bounded by the
+            // lookup's timeout, and by the call's deadline).
+            let mut rx = pool.discovered.subscribe();
+            let wait = Box::pin(async move {
+                let _ = rx.wait_for(|done| *done).await;
             });
-            (req, Some(again))
-        } else {
-            (req, None)
-        };
-        let guard = CallGuard::new(inst.clone());
-        ResponseFuture {
-            state: CallState::Routed {
-                channel: inst.channel.clone(),
-                req: Some(req),
-            },
-            guard: Some(guard),
-            deadline,
-            again,
+            return ResponseFuture {
+                state: CallState::Discovering {
+                    wait,
+                    req: Some(req),
+                    pool: pool.clone(),
+                },
+                guard: None,
+                deadline,
+                again: None,
+            };
         }
+        let msg = no_instance_message(pool, &snap);
+        tracing::debug!(reason = %msg, "call refused");
+        return ResponseFuture::failed(unavailable(msg));
+    };
+    let inst = &snap[idx];
+    tracing::trace!(addr = %inst.display, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
+    // Keep what is needed to send the call elsewhere if its instance cannot be reached (or,
+    // with a retry policy, fails), when there is somewhere else to send it.
+    let (req, again) = if snap.len() > 1 && (pool.replay || pool.retry.is_some()) {
+        if let Some(b) = &pool.budget {
+            b.deposit();
+        }
+        let (req, replay) = Replay::wrap(req, pool.retry.is_some(), pool.max_replay_body);
+        let again = Box::new(Again {
+            replay,
+            pool: pool.clone(),
+            tried: vec![inst.clone()],
+            attempts: 1,
+            deadline_at: deadline.as_ref().map(|d| d.deadline()),
+        });
+        (req, Some(again))
+    } else {
+        (req, None)
+    };
+    let guard = CallGuard::new(inst.clone());
+    ResponseFuture {
+        state: CallState::Routed {
+            channel: inst.channel.clone(),
+            req: Some(req),
+        },
+        guard: Some(guard),
+        deadline,
+        again,
     }
 }
 
@@ -246,6 +293,12 @@ enum CallState {
     },
     /// Sent; waiting for the response head.
     Sent(tonic::transport::channel::ResponseFuture),
+    /// Waiting for the first answer of discovery.
+    Discovering {
+        wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+        req: Option<http::Request<Body>>,
+        pool: Arc<Pool>,
+    },
     /// Between two attempts of the retry policy.
     Backoff(Pin<Box<Sleep>>),
     /// Refused before routing, or over.
@@ -368,6 +421,14 @@ impl Future for ResponseFuture {
                         .take()
                         .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
                     return Poll::Ready(Err(status.into()));
+                }
+                CallState::Discovering { wait, req, pool } => {
+                    if wait.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    let (pool, req) = (pool.clone(), req.take().expect("routed once"));
+                    *this = route(&pool, req, this.deadline.take());
+                    return Pin::new(this).poll(cx);
                 }
                 CallState::Backoff(sleep) => {
                     if sleep.as_mut().poll(cx).is_pending() {

@@ -68,6 +68,7 @@
 mod builder;
 mod channel;
 mod deadline;
+pub mod discover;
 mod error;
 mod guard;
 mod health;
@@ -79,8 +80,11 @@ mod stats;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT};
 pub use channel::{BalancedChannel, ResponseFuture};
+pub use discover::{Dns, Resolve};
 pub use error::Error;
 pub use health::{Backoff, Ejection, HealthCheck};
+/// hickory-resolver's configuration types, for [`Builder::dns_with_config`].
+pub use hickory_resolver::config as dns_config;
 pub use instance::State;
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 pub use stats::EndpointStats;

@@ -33,6 +33,13 @@ pub(crate) struct Pool {
     pub(crate) budget: Option<Budget>,
     /// Cap on the request body kept for another attempt.
     pub(crate) max_replay_body: usize,
+    /// Wakes the discovery task early (an instance could not be reached).
+    pub(crate) discovery_wake: Arc<tokio::sync::Notify>,
+    /// With discovery: true once the source answered (or failed) the first time. Calls made
+    /// before that wait for it (bounded by the lookup's own timeout and the call's deadline).
+    pub(crate) discovered: tokio::sync::watch::Sender<bool>,
+    /// The discovery source's last error, for the UNAVAILABLE message.
+    discovery_error: Mutex<Option<String>>,
 }
 
 impl Pool {
@@ -48,6 +55,9 @@ impl Pool {
             retry: None,
             budget: None,
             max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
+            discovery_wake: Arc::new(tokio::sync::Notify::new()),
+            discovered: tokio::sync::watch::Sender::new(true),
+            discovery_error: Mutex::new(None),
         }
     }
 
@@ -115,6 +125,41 @@ impl Pool {
         draining.retain(|w| w.strong_count() > 0);
         draining.push(Arc::downgrade(&gone));
         true
+    }
+
+    /// Makes the set the given one: adds what is new, removes (drains) what is gone, leaves the
+    /// rest and their connections alone. Returns (added, removed).
+    pub(crate) fn sync(&self, want: Vec<(String, Endpoint)>) -> (usize, usize) {
+        let cur = self.members.load_full();
+        let mut removed = 0;
+        for inst in cur.iter() {
+            if !want.iter().any(|(_, e)| *e.uri() == inst.uri) && self.remove(&inst.uri) {
+                removed += 1;
+            }
+        }
+        let mut added = 0;
+        for (name, endpoint) in want {
+            if self.insert(name, endpoint) {
+                added += 1;
+            }
+        }
+        (added, removed)
+    }
+
+    /// Records the discovery source's state after a lookup.
+    pub(crate) fn discovery_status(&self, error: Option<String>) {
+        *self
+            .discovery_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = error;
+        self.discovered.send_replace(true);
+    }
+
+    pub(crate) fn discovery_error(&self) -> Option<String> {
+        self.discovery_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The instances that are draining and still have calls in flight.

@@ -65,6 +65,8 @@ pub(crate) struct Policy {
     pub(crate) default_latency_ns: f64,
     pub(crate) backoff: Backoff,
     pub(crate) ejection: Ejection,
+    /// Wakes the discovery task, if there is one.
+    pub(crate) discovery_wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     /// Active health checks, if on.
     pub(crate) health_check: Option<HealthCheck>,
     /// Instances ejected now.
@@ -165,6 +167,9 @@ pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error
         return;
     }
     tracing::warn!(addr = %inst.display, error = %error, "cannot connect to instance; reconnecting with backoff");
+    if let Some(wake) = inst.policy.discovery_wake.get() {
+        wake.notify_one();
+    }
     let weak = Arc::downgrade(inst);
     let backoff = inst.policy.backoff.clone();
     tokio::spawn(reconnect(weak, backoff));

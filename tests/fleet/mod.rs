@@ -251,6 +251,11 @@ pub struct Instance {
 impl Instance {
     /// Starts an instance on a free port of 127.0.0.1.
     pub fn start(name: &str, behavior: Behavior) -> Instance {
+        Self::start_at(name, "127.0.0.1:0".parse().unwrap(), behavior)
+    }
+
+    /// Starts an instance on this address (any 127.x.y.z works on Linux loopback).
+    pub fn start_at(name: &str, at: SocketAddr, behavior: Behavior) -> Instance {
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             behavior: Mutex::new(behavior),
@@ -261,7 +266,7 @@ impl Instance {
             serving: std::sync::atomic::AtomicBool::new(true),
             health_checks: AtomicU64::new(0),
         });
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let listener = std::net::TcpListener::bind(at).unwrap_or_else(|e| panic!("bind {at}: {e}"));
         let addr = listener.local_addr().unwrap();
         let mut inst = Instance {
             shared,

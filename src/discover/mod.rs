@@ -1,0 +1,133 @@
+//! Membership that changes: a [`Resolve`] source (DNS, or any other) polled in the background,
+//! its answers turned into inserts and removals of instances.
+//!
+//! The set follows the source: new addresses are added, vanished ones removed (they drain:
+//! no new calls, the calls they have finish). A lookup that fails, or that returns no address,
+//! keeps the last good set (a blip in DNS must not empty a working channel); before the first
+//! good answer the set is empty and calls fail at once with UNAVAILABLE, naming the source and
+//! its last error. The source is asked again every `interval`, and sooner (at most once per
+//! second) when an instance cannot be reached: it may have moved.
+
+mod dns;
+
+pub(crate) use dns::split_target;
+pub use dns::Dns;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tonic::transport::Endpoint;
+use tower::BoxError;
+
+use crate::pool::Pool;
+
+/// A source of instance addresses: DNS ([`Dns`]), a service registry, a control plane.
+///
+/// The channel calls [`resolve`](Resolve::resolve) in the background and makes its set of
+/// instances follow the answers.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use std::pin::Pin;
+/// use std::future::Future;
+/// use tonic_balancer::Resolve;
+///
+/// /// A fixed list, as a stand-in for a registry client.
+/// struct Static(Vec<SocketAddr>);
+///
+/// impl Resolve for Static {
+///     fn resolve(
+///         &self,
+///     ) -> Pin<Box<dyn Future<Output = Result<Vec<SocketAddr>, tower::BoxError>> + Send + '_>> {
+///         Box::pin(async move { Ok(self.0.clone()) })
+///     }
+///
+///     fn name(&self) -> String {
+///         "static list".into()
+///     }
+/// }
+/// ```
+pub trait Resolve: Send + Sync + 'static {
+    /// The current addresses of the instances.
+    #[allow(clippy::type_complexity)]
+    fn resolve(
+        &self,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<SocketAddr>, BoxError>> + Send + '_>>;
+
+    /// What to call this source in logs and errors (for DNS, the name and port).
+    fn name(&self) -> String;
+}
+
+/// How an address becomes an instance's `Endpoint` (TLS, timeouts, keep-alive...).
+pub(crate) type Template = Arc<dyn Fn(http::Uri) -> Endpoint + Send + Sync>;
+
+pub(crate) struct Discovery {
+    pub(crate) source: Arc<dyn Resolve>,
+    pub(crate) interval: Duration,
+    pub(crate) scheme: &'static str,
+    pub(crate) template: Template,
+}
+
+/// The URI of an address: `http://10.0.0.7:50051`, `http://[::1]:50051`.
+pub(crate) fn uri_of(scheme: &str, addr: SocketAddr) -> String {
+    format!("{scheme}://{addr}")
+}
+
+/// Polls the source and keeps the pool in line with it, until the pool is dropped.
+pub(crate) async fn run(pool: Weak<Pool>, d: Discovery) {
+    let name = d.source.name();
+    let min_gap = Duration::from_secs(1).min(d.interval);
+    loop {
+        let started = tokio::time::Instant::now();
+        let answer = d.source.resolve().await;
+        let Some(p) = pool.upgrade() else { return };
+        match answer {
+            Ok(addrs) if !addrs.is_empty() => {
+                let mut want: Vec<(String, Endpoint)> = Vec::with_capacity(addrs.len());
+                for a in addrs {
+                    let uri = uri_of(d.scheme, a);
+                    if want.iter().any(|(u, _)| *u == uri) {
+                        continue;
+                    }
+                    match uri.parse::<http::Uri>() {
+                        Ok(parsed) => want.push((uri, (d.template)(parsed))),
+                        Err(e) => {
+                            tracing::warn!(source = %name, addr = %a, error = %e, "unusable address")
+                        }
+                    }
+                }
+                let (added, removed) = p.sync(want);
+                if added + removed > 0 {
+                    tracing::info!(source = %name, added, removed, instances = p.snapshot().len(), "discovery changed the set");
+                }
+                p.discovery_status(None);
+            }
+            Ok(_) => {
+                tracing::warn!(source = %name, kept = p.snapshot().len(), "lookup returned no address; keeping the last set");
+                p.discovery_status(Some(format!("{name}: no address")));
+            }
+            Err(e) => {
+                tracing::warn!(source = %name, error = %e, kept = p.snapshot().len(), "lookup failed; keeping the last set");
+                p.discovery_status(Some(format!("{name}: {e}")));
+            }
+        }
+        let wake = p.discovery_wake.clone();
+        drop(p);
+        let next = started + d.interval;
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = wake.notified() => {
+                // An instance could not be reached: look again soon, but not in a loop.
+                tokio::time::sleep_until((started + min_gap).max(tokio::time::Instant::now())).await;
+            }
+        }
+    }
+}
+
+/// Spawns the discovery task of `pool`.
+pub(crate) fn spawn(pool: &Arc<Pool>, d: Discovery) {
+    tokio::spawn(run(Arc::downgrade(pool), d));
+}

@@ -1,0 +1,368 @@
+//! Membership that changes: runtime inserts and removals under load, replace_all, and DNS
+//! discovery against a real DNS server on loopback whose records the test changes.
+mod fleet;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleet::pb::{fleet_client::FleetClient, Req};
+use fleet::{Behavior, Fleet};
+use tonic::transport::Endpoint;
+use tonic_balancer::dns_config::{NameServerConfig, ResolverConfig, ResolverOpts};
+use tonic_balancer::{BalancedChannel, State};
+
+/// Instances added and removed while 4 tasks send calls: no call fails, a removed instance
+/// gets no new calls, its calls in flight complete, and every count ends at zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_and_remove_under_load() {
+    let fleet = Fleet::start(6, Behavior::Delay(Duration::from_millis(5)));
+    let uris = fleet.uris();
+    let ch = BalancedChannel::from_static(&uris[..3]).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failures = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..4u64 {
+        let mut client = FleetClient::new(ch.clone());
+        let (stop, failures, done) = (stop.clone(), failures.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut id = t << 32;
+            while !stop.load(Ordering::SeqCst) {
+                id += 1;
+                if let Err(e) = client
+                    .unary(Req {
+                        id,
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    eprintln!("call failed: {e:?}");
+                    failures.fetch_add(1, Ordering::SeqCst);
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    let progress = |n: u64| {
+        let done = done.clone();
+        let start = done.load(Ordering::SeqCst);
+        async move {
+            fleet::wait_until("calls flowing", Duration::from_secs(20), || {
+                done.load(Ordering::SeqCst) >= start + n
+            })
+            .await
+        }
+    };
+    progress(100).await;
+    for u in &uris[3..] {
+        assert!(ch
+            .insert(Endpoint::from_shared(u.clone()).unwrap())
+            .unwrap());
+    }
+    progress(300).await;
+    for i in &fleet.instances[3..] {
+        assert!(i.served() > 0, "added instance {} got no calls", i.name());
+    }
+    // Remove three while calls flow.
+    for u in &uris[..3] {
+        assert!(ch.remove(u).unwrap());
+    }
+    assert!(!ch.remove(&uris[0]).unwrap(), "removed twice");
+    // Calls routed before the removal may still be in flight; after they end, none arrive.
+    fleet::wait_until("removed instances drained", Duration::from_secs(20), || {
+        fleet.instances[..3].iter().all(|i| i.active() == 0)
+    })
+    .await;
+    let frozen: Vec<u64> = fleet.instances[..3].iter().map(|i| i.served()).collect();
+    progress(300).await;
+    let after: Vec<u64> = fleet.instances[..3].iter().map(|i| i.served()).collect();
+    assert_eq!(frozen, after, "removed instances got new calls");
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        failures.load(Ordering::SeqCst),
+        0,
+        "calls failed during membership changes"
+    );
+    fleet::wait_until("counts at zero", Duration::from_secs(10), || {
+        fleet::total_in_flight(&ch) == 0
+    })
+    .await;
+    assert_eq!(
+        ch.endpoints()
+            .iter()
+            .filter(|e| e.state() != State::Draining)
+            .count(),
+        3
+    );
+}
+
+/// A removed instance with a call in flight shows as draining and finishes that call;
+/// re-adding it while it drains reuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_instance_drains_and_can_come_back() {
+    let fleet = Fleet::start(2, Behavior::Hold);
+    let uris = fleet.uris();
+    let ch = BalancedChannel::from_static(&uris).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let held = tokio::spawn(async move { client.unary(Req::default()).await });
+    fleet::wait_until("call held", Duration::from_secs(10), || fleet.held() == 1).await;
+    let busy = fleet.instances.iter().position(|i| i.held() == 1).unwrap();
+    assert!(ch.remove(&uris[busy]).unwrap());
+    let stats = ch.endpoints();
+    let draining = stats
+        .iter()
+        .find(|e| e.uri() == uris[busy])
+        .expect("draining instance listed");
+    assert_eq!(draining.state(), State::Draining);
+    assert_eq!(draining.in_flight(), 1);
+    fleet.instances[busy].release(1);
+    let reply = held
+        .await
+        .unwrap()
+        .expect("a draining instance finishes its call");
+    assert_eq!(reply.into_inner().instance, fleet.instances[busy].name());
+    fleet::wait_until("drained", Duration::from_secs(10), || {
+        ch.endpoints().iter().all(|e| e.state() != State::Draining)
+    })
+    .await;
+
+    // Put back, then replace_all with the other one only.
+    assert!(ch
+        .insert(Endpoint::from_shared(uris[busy].clone()).unwrap())
+        .unwrap());
+    assert_eq!(ch.endpoints().len(), 2);
+    let (added, removed) = ch
+        .replace_all([Endpoint::from_shared(uris[1 - busy].clone()).unwrap()])
+        .unwrap();
+    assert_eq!((added, removed), (0, 1));
+    assert_eq!(ch.endpoints().len(), 1);
+}
+
+/// A DNS server on 127.0.0.1 (UDP) that answers A queries for one name from a list the test
+/// changes, or with SERVFAIL when told to fail.
+struct DnsServer {
+    addr: SocketAddr,
+    records: Arc<Mutex<Vec<Ipv4Addr>>>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+    queries: Arc<AtomicU64>,
+}
+
+impl DnsServer {
+    async fn start(name: &'static str) -> DnsServer {
+        use hickory_proto::op::{Message, MessageType, ResponseCode};
+        use hickory_proto::rr::{rdata::A, Name, RData, Record, RecordType};
+        let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = sock.local_addr().unwrap();
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let queries = Arc::new(AtomicU64::new(0));
+        let (r, f, q) = (records.clone(), fail.clone(), queries.clone());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let want = Name::from_ascii(name).unwrap();
+            loop {
+                let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
+                    return;
+                };
+                let Ok(req) = Message::from_vec(&buf[..n]) else {
+                    continue;
+                };
+                q.fetch_add(1, Ordering::SeqCst);
+                let mut resp =
+                    Message::new(req.metadata.id, MessageType::Response, req.metadata.op_code);
+                resp.metadata.recursion_desired = req.metadata.recursion_desired;
+                resp.metadata.recursion_available = true;
+                resp.metadata.authoritative = true;
+                for query in &req.queries {
+                    resp.add_query(query.clone());
+                    if f.load(Ordering::SeqCst) {
+                        resp.metadata.response_code = ResponseCode::ServFail;
+                        continue;
+                    }
+                    if query.name().to_lowercase() != want.to_lowercase() {
+                        resp.metadata.response_code = ResponseCode::NXDomain;
+                        continue;
+                    }
+                    if query.query_type() == RecordType::A {
+                        for ip in r.lock().unwrap().iter() {
+                            resp.add_answer(Record::from_rdata(
+                                query.name().clone(),
+                                0,
+                                RData::A(A(*ip)),
+                            ));
+                        }
+                    }
+                }
+                let _ = sock.send_to(&resp.to_vec().unwrap(), peer).await;
+            }
+        });
+        DnsServer {
+            addr,
+            records,
+            fail,
+            queries,
+        }
+    }
+
+    fn set(&self, ips: &[Ipv4Addr]) {
+        *self.records.lock().unwrap() = ips.to_vec();
+    }
+}
+
+fn resolver_for(server: &DnsServer) -> (ResolverConfig, ResolverOpts) {
+    let mut ns = NameServerConfig::udp(server.addr.ip());
+    for c in &mut ns.connections {
+        c.port = server.addr.port();
+    }
+    let config = ResolverConfig::from_parts(None, vec![], vec![ns]);
+    let mut opts = ResolverOpts::default();
+    opts.timeout = Duration::from_millis(500);
+    opts.attempts = 1;
+    (config, opts)
+}
+
+/// The channel follows the records: adds, removes; a failing lookup keeps the last set.
+/// Every instance is on its own loopback address (127.0.0.x) with one shared port, as pods
+/// behind a headless Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_discovery_follows_the_records() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let ips: Vec<Ipv4Addr> = (2..5).map(|i| Ipv4Addr::new(127, 0, 0, i)).collect();
+    let servers: Vec<fleet::Instance> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            fleet::Instance::start_at(
+                &format!("d{i}"),
+                SocketAddr::new((*ip).into(), port),
+                Behavior::Ok,
+            )
+        })
+        .collect();
+    let dns = DnsServer::start("fleet.test.").await;
+    dns.set(&ips[..2]);
+    let (config, opts) = resolver_for(&dns);
+    let ch = BalancedChannel::builder()
+        .dns_with_config(&format!("fleet.test.:{port}"), config, opts)
+        .discovery_interval(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    // The first call waits for the first answer.
+    client.unary(Req::default()).await.unwrap();
+    let uris = |ch: &BalancedChannel| {
+        let mut v: Vec<String> = ch
+            .endpoints()
+            .iter()
+            .filter(|e| e.state() != State::Draining)
+            .map(|e| e.uri().to_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let want = |ips: &[Ipv4Addr]| {
+        let mut v: Vec<String> = ips.iter().map(|ip| format!("http://{ip}:{port}")).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(uris(&ch), want(&ips[..2]));
+
+    dns.set(&ips);
+    fleet::wait_until("third address added", Duration::from_secs(10), || {
+        uris(&ch) == want(&ips)
+    })
+    .await;
+    for id in 0..60 {
+        client
+            .unary(Req {
+                id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert!(servers[2].served() > 0, "the added instance got no calls");
+
+    dns.set(&ips[1..]);
+    fleet::wait_until("first address removed", Duration::from_secs(10), || {
+        uris(&ch) == want(&ips[1..])
+    })
+    .await;
+    let frozen = servers[0].served();
+    for id in 0..60 {
+        client
+            .unary(Req {
+                id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(servers[0].served(), frozen, "a removed instance got calls");
+
+    // Lookups fail: the last set stays and calls go on.
+    dns.fail.store(true, Ordering::SeqCst);
+    let q = dns.queries.load(Ordering::SeqCst);
+    fleet::wait_until("a few failed lookups", Duration::from_secs(10), || {
+        dns.queries.load(Ordering::SeqCst) >= q + 3
+    })
+    .await;
+    assert_eq!(uris(&ch), want(&ips[1..]));
+    for id in 0..20 {
+        client
+            .unary(Req {
+                id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    // And an empty answer keeps it too.
+    dns.fail.store(false, Ordering::SeqCst);
+    dns.set(&[]);
+    let q = dns.queries.load(Ordering::SeqCst);
+    fleet::wait_until("a few empty answers", Duration::from_secs(10), || {
+        dns.queries.load(Ordering::SeqCst) >= q + 3
+    })
+    .await;
+    assert_eq!(uris(&ch), want(&ips[1..]));
+    client.unary(Req::default()).await.unwrap();
+}
+
+/// A name that never resolves: the set stays empty and calls fail with UNAVAILABLE, naming
+/// the DNS name, once the first lookup has answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_name_without_answer_fails_calls_with_unavailable() {
+    let dns = DnsServer::start("other.test.").await;
+    let (config, opts) = resolver_for(&dns);
+    let ch = BalancedChannel::builder()
+        .dns_with_config("missing.test.:50051", config, opts)
+        .discovery_interval(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch);
+    for _ in 0..3 {
+        let err = tokio::time::timeout(Duration::from_secs(10), client.unary(Req::default()))
+            .await
+            .expect("call never hangs")
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+        assert!(err.message().contains("missing.test."), "{}", err.message());
+    }
+}
+
+#[tokio::test]
+async fn bad_dns_targets_are_refused() {
+    for bad in ["no-port", "host:notaport", ":50051", "ftp://host:1"] {
+        let err = BalancedChannel::builder().dns(bad).build().unwrap_err();
+        assert!(err.to_string().contains(bad), "{bad}: {err}");
+    }
+}
