@@ -63,7 +63,7 @@ pub struct Builder {
 enum Source {
     Dns {
         target: String,
-        config: Option<(ResolverConfig, ResolverOpts)>,
+        config: Option<Box<(ResolverConfig, ResolverOpts)>>,
     },
     Custom(Arc<dyn Resolve>),
 }
@@ -141,7 +141,7 @@ impl Builder {
     ) -> Builder {
         self.discovery = Some(Source::Dns {
             target: target.to_owned(),
-            config: Some((config, options)),
+            config: Some(Box::new((config, options))),
         });
         self
     }
@@ -336,7 +336,10 @@ impl Builder {
                     other => other,
                 })?;
                 let dns = match config {
-                    Some((c, o)) => Dns::with_config(&host, port, c, o)?,
+                    Some(b) => {
+                        let (c, o) = *b;
+                        Dns::with_config(&host, port, c, o)?
+                    }
                     None => Dns::system(&host, port)?,
                 };
                 let source: Arc<dyn Resolve> = Arc::new(dns);
