@@ -55,6 +55,7 @@ pub struct Builder {
     latency_decay: Duration,
     discovery: Option<Source>,
     discovery_interval: Duration,
+    slow_start: Option<Duration>,
     template: Option<Template>,
 }
 
@@ -112,6 +113,7 @@ impl Builder {
             latency_expiry: Duration::from_secs(5),
             latency_decay: Duration::from_secs(1),
             discovery: None,
+            slow_start: None,
             discovery_interval: Duration::from_secs(30),
             template: None,
         }
@@ -248,6 +250,17 @@ impl Builder {
         self
     }
 
+    /// Slow start (default: off): an instance added after the channel was built, or back
+    /// from failing, ejection or a failed health check, takes part in a share of the picks
+    /// that grows linearly from 5% to all of them over `window`, so that a cold instance is
+    /// not flooded the moment it joins. The instances given to the builder start at full share.
+    /// Off by default because the least-pending pick already limits a newcomer to its share of
+    /// the calls in flight; turn it on for services that need to warm caches or JIT.
+    pub fn slow_start(mut self, window: Duration) -> Builder {
+        self.slow_start = Some(window);
+        self
+    }
+
     /// How long a latency estimate stays valid without a new sample (default 5 s). Past it,
     /// the instance counts as of unknown latency and is tried again, so that an instance that
     /// was slow once wins its share back.
@@ -307,6 +320,12 @@ impl Builder {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
         }
+        if self.slow_start.is_some_and(|d| d.is_zero()) {
+            return Err(Error::InvalidSetting {
+                name: "slow_start",
+                reason: "the window must be above zero".to_owned(),
+            });
+        }
         if self.discovery_interval.is_zero() {
             return Err(Error::InvalidSetting {
                 name: "discovery_interval",
@@ -352,6 +371,7 @@ impl Builder {
             latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
             latency_decay: self.latency_decay,
             default_latency_ns: 1_000_000.0,
+            slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
             backoff: self.backoff,
             ejection: self.ejection,
             health_check: self.health_check,
@@ -368,6 +388,8 @@ impl Builder {
         for (display, endpoint) in self.endpoints {
             pool.insert(display, endpoint);
         }
+        pool.warm_new
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(instances = pool.snapshot().len(), strategy = ?self.strategy, "balanced channel built");
         if let Some((source, scheme)) = discovery {
             let _ = policy.discovery_wake.set(pool.discovery_wake.clone());

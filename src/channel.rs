@@ -141,44 +141,65 @@ impl BalancedChannel {
     /// Picks the instance for one call (excluding the ones in `tried`).
     #[inline]
     fn pick(pool: &Pool, snap: &[Arc<Instance>], tried: &[Arc<Instance>]) -> Option<usize> {
+        let slow = pool.policy.slow_start_ns;
+        if slow > 0 {
+            // Slow start may hold back every instance that is warming up; it must never be the
+            // reason a call finds nothing.
+            if let Some(i) = Self::pick_with(pool, snap, tried, slow) {
+                return Some(i);
+            }
+        }
+        Self::pick_with(pool, snap, tried, 0)
+    }
+
+    #[inline]
+    fn pick_with(
+        pool: &Pool,
+        snap: &[Arc<Instance>],
+        tried: &[Arc<Instance>],
+        slow: u64,
+    ) -> Option<usize> {
         let policy = &pool.policy;
         let now = policy.clock.load(Ordering::Relaxed);
         let expiry = policy.latency_expiry_ns;
+        let mut rng = Rng::thread();
+        // An independent stream for the slow-start draws (the strategy's own draws use `rng`).
+        let mut gate =
+            (slow > 0).then(|| Rng::seeded(rng.next_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15)));
         let load = |i: &Arc<Instance>| -> Option<Load> {
             if !i.state().is_usable()
                 || (!tried.is_empty() && tried.iter().any(|t| Arc::ptr_eq(t, i)))
             {
                 return None;
             }
+            if let Some(g) = gate.as_mut() {
+                // Slow start: a warming instance takes part in a share of the picks that
+                // grows linearly over the window (from 5%).
+                let from = i.warm_from.load(Ordering::Relaxed);
+                let since = now.saturating_sub(from);
+                if from != 0 && since < slow {
+                    let ramp = (since as f64 / slow as f64).max(0.05);
+                    if g.unit() >= ramp {
+                        return None;
+                    }
+                }
+            }
             Some(Load {
                 in_flight: i.in_flight.load(Ordering::Relaxed),
                 latency_ns: i.latency(now, expiry),
             })
         };
-        match pool.strategy {
-            Strategy::LeastPending => {
-                let mut rng = Rng::thread();
-                let r = pick::least_pending(snap, &mut rng, load);
-                rng.store();
-                r
-            }
-            Strategy::PeakEwma => {
-                let mut rng = Rng::thread();
-                let r = pick::peak_ewma(snap, &mut rng, policy.default_latency_ns, load);
-                rng.store();
-                r
-            }
-            Strategy::PowerOfTwoChoices => {
-                let mut rng = Rng::thread();
-                let r = pick::power_of_two(snap, &mut rng, load);
-                rng.store();
-                r
-            }
+        let picked = match pool.strategy {
+            Strategy::LeastPending => pick::least_pending(snap, &mut rng, load),
+            Strategy::PeakEwma => pick::peak_ewma(snap, &mut rng, policy.default_latency_ns, load),
+            Strategy::PowerOfTwoChoices => pick::power_of_two(snap, &mut rng, load),
             Strategy::RoundRobin => {
                 let c = pool.rr.fetch_add(1, Ordering::Relaxed);
                 pick::round_robin(snap, c, load)
             }
-        }
+        };
+        rng.store();
+        picked
     }
 }
 

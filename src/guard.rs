@@ -26,6 +26,9 @@ use crate::instance::Instance;
 pub(crate) struct CallGuard {
     inst: Arc<Instance>,
     start: Instant,
+    /// Routed while the instance had no connection yet: its latency includes the connection
+    /// set-up and says nothing of the service time.
+    connecting: bool,
     outcome: Option<Outcome>,
 }
 
@@ -34,8 +37,10 @@ impl CallGuard {
     pub(crate) fn new(inst: Arc<Instance>) -> CallGuard {
         inst.in_flight.fetch_add(1, Ordering::Relaxed);
         inst.started.fetch_add(1, Ordering::Relaxed);
+        let connecting = inst.state() == crate::instance::State::Connecting;
         CallGuard {
             inst,
+            connecting,
             start: Instant::now(),
             outcome: None,
         }
@@ -49,7 +54,9 @@ impl CallGuard {
     /// The response headers arrived: one latency sample.
     #[inline]
     pub(crate) fn headers_received(&self) {
-        health::observe_latency(&self.inst, self.start.elapsed());
+        if !self.connecting {
+            health::observe_latency(&self.inst, self.start.elapsed());
+        }
     }
 
     /// The call is over with this outcome; the count is released when the guard drops.

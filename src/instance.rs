@@ -93,6 +93,9 @@ pub(crate) struct Instance {
     pub(crate) ejection_streak: AtomicU32,
     /// Readmitted after an ejection: one more failure ejects it again.
     pub(crate) probation: AtomicBool,
+    /// Slow start: when it joined or was readmitted, in nanoseconds since the pool's epoch
+    /// (0: not warming up).
+    pub(crate) warm_from: AtomicU64,
     /// Time-window counters for the success-rate rule.
     pub(crate) window_ok: AtomicU64,
     pub(crate) window_err: AtomicU64,
@@ -120,6 +123,7 @@ impl Instance {
             ejections: AtomicU32::new(0),
             ejection_streak: AtomicU32::new(0),
             probation: AtomicBool::new(false),
+            warm_from: AtomicU64::new(0),
             window_ok: AtomicU64::new(0),
             window_err: AtomicU64::new(0),
         }
@@ -128,6 +132,15 @@ impl Instance {
     #[inline]
     pub(crate) fn state(&self) -> State {
         State::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// Starts this instance's slow start (if on): its share ramps up from now.
+    pub(crate) fn warm_up(&self) {
+        if self.policy.slow_start_ns > 0 {
+            let now = self.policy.now_ns();
+            self.policy.clock.fetch_max(now, Ordering::Relaxed);
+            self.warm_from.store(now.max(1), Ordering::Relaxed);
+        }
     }
 
     /// Moves from `from` to `to`; false if the state was not `from`.
@@ -151,16 +164,19 @@ impl Instance {
         from
     }
 
-    /// The latency estimate in nanoseconds, or 0 ("unknown: try it") when it has had no
-    /// sample for `expiry`: an instance that was slow once is tried again and, if it is fast
-    /// now, wins its share back. Cheap enough for the pick: two loads and a compare.
+    /// The latency estimate in nanoseconds (0: unknown), fading linearly to 0 over `expiry`
+    /// without a new sample: a spike, or an instance that was slow once, does not keep it out
+    /// of the ties for long, and it is tried again. Cheap enough for the pick: two loads, a
+    /// compare and a multiply.
     #[inline]
     pub(crate) fn latency(&self, now_ns: u64, expiry_ns: u64) -> f64 {
         let at = self.latency_at.load(Ordering::Relaxed);
-        if now_ns.saturating_sub(at) > expiry_ns {
+        let idle = now_ns.saturating_sub(at);
+        if idle >= expiry_ns {
             return 0.0;
         }
-        f64::from_bits(self.latency_ns.load(Ordering::Relaxed))
+        let est = f64::from_bits(self.latency_ns.load(Ordering::Relaxed));
+        est * (1.0 - idle as f64 / expiry_ns as f64)
     }
 
     /// Folds one latency sample into the estimate: a sample above the estimate replaces it

@@ -19,8 +19,8 @@
 //! 1. **Latency.** Among the tied instances, one whose latency estimate is markedly higher than
 //!    the fastest tied one ([`SLOWER_RATIO`] times, and at least [`SLOWER_GAP_NS`] more) loses
 //!    the tie. So at low load a slow instance is not picked by chance. An instance with no
-//!    recent latency sample counts as unknown and is not penalised, so it is tried again and a
-//!    formerly slow instance wins its share back.
+//!    latency sample (new, or not picked for a while: estimates fade to unknown) ties with
+//!    every other, so it is tried, and a formerly slow instance wins its share back.
 //! 2. **Chance.** Among the remaining ties the choice is uniform (reservoir sampling over the
 //!    scan), so that calls spread evenly over equally good instances.
 //!
@@ -89,14 +89,21 @@ impl Rng {
         RNG_STATE.with(|s| s.set(self.0));
     }
 
+    /// The next 64 random bits.
     #[inline]
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
         x ^= x >> 27;
         self.0 = x;
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `[0, 1)`.
+    #[inline]
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2^-32 for any n we use).
@@ -121,28 +128,37 @@ pub fn least_pending<T>(
 ) -> Option<usize> {
     let mut best: Option<usize> = None;
     let mut best_load = usize::MAX;
-    let mut best_lat = 0.0f64;
+    // The lowest known latency among the tied; infinity while none is known. An unknown
+    // latency (0) is never markedly slower or faster than another: it ties.
+    let mut best_lat = f64::INFINITY;
     let mut ties = 0usize;
     for (i, item) in items.iter().enumerate() {
         let Some(l) = load(item) else { continue };
+        let lat = if l.latency_ns > 0.0 {
+            l.latency_ns
+        } else {
+            f64::INFINITY
+        };
         if l.in_flight < best_load {
             best = Some(i);
             best_load = l.in_flight;
-            best_lat = l.latency_ns;
+            best_lat = lat;
             ties = 1;
         } else if l.in_flight == best_load {
-            if markedly_slower(l.latency_ns, best_lat) {
-                continue;
-            }
-            if markedly_slower(best_lat, l.latency_ns) {
-                best = Some(i);
-                best_lat = l.latency_ns;
-                ties = 1;
-                continue;
+            if lat.is_finite() && best_lat.is_finite() {
+                if markedly_slower(lat, best_lat) {
+                    continue;
+                }
+                if markedly_slower(best_lat, lat) {
+                    best = Some(i);
+                    best_lat = lat;
+                    ties = 1;
+                    continue;
+                }
             }
             ties += 1;
-            if l.latency_ns < best_lat {
-                best_lat = l.latency_ns;
+            if lat < best_lat {
+                best_lat = lat;
             }
             if rng.below(ties) == 0 {
                 best = Some(i);

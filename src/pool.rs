@@ -33,6 +33,8 @@ pub(crate) struct Pool {
     pub(crate) budget: Option<Budget>,
     /// Cap on the request body kept for another attempt.
     pub(crate) max_replay_body: usize,
+    /// Whether instances added from now on warm up (slow start); off for the initial set.
+    pub(crate) warm_new: std::sync::atomic::AtomicBool,
     /// Wakes the discovery task early (an instance could not be reached).
     pub(crate) discovery_wake: Arc<tokio::sync::Notify>,
     /// With discovery: true once the source answered (or failed) the first time. Calls made
@@ -55,6 +57,7 @@ impl Pool {
             retry: None,
             budget: None,
             max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
+            warm_new: std::sync::atomic::AtomicBool::new(false),
             discovery_wake: Arc::new(tokio::sync::Notify::new()),
             discovered: tokio::sync::watch::Sender::new(true),
             discovery_error: Mutex::new(None),
@@ -90,6 +93,9 @@ impl Pool {
             _ => {
                 tracing::info!(addr = %name, "instance added");
                 let inst = Arc::new(Instance::new(name, endpoint, self.policy.clone()));
+                if self.warm_new.load(Ordering::Relaxed) {
+                    inst.warm_up();
+                }
                 if let Some(cfg) = &self.policy.health_check {
                     health::check::spawn(&inst, cfg.clone());
                 }

@@ -366,3 +366,67 @@ async fn bad_dns_targets_are_refused() {
         assert!(err.to_string().contains(bad), "{bad}: {err}");
     }
 }
+
+/// Slow start: a newly added instance's share ramps up over the window instead of jumping to
+/// its fair share at once. Four tasks send calls of 10 ms (well above scheduling noise) to four
+/// instances; a fifth joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_start_ramps_a_new_instance_up() {
+    let fleet = Fleet::start(5, Behavior::Delay(Duration::from_millis(10)));
+    let uris = fleet.uris();
+    let window = Duration::from_secs(6);
+    let mut b = BalancedChannel::builder().slow_start(window);
+    for u in &uris[..4] {
+        b = b.uri(u);
+    }
+    let ch = b.build().unwrap();
+    let newcomer = fleet.instances[4].name().to_owned();
+    // Sends calls from 4 tasks until `until`; returns (calls, calls served by the newcomer).
+    let burst = |until: std::time::Instant| {
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let mut client = FleetClient::new(ch.clone());
+                let newcomer = newcomer.clone();
+                tokio::spawn(async move {
+                    let (mut all, mut new) = (0u64, 0u64);
+                    while std::time::Instant::now() < until {
+                        let r = client.unary(Req::default()).await.unwrap().into_inner();
+                        all += 1;
+                        new += u64::from(r.instance == newcomer);
+                    }
+                    (all, new)
+                })
+            })
+            .collect();
+        async move {
+            let mut sum = (0, 0);
+            for t in tasks {
+                let (a, n) = t.await.unwrap();
+                sum = (sum.0 + a, sum.1 + n);
+            }
+            sum
+        }
+    };
+    burst(std::time::Instant::now() + Duration::from_millis(300)).await;
+    ch.insert(Endpoint::from_shared(uris[4].clone()).unwrap())
+        .unwrap();
+    let added = std::time::Instant::now();
+    // The first tenth of the window: the newcomer takes part in at most 10% of the picks.
+    let (early, early_new) = burst(added + window / 10).await;
+    tokio::time::sleep_until((added + window + Duration::from_millis(100)).into()).await;
+    let (late, late_new) = burst(std::time::Instant::now() + Duration::from_millis(1000)).await;
+    let early_share = early_new as f64 / early as f64;
+    let late_share = late_new as f64 / late as f64;
+    assert!(
+        early >= 20 && late >= 20,
+        "too few calls to judge: {early}, {late}"
+    );
+    assert!(
+        early_share < 0.12,
+        "newcomer took {early_share:.3} of {early} calls in the first tenth of its slow start"
+    );
+    assert!(
+        late_share > 0.12,
+        "newcomer took only {late_share:.3} of {late} calls after its slow start"
+    );
+}

@@ -84,6 +84,7 @@ async fn run(weak: Weak<Instance>, cfg: HealthCheck) {
         match verdict {
             Ok(()) => {
                 if inst.transition(State::Unhealthy, State::Ready) {
+                    inst.warm_up();
                     tracing::info!(addr = %inst.display, "health check passed: instance back in");
                 }
             }

@@ -61,6 +61,8 @@ pub(crate) struct Policy {
     pub(crate) latency_expiry_ns: u64,
     /// Time constant of the moving average of latency.
     pub(crate) latency_decay: Duration,
+    /// Slow start window in nanoseconds (0: off).
+    pub(crate) slow_start_ns: u64,
     /// Peak EWMA: the latency of an instance with no estimate yet.
     pub(crate) default_latency_ns: f64,
     pub(crate) backoff: Backoff,
@@ -191,8 +193,10 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
         let Some(inst) = weak.upgrade() else { return };
         match result {
             Ok(Ok(_probe)) => {
-                if inst.transition(State::Failing, State::Ready) {
+                // Connecting (usable): the next call opens the instance's connection.
+                if inst.transition(State::Failing, State::Connecting) {
                     inst.consecutive_failures.store(0, Ordering::Relaxed);
+                    inst.warm_up();
                     tracing::info!(addr = %name, attempt, "instance reachable again");
                 }
                 return;

@@ -156,6 +156,7 @@ fn readmit(inst: &Instance) {
         inst.consecutive_failures.store(0, Ordering::Relaxed);
         inst.consecutive_successes.store(0, Ordering::Relaxed);
         inst.probation.store(true, Ordering::Relaxed);
+        inst.warm_up();
         tracing::info!(addr = %inst.display, "instance readmitted on probation");
     }
 }
