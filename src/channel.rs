@@ -474,6 +474,14 @@ impl Future for ResponseFuture {
                 CallState::Sent(fut) => match Pin::new(fut).poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(resp)) => {
+                        if this.deadline.as_ref().is_some_and(|d| {
+                            d.is_elapsed() || d.deadline() <= tokio::time::Instant::now()
+                        }) {
+                            // The deadline passed as the answer came (often the server's own
+                            // timer answering CANCELLED "Timeout expired"): report it as what
+                            // it is.
+                            return this.fail(Outcome::Failure, deadline_exceeded().into());
+                        }
                         let mut guard = this.guard.take().expect("guard held until the response");
                         guard.headers_received();
                         health::connected(guard.instance());

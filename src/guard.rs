@@ -130,6 +130,19 @@ impl HttpBody for GuardedBody {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(trailers) = frame.trailers_ref() {
+                    let late = this
+                        .deadline
+                        .as_ref()
+                        .is_some_and(|d| d.deadline() <= tokio::time::Instant::now());
+                    if late && trailers.get("grpc-status").is_some_and(|v| v != "0") {
+                        // The deadline passed as the stream ended with an error (often the
+                        // server's own timer, CANCELLED "Timeout expired"): report it as what
+                        // it is.
+                        guard.finish(Outcome::Failure);
+                        *this.guard = None;
+                        *this.deadline = None;
+                        return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
+                    }
                     guard.finish(health::classify_headers(trailers));
                     *this.guard = None;
                     *this.deadline = None;

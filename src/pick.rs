@@ -126,46 +126,58 @@ pub fn least_pending<T>(
     rng: &mut Rng,
     mut load: impl FnMut(&T) -> Option<Load>,
 ) -> Option<usize> {
-    let mut best: Option<usize> = None;
     let mut best_load = usize::MAX;
-    // The lowest known latency among the tied; infinity while none is known. An unknown
-    // latency (0) is never markedly slower or faster than another: it ties.
-    let mut best_lat = f64::INFINITY;
-    let mut ties = 0usize;
+    // Among the candidates with `best_load` in flight: a uniform pick among those of known
+    // latency that are not markedly slower than the fastest of them, and one among those of
+    // unknown latency (0), which tie with every other.
+    let mut known: Option<usize> = None;
+    let mut known_n = 0usize;
+    let mut min_lat = f64::INFINITY;
+    let mut unknown: Option<usize> = None;
+    let mut unknown_n = 0usize;
     for (i, item) in items.iter().enumerate() {
         let Some(l) = load(item) else { continue };
-        let lat = if l.latency_ns > 0.0 {
-            l.latency_ns
-        } else {
-            f64::INFINITY
-        };
+        if l.in_flight > best_load {
+            continue;
+        }
         if l.in_flight < best_load {
-            best = Some(i);
             best_load = l.in_flight;
-            best_lat = lat;
-            ties = 1;
-        } else if l.in_flight == best_load {
-            if lat.is_finite() && best_lat.is_finite() {
-                if markedly_slower(lat, best_lat) {
-                    continue;
-                }
-                if markedly_slower(best_lat, lat) {
-                    best = Some(i);
-                    best_lat = lat;
-                    ties = 1;
-                    continue;
-                }
+            known = None;
+            known_n = 0;
+            min_lat = f64::INFINITY;
+            unknown = None;
+            unknown_n = 0;
+        }
+        let lat = l.latency_ns;
+        if lat <= 0.0 {
+            unknown_n += 1;
+            if rng.below(unknown_n) == 0 {
+                unknown = Some(i);
             }
-            ties += 1;
-            if lat < best_lat {
-                best_lat = lat;
-            }
-            if rng.below(ties) == 0 {
-                best = Some(i);
+        } else if known_n > 0 && markedly_slower(lat, min_lat) {
+            continue;
+        } else if known_n > 0 && markedly_slower(min_lat, lat) {
+            // Markedly faster than every known one so far: they lose the tie.
+            known = Some(i);
+            known_n = 1;
+            min_lat = lat;
+        } else {
+            known_n += 1;
+            min_lat = min_lat.min(lat);
+            if rng.below(known_n) == 0 {
+                known = Some(i);
             }
         }
     }
-    best
+    let total = known_n + unknown_n;
+    if total == 0 {
+        return None;
+    }
+    if rng.below(total) < unknown_n {
+        unknown
+    } else {
+        known
+    }
 }
 
 /// Peak EWMA: the lowest (in flight + 1) × latency; unknown latency counts as `floor_ns`.
@@ -380,6 +392,34 @@ mod tests {
             let hits = (0..100 * n).filter(|_| least_pending(&items, &mut rng, |l| *l) == Some(slow)).count();
             prop_assert!(hits > 0);
         }
+    }
+
+    /// An instance of unknown latency ties with known ones wherever it sits in the scan, even
+    /// when a markedly faster known one comes after it (a bug once: it was dropped from the
+    /// tie group).
+    #[test]
+    fn unknown_latency_ties_wherever_it_is() {
+        let items = [
+            Some(Load {
+                in_flight: 0,
+                latency_ns: 200e6,
+            }),
+            Some(Load {
+                in_flight: 0,
+                latency_ns: 0.0,
+            }),
+            Some(Load {
+                in_flight: 0,
+                latency_ns: 2e6,
+            }),
+        ];
+        let mut rng = Rng::seeded(11);
+        let mut counts = [0usize; 3];
+        for _ in 0..1000 {
+            counts[least_pending(&items, &mut rng, |l| *l).unwrap()] += 1;
+        }
+        assert_eq!(counts[0], 0, "{counts:?}");
+        assert!(counts[1] > 350 && counts[2] > 350, "{counts:?}");
     }
 
     #[test]

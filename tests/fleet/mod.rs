@@ -291,7 +291,10 @@ impl Instance {
                 rt.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                    // Tests cancel many calls at once; hyper's default (20 reset streams
+                    // pending accept) would close the connection under them.
                     let server = tonic::transport::Server::builder()
+                        .http2_max_pending_accept_reset_streams(Some(100_000))
                         .add_service(FleetServer::new(Svc(shared.clone())))
                         .add_service(tonic_health::pb::health_server::HealthServer::new(
                             HealthSvc(shared),
