@@ -162,6 +162,7 @@ impl BalancedChannel {
         let policy = &pool.policy;
         let now = policy.clock.load(Ordering::Relaxed);
         let expiry = policy.latency_expiry_ns;
+        let least_pending = pool.strategy == Strategy::LeastPending;
         let mut rng = Rng::thread();
         // An independent stream for the slow-start draws (the strategy's own draws use `rng`).
         let mut gate =
@@ -186,7 +187,11 @@ impl BalancedChannel {
             }
             Some(Load {
                 in_flight: i.in_flight.load(Ordering::Relaxed),
-                latency_ns: i.latency(now, expiry),
+                latency_ns: if least_pending {
+                    i.steady_latency(now, expiry)
+                } else {
+                    i.latency(now, expiry)
+                },
             })
         };
         let picked = match pool.strategy {
@@ -535,7 +540,7 @@ impl Future for ResponseFuture {
                                         CallState::Backoff(Box::pin(tokio::time::sleep(delay)));
                                     continue;
                                 }
-                                return this.fail(Outcome::Failure, e);
+                                return this.fail(Outcome::Failure, as_unavailable(e));
                             }
                         }
                     }
@@ -543,6 +548,63 @@ impl Future for ResponseFuture {
             }
         }
     }
+}
+
+/// A connection that broke under a call (reset, broken pipe) is UNAVAILABLE in gRPC's terms;
+/// tonic reports it as UNKNOWN "transport error". Errors that carry a status keep it.
+pub(crate) fn as_unavailable(e: BoxError) -> BoxError {
+    if has_status(&*e) {
+        return e;
+    }
+    if is_transport(&*e) {
+        return tonic::Status::unavailable(format!(
+            "connection broke during the call: {}",
+            chain(&*e)
+        ))
+        .into();
+    }
+    e
+}
+
+fn has_status(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<tonic::Status>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Whether the error comes from the connection (hyper, h2 or the socket).
+pub(crate) fn is_transport(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<hyper::Error>()
+            || err.is::<std::io::Error>()
+            || err.is::<tonic::transport::Error>()
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// The error and its sources, as one line.
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        let s = err.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = err.source();
+    }
+    out
 }
 
 /// The `grpc-status` of a trailers-only response.

@@ -153,6 +153,18 @@ impl HttpBody for GuardedBody {
                 guard.finish(Outcome::Failure);
                 *this.guard = None;
                 *this.deadline = None;
+                let status = match std::error::Error::source(&status) {
+                    Some(src)
+                        if status.code() == tonic::Code::Unknown
+                            && crate::channel::is_transport(src) =>
+                    {
+                        tonic::Status::unavailable(format!(
+                            "connection broke during the call: {}",
+                            crate::channel::chain(src)
+                        ))
+                    }
+                    _ => status,
+                };
                 Poll::Ready(Some(Err(status)))
             }
             Poll::Ready(None) => {

@@ -76,7 +76,11 @@ pub(crate) struct Instance {
     /// Peak-sensitive moving average of the time to response headers, in nanoseconds
     /// (`f64` bits; 0 before the first sample).
     pub(crate) latency_ns: AtomicU64,
-    /// When `latency_ns` was last updated, in nanoseconds since the pool's epoch.
+    /// A spike-resistant moving average of the same samples, for the least-pending tie-break:
+    /// a sample counts for at most 4× the estimate, so that one scheduling hiccup does not mark
+    /// an instance slow, while a consistently slow one is marked within a few calls.
+    pub(crate) steady_ns: AtomicU64,
+    /// When the estimates were last updated, in nanoseconds since the pool's epoch.
     pub(crate) latency_at: AtomicU64,
     pub(crate) uri: http::Uri,
     pub(crate) display: String,
@@ -110,6 +114,7 @@ impl Instance {
             in_flight: AtomicUsize::new(0),
             state: AtomicU8::new(State::Connecting as u8),
             latency_ns: AtomicU64::new(0),
+            steady_ns: AtomicU64::new(0),
             latency_at: AtomicU64::new(now_ns),
             uri: endpoint.uri().clone(),
             display,
@@ -170,12 +175,23 @@ impl Instance {
     /// compare and a multiply.
     #[inline]
     pub(crate) fn latency(&self, now_ns: u64, expiry_ns: u64) -> f64 {
+        self.faded(&self.latency_ns, now_ns, expiry_ns)
+    }
+
+    /// The spike-resistant estimate (see `steady_ns`), fading as [`latency`](Self::latency).
+    #[inline]
+    pub(crate) fn steady_latency(&self, now_ns: u64, expiry_ns: u64) -> f64 {
+        self.faded(&self.steady_ns, now_ns, expiry_ns)
+    }
+
+    #[inline]
+    fn faded(&self, est: &AtomicU64, now_ns: u64, expiry_ns: u64) -> f64 {
         let at = self.latency_at.load(Ordering::Relaxed);
         let idle = now_ns.saturating_sub(at);
         if idle >= expiry_ns {
             return 0.0;
         }
-        let est = f64::from_bits(self.latency_ns.load(Ordering::Relaxed));
+        let est = f64::from_bits(est.load(Ordering::Relaxed));
         est * (1.0 - idle as f64 / expiry_ns as f64)
     }
 
@@ -194,6 +210,13 @@ impl Instance {
             prev * (1.0 - w) + sample_ns * w
         };
         self.latency_ns.store(next.to_bits(), Ordering::Relaxed);
+        let steady = f64::from_bits(self.steady_ns.load(Ordering::Relaxed));
+        let steady = if steady == 0.0 {
+            sample_ns
+        } else {
+            steady + 0.5 * (sample_ns.min(4.0 * steady) - steady)
+        };
+        self.steady_ns.store(steady.to_bits(), Ordering::Relaxed);
         self.latency_at.store(now_ns, Ordering::Relaxed);
     }
 }
