@@ -369,6 +369,7 @@ impl Builder {
             epoch: Instant::now(),
             clock: AtomicU64::new(0),
             latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
+            inv_latency_expiry: 1.0 / self.latency_expiry.as_nanos() as f64,
             latency_decay: self.latency_decay,
             default_latency_ns: 1_000_000.0,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),

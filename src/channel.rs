@@ -140,7 +140,11 @@ impl BalancedChannel {
 
     /// Picks the instance for one call (excluding the ones in `tried`).
     #[inline]
-    fn pick(pool: &Pool, snap: &[Arc<Instance>], tried: &[Arc<Instance>]) -> Option<usize> {
+    pub(crate) fn pick(
+        pool: &Pool,
+        snap: &[Arc<Instance>],
+        tried: &[Arc<Instance>],
+    ) -> Option<usize> {
         let slow = pool.policy.slow_start_ns;
         if slow > 0 {
             // Slow start may hold back every instance that is warming up; it must never be the
@@ -162,16 +166,15 @@ impl BalancedChannel {
         let policy = &pool.policy;
         let now = policy.clock.load(Ordering::Relaxed);
         let expiry = policy.latency_expiry_ns;
-        let least_pending = pool.strategy == Strategy::LeastPending;
+        let inv_expiry = policy.inv_latency_expiry;
         let mut rng = Rng::thread();
         // An independent stream for the slow-start draws (the strategy's own draws use `rng`).
         let mut gate =
             (slow > 0).then(|| Rng::seeded(rng.next_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        let load = |i: &Arc<Instance>| -> Option<Load> {
-            if !i.state().is_usable()
-                || (!tried.is_empty() && tried.iter().any(|t| Arc::ptr_eq(t, i)))
-            {
-                return None;
+        // Whether the pick may send calls to `i` at all.
+        let mut usable = |i: &Arc<Instance>| -> bool {
+            if !i.is_usable() || (!tried.is_empty() && tried.iter().any(|t| Arc::ptr_eq(t, i))) {
+                return false;
             }
             if let Some(g) = gate.as_mut() {
                 // Slow start: a warming instance takes part in a share of the picks that
@@ -181,26 +184,36 @@ impl BalancedChannel {
                 if from != 0 && since < slow {
                     let ramp = (since as f64 / slow as f64).max(0.05);
                     if g.unit() >= ramp {
-                        return None;
+                        return false;
                     }
                 }
             }
-            Some(Load {
-                in_flight: i.in_flight.load(Ordering::Relaxed),
-                latency_ns: if least_pending {
-                    i.steady_latency(now, expiry)
-                } else {
-                    i.latency(now, expiry)
-                },
-            })
+            true
         };
         let picked = match pool.strategy {
-            Strategy::LeastPending => pick::least_pending(snap, &mut rng, load),
-            Strategy::PeakEwma => pick::peak_ewma(snap, &mut rng, policy.default_latency_ns, load),
-            Strategy::PowerOfTwoChoices => pick::power_of_two(snap, &mut rng, load),
-            Strategy::RoundRobin => {
-                let c = pool.rr.fetch_add(1, Ordering::Relaxed);
-                pick::round_robin(snap, c, load)
+            Strategy::LeastPending => pick::least_pending(
+                snap,
+                &mut rng,
+                |i| usable(i).then(|| i.in_flight.load(Ordering::Relaxed)),
+                |i| i.steady_latency(now, expiry, inv_expiry),
+            ),
+            strategy => {
+                let load = |i: &Arc<Instance>| -> Option<Load> {
+                    usable(i).then(|| Load {
+                        in_flight: i.in_flight.load(Ordering::Relaxed),
+                        latency_ns: i.latency(now, expiry, inv_expiry),
+                    })
+                };
+                match strategy {
+                    Strategy::PeakEwma => {
+                        pick::peak_ewma(snap, &mut rng, policy.default_latency_ns, load)
+                    }
+                    Strategy::PowerOfTwoChoices => pick::power_of_two(snap, &mut rng, load),
+                    _ => {
+                        let c = pool.rr.fetch_add(1, Ordering::Relaxed);
+                        pick::round_robin(snap, c, load)
+                    }
+                }
             }
         };
         rng.store();

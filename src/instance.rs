@@ -70,6 +70,7 @@ impl std::fmt::Display for State {
 ///
 /// The fields the pick reads on every call (`in_flight`, `state`, `latency`) come first so that
 /// they share a cache line.
+#[repr(C, align(64))]
 pub(crate) struct Instance {
     pub(crate) in_flight: AtomicUsize,
     state: AtomicU8,
@@ -134,6 +135,13 @@ impl Instance {
         }
     }
 
+    /// Whether the pick may send calls to it: one load and a compare (`Connecting` and
+    /// `Ready` are 0 and 1).
+    #[inline]
+    pub(crate) fn is_usable(&self) -> bool {
+        self.state.load(Ordering::Relaxed) <= State::Ready as u8
+    }
+
     #[inline]
     pub(crate) fn state(&self) -> State {
         State::from_u8(self.state.load(Ordering::Acquire))
@@ -174,25 +182,25 @@ impl Instance {
     /// of the ties for long, and it is tried again. Cheap enough for the pick: two loads, a
     /// compare and a multiply.
     #[inline]
-    pub(crate) fn latency(&self, now_ns: u64, expiry_ns: u64) -> f64 {
-        self.faded(&self.latency_ns, now_ns, expiry_ns)
+    pub(crate) fn latency(&self, now_ns: u64, expiry_ns: u64, inv_expiry: f64) -> f64 {
+        self.faded(&self.latency_ns, now_ns, expiry_ns, inv_expiry)
     }
 
     /// The spike-resistant estimate (see `steady_ns`), fading as [`latency`](Self::latency).
     #[inline]
-    pub(crate) fn steady_latency(&self, now_ns: u64, expiry_ns: u64) -> f64 {
-        self.faded(&self.steady_ns, now_ns, expiry_ns)
+    pub(crate) fn steady_latency(&self, now_ns: u64, expiry_ns: u64, inv_expiry: f64) -> f64 {
+        self.faded(&self.steady_ns, now_ns, expiry_ns, inv_expiry)
     }
 
     #[inline]
-    fn faded(&self, est: &AtomicU64, now_ns: u64, expiry_ns: u64) -> f64 {
+    fn faded(&self, est: &AtomicU64, now_ns: u64, expiry_ns: u64, inv_expiry: f64) -> f64 {
         let at = self.latency_at.load(Ordering::Relaxed);
         let idle = now_ns.saturating_sub(at);
         if idle >= expiry_ns {
             return 0.0;
         }
         let est = f64::from_bits(est.load(Ordering::Relaxed));
-        est * (1.0 - idle as f64 / expiry_ns as f64)
+        est * (1.0 - idle as f64 * inv_expiry)
     }
 
     /// Folds one latency sample into the estimate: a sample above the estimate replaces it

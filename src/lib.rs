@@ -111,4 +111,64 @@ pub enum Strategy {
 pub mod __bench {
     //! Internals exposed for `benches/` only; not part of the API.
     pub use crate::pick::{least_pending, peak_ewma, power_of_two, round_robin, Load, Rng};
+
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    /// The channel's own pick over real instance records (whose connections are never
+    /// opened), to measure the pick as calls make it.
+    pub struct Picker {
+        channel: crate::BalancedChannel,
+    }
+
+    impl Picker {
+        /// `n` instances on 127.0.0.1 ports 1..=n (never connected). Needs a tokio runtime.
+        pub fn new(n: usize, strategy: crate::Strategy) -> Picker {
+            let mut b = crate::BalancedChannel::builder().strategy(strategy);
+            for port in 1..=n {
+                b = b.uri(&format!("http://127.0.0.1:{port}"));
+            }
+            Picker {
+                channel: b.build().expect("valid bench set-up"),
+            }
+        }
+
+        /// Sets one instance's load as the pick will read it.
+        pub fn set(&self, i: usize, in_flight: usize, latency: Duration, usable: bool) {
+            let pool = &self.channel.pool;
+            let snap = pool.snapshot();
+            let inst = &snap[i];
+            inst.in_flight.store(in_flight, Ordering::Relaxed);
+            let ns = latency.as_nanos() as f64;
+            inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
+            inst.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
+            let now = pool.policy.now_ns();
+            inst.latency_at.store(now, Ordering::Relaxed);
+            pool.policy.clock.fetch_max(now, Ordering::Relaxed);
+            inst.set_state(if usable {
+                crate::State::Ready
+            } else {
+                crate::State::Ejected
+            });
+        }
+
+        /// One pick, exactly as a call makes it.
+        #[inline]
+        pub fn pick(&self) -> Option<usize> {
+            let pool = &self.channel.pool;
+            let snap = pool.snapshot();
+            crate::BalancedChannel::pick(pool, &snap, &[])
+        }
+
+        /// Adds `delta` to instance `i`'s count, as a call's guard does.
+        #[inline]
+        pub fn bump(&self, i: usize, up: bool) {
+            let snap = self.channel.pool.snapshot();
+            if up {
+                snap[i].in_flight.fetch_add(1, Ordering::Relaxed);
+            } else {
+                snap[i].in_flight.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
 }

@@ -59,6 +59,8 @@ pub(crate) struct Policy {
     pub(crate) clock: AtomicU64,
     /// A latency estimate older than this counts as unknown.
     pub(crate) latency_expiry_ns: u64,
+    /// `1 / latency_expiry_ns`, so that the pick multiplies instead of dividing.
+    pub(crate) inv_latency_expiry: f64,
     /// Time constant of the moving average of latency.
     pub(crate) latency_decay: Duration,
     /// Slow start window in nanoseconds (0: off).

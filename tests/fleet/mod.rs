@@ -290,7 +290,10 @@ impl Instance {
                     .unwrap();
                 rt.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                    // TCP_NODELAY, as on a listener tonic opens itself: without it a second
+                    // response on a connection waits for the client's delayed ACK (40 ms).
+                    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                        .with_nodelay(Some(true));
                     // Tests cancel many calls at once; hyper's default (20 reset streams
                     // pending accept) would close the connection under them.
                     let server = tonic::transport::Server::builder()
