@@ -884,7 +884,8 @@ fn svg(results: &[(Scenario, Vec<Row>)], opts: &Opts) -> String {
             s,
             r##"<text x="{LEFT}" y="16" font-size="13" font-weight="bold">{}</text><text x="{}" y="16" fill="#666">{}</text>"##,
             esc(scenario.key()),
-            LEFT + 110.0,
+            // Bold 13 px text is about 8 px a character.
+            LEFT + 20.0 + 8.5 * scenario.key().len() as f64,
             esc(&scenario.describe(opts.instances))
         );
         // Grid and axis labels.

@@ -145,6 +145,10 @@ impl BalancedChannel {
         snap: &[Arc<Instance>],
         tried: &[Arc<Instance>],
     ) -> Option<usize> {
+        if snap.len() == 1 {
+            // Nothing to choose: whatever the strategy, the one instance if it is usable.
+            return Self::pick_with_one(snap, tried);
+        }
         let slow = pool.policy.slow_start_ns;
         if slow > 0 {
             // Slow start may hold back every instance that is warming up; it must never be the
@@ -154,6 +158,12 @@ impl BalancedChannel {
             }
         }
         Self::pick_with(pool, snap, tried, 0)
+    }
+
+    #[inline]
+    fn pick_with_one(snap: &[Arc<Instance>], tried: &[Arc<Instance>]) -> Option<usize> {
+        let i = &snap[0];
+        (i.is_usable() && !tried.iter().any(|t| Arc::ptr_eq(t, i))).then_some(0)
     }
 
     #[inline]
@@ -503,7 +513,13 @@ impl Future for ResponseFuture {
                         let mut guard = this.guard.take().expect("guard held until the response");
                         guard.headers_received();
                         health::connected(guard.instance());
-                        let trailers_only = health::classify_headers(resp.headers());
+                        // A trailers-only response (the status in the head, no body) ends its
+                        // stream with its head; only then is there a status to read here.
+                        let trailers_only = if http_body::Body::is_end_stream(resp.body()) {
+                            health::classify_headers(resp.headers())
+                        } else {
+                            Outcome::Cancelled
+                        };
                         if trailers_only != Outcome::Cancelled {
                             guard.finish(trailers_only);
                             if trailers_only != Outcome::Success {
@@ -623,7 +639,7 @@ pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// The `grpc-status` of a trailers-only response.
 fn status_code(headers: &http::HeaderMap) -> Option<tonic::Code> {
     let v = headers
-        .get("grpc-status")?
+        .get(&crate::headers::GRPC_STATUS)?
         .to_str()
         .ok()?
         .parse::<i32>()

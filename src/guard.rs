@@ -55,7 +55,8 @@ impl CallGuard {
     #[inline]
     pub(crate) fn headers_received(&self) {
         if !self.connecting {
-            health::observe_latency(&self.inst, self.start.elapsed());
+            let now = Instant::now();
+            health::observe_latency(&self.inst, now.saturating_duration_since(self.start), now);
         }
     }
 
@@ -134,7 +135,11 @@ impl HttpBody for GuardedBody {
                         .deadline
                         .as_ref()
                         .is_some_and(|d| d.deadline() <= tokio::time::Instant::now());
-                    if late && trailers.get("grpc-status").is_some_and(|v| v != "0") {
+                    if late
+                        && trailers
+                            .get(&crate::headers::GRPC_STATUS)
+                            .is_some_and(|v| v != "0")
+                    {
                         // The deadline passed as the stream ended with an error (often the
                         // server's own timer, CANCELLED "Timeout expired"): report it as what
                         // it is.

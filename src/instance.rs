@@ -213,8 +213,10 @@ impl Instance {
             let at = self.latency_at.load(Ordering::Relaxed);
             let elapsed = now_ns.saturating_sub(at) as f64;
             // Weight of the new sample grows with the time since the last one, as in
-            // Finagle's PeakEwma; at least 5% so that a busy instance still moves.
-            let w = (1.0 - (-elapsed / decay.as_nanos() as f64).exp()).max(0.05);
+            // Finagle's PeakEwma (which uses 1 - e^(-t/decay); t / (t + decay) has the same
+            // shape for a fraction of the cost); at least 5% so that a busy instance still
+            // moves.
+            let w = (elapsed / (elapsed + decay.as_nanos() as u64 as f64)).max(0.05);
             prev * (1.0 - w) + sample_ns * w
         };
         self.latency_ns.store(next.to_bits(), Ordering::Relaxed);

@@ -71,6 +71,7 @@ mod deadline;
 pub mod discover;
 mod error;
 mod guard;
+mod headers;
 mod health;
 mod instance;
 mod pick;

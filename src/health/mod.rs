@@ -89,7 +89,7 @@ impl Policy {
 /// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response).
 #[inline]
 pub(crate) fn classify_headers(headers: &http::HeaderMap) -> Outcome {
-    match headers.get("grpc-status") {
+    match headers.get(&crate::headers::GRPC_STATUS) {
         None => Outcome::Cancelled,
         Some(v) => match v.as_bytes() {
             b"0" => Outcome::Success,
@@ -115,10 +115,10 @@ pub(crate) fn classify_code(code: Code) -> Outcome {
     }
 }
 
-pub(crate) fn observe_latency(inst: &Instance, elapsed: Duration) {
+pub(crate) fn observe_latency(inst: &Instance, elapsed: Duration, at: Instant) {
     let policy = &inst.policy;
-    let now = policy.now_ns();
-    inst.observe_latency(elapsed.as_nanos() as f64, now, policy.latency_decay);
+    let now = at.saturating_duration_since(policy.epoch).as_nanos() as u64;
+    inst.observe_latency(elapsed.as_nanos() as u64 as f64, now, policy.latency_decay);
     policy.clock.fetch_max(now, Ordering::Relaxed);
 }
 

@@ -1,0 +1,112 @@
+//! Instructions per call, for valgrind's callgrind: the channel's own cost, free of the noise of
+//! a shared machine.
+//!
+//! The server runs in a process of its own, so that only the client's instructions are counted:
+//!
+//! ```text
+//! cargo build --release --example instructions
+//! target/release/examples/instructions serve 50071 &
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     target/release/examples/instructions call balanced http://127.0.0.1:50071 2000 32
+//! ```
+//!
+//! Instructions per call = (instructions for 2N calls − instructions for N calls) / N, which
+//! takes out the set-up (runtime, connections). `scripts/instructions.sh` does all of it for
+//! every contender. The client runs on a current-thread runtime so that the count repeats.
+
+#[path = "../tests/fleet/mod.rs"]
+mod fleet;
+
+use fleet::pb::fleet_client::FleetClient;
+use fleet::pb::Req;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tonic::transport::{Channel, Endpoint};
+use tonic_balancer::BalancedChannel;
+
+const USAGE: &str = "usage: instructions serve PORT | instructions call (direct|balanced|balanced_n|balance_list) URI[,URI...] CALLS IN_FLIGHT";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("serve") => {
+            let port: u16 = args.get(1).and_then(|p| p.parse().ok()).expect(USAGE);
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let _server = fleet::Instance::start_at("bench", addr, fleet::Behavior::Ok);
+            // Serve until killed.
+            loop {
+                std::thread::park();
+            }
+        }
+        Some("call") => {
+            let (kind, uri) = (args.get(1).expect(USAGE), args.get(2).expect(USAGE));
+            let calls: usize = args.get(3).and_then(|n| n.parse().ok()).expect(USAGE);
+            let in_flight: usize = args.get(4).and_then(|n| n.parse().ok()).expect(USAGE);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(run(kind, uri, calls, in_flight));
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn run(kind: &str, uris: &str, calls: usize, in_flight: usize) {
+    let uris: Vec<&str> = uris.split(',').collect();
+    let endpoint = Endpoint::from_shared(uris[0].to_owned()).expect("uri");
+    match kind {
+        "direct" => drive(FleetClient::new(endpoint.connect_lazy()), calls, in_flight).await,
+        "balanced" => {
+            let ch = BalancedChannel::builder()
+                .endpoint(endpoint)
+                .build()
+                .expect("channel");
+            drive(FleetClient::new(ch), calls, in_flight).await
+        }
+        // Several instances (URIS is a comma list), so that the replay path of transparent
+        // retry (request head copy, replayable body) is counted too.
+        "balanced_n" => {
+            let ch = BalancedChannel::from_static(&uris).expect("channel");
+            drive(FleetClient::new(ch), calls, in_flight).await
+        }
+        "balance_list" => {
+            let ch = Channel::balance_list(std::iter::once(endpoint));
+            drive(FleetClient::new(ch), calls, in_flight).await
+        }
+        other => panic!("unknown contender {other}; {USAGE}"),
+    }
+}
+
+async fn drive<T>(client: FleetClient<T>, calls: usize, in_flight: usize)
+where
+    T: tonic::client::GrpcService<tonic::body::Body> + Clone,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let one = |mut c: FleetClient<T>, id: u64| async move {
+        c.unary(Req {
+            id,
+            ..Default::default()
+        })
+        .await
+        .expect("call");
+    };
+    // Open the connection first.
+    one(client.clone(), 0).await;
+    let mut pending = FuturesUnordered::new();
+    let mut started = 0;
+    while started < calls.min(in_flight) {
+        pending.push(one(client.clone(), started as u64));
+        started += 1;
+    }
+    while pending.next().await.is_some() {
+        if started < calls {
+            pending.push(one(client.clone(), started as u64));
+            started += 1;
+        }
+    }
+}
