@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tonic_balancer::__bench::{least_pending, Load, Picker, Rng};
+use tonic_balancer::__bench::{least_pending, strides_for, Load, Picker, Rng};
 use tonic_balancer::Strategy;
 
 const SIZES: [usize; 3] = [10, 50, 1000];
@@ -112,12 +112,14 @@ fn bench_pure(c: &mut Criterion) {
                 })
             })
             .collect();
+        let strides = strides_for(n);
         g.bench_with_input(BenchmarkId::new("least_pending", n), &items, |b, items| {
             b.iter(|| {
                 let mut rng = Rng::thread();
                 let r = least_pending(
                     black_box(items),
                     &mut rng,
+                    &strides,
                     |l| l.map(|l| l.in_flight),
                     |l| l.map_or(0.0, |l| l.latency_ns),
                 );

@@ -17,7 +17,7 @@ use crate::guard::{CallGuard, GuardedBody};
 use crate::health::{self, Outcome};
 use crate::instance::Instance;
 use crate::pick::{self, Load, Rng};
-use crate::pool::Pool;
+use crate::pool::{Members, Pool};
 use crate::retry::Replay;
 use crate::stats::EndpointStats;
 use crate::Strategy;
@@ -140,11 +140,7 @@ impl BalancedChannel {
 
     /// Picks the instance for one call (excluding the ones in `tried`).
     #[inline]
-    pub(crate) fn pick(
-        pool: &Pool,
-        snap: &[Arc<Instance>],
-        tried: &[Arc<Instance>],
-    ) -> Option<usize> {
+    pub(crate) fn pick(pool: &Pool, snap: &Members, tried: &[Arc<Instance>]) -> Option<usize> {
         if snap.len() == 1 {
             // Nothing to choose: whatever the strategy, the one instance if it is usable.
             return Self::pick_with_one(snap, tried);
@@ -167,12 +163,7 @@ impl BalancedChannel {
     }
 
     #[inline]
-    fn pick_with(
-        pool: &Pool,
-        snap: &[Arc<Instance>],
-        tried: &[Arc<Instance>],
-        slow: u64,
-    ) -> Option<usize> {
+    fn pick_with(pool: &Pool, snap: &Members, tried: &[Arc<Instance>], slow: u64) -> Option<usize> {
         let policy = &pool.policy;
         let now = policy.clock.load(Ordering::Relaxed);
         let expiry = policy.latency_expiry_ns;
@@ -201,9 +192,19 @@ impl BalancedChannel {
             true
         };
         let picked = match pool.strategy {
+            // The common case, a first attempt without slow start: nothing to check but the
+            // state, so the scan's loop stays tight.
+            Strategy::LeastPending if tried.is_empty() && slow == 0 => pick::least_pending(
+                snap,
+                &mut rng,
+                &snap.strides,
+                |i| i.is_usable().then(|| i.in_flight.load(Ordering::Relaxed)),
+                |i| i.steady_latency(now, expiry, inv_expiry),
+            ),
             Strategy::LeastPending => pick::least_pending(
                 snap,
                 &mut rng,
+                &snap.strides,
                 |i| usable(i).then(|| i.in_flight.load(Ordering::Relaxed)),
                 |i| i.steady_latency(now, expiry, inv_expiry),
             ),

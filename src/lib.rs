@@ -111,7 +111,9 @@ pub enum Strategy {
 #[doc(hidden)]
 pub mod __bench {
     //! Internals exposed for `benches/` only; not part of the API.
-    pub use crate::pick::{least_pending, peak_ewma, power_of_two, round_robin, Load, Rng};
+    pub use crate::pick::{
+        least_pending, peak_ewma, power_of_two, round_robin, strides_for, Load, Rng,
+    };
 
     use std::sync::atomic::Ordering;
     use std::time::Duration;

@@ -24,11 +24,12 @@
 //! 2. **Chance.** Among the remaining ties the choice is uniform (the highest of keys hashed
 //!    from a random seed), so that calls spread evenly over equally good instances.
 //!
-//! The scan is two passes: the fewest calls in flight first (a tight loop over integers), then
-//! the tie-break over the first [`TIE_SAMPLE`] tied candidates met from a random position with
-//! a random stride, so that a pick over 1,000 idle instances does not compute 1,000 latency
-//! comparisons. With more ties than that, the choice is close to uniform, not exactly (the
-//! property tests bound it within 2x of a fair share).
+//! The scan is one pass over the counts (a tight loop over integers) that also notes where the
+//! tied candidates are; the tie-break then looks at a uniform random sample of at most
+//! [`TIE_SAMPLE`] of them, so that a pick over many idle instances does not compute a latency
+//! comparison for each. With more than [`TIE_BUF`] ties (a large idle fleet), a second pass
+//! looks for the sample from a random position with a random stride instead: close to uniform,
+//! not exactly (the property tests bound it within 2x of a fair share).
 //!
 //! # Peak EWMA
 //!
@@ -135,29 +136,27 @@ fn tie_key(i: usize, seed: u64) -> u64 {
     (z ^ (z >> 32)) | 1
 }
 
-/// A random step in `1..n` that is prime to `n`, so that stepping by it visits every index once.
-#[inline]
-fn stride(n: usize, rng: &mut Rng) -> usize {
+/// The steps prime to `n` among the first primes: walking by one visits every index once.
+pub fn strides_for(n: usize) -> Vec<usize> {
     const PRIMES: [usize; 16] = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53];
-    if n < 3 {
-        return 1;
-    }
-    let first = rng.below(PRIMES.len());
-    for k in 0..PRIMES.len() {
-        let p = PRIMES[(first + k) % PRIMES.len()];
-        if p < n && !n.is_multiple_of(p) {
-            return p;
-        }
-    }
-    1
+    PRIMES
+        .iter()
+        .copied()
+        .filter(|&p| p < n && !n.is_multiple_of(p))
+        .collect()
 }
+
+/// How many tied candidates the first pass remembers; with more, the second pass looks for
+/// them (see `many_ties`).
+pub(crate) const TIE_BUF: usize = 64;
 
 /// How many of the tied candidates the latency tie-break looks at.
 pub(crate) const TIE_SAMPLE: usize = 8;
 
 /// Least pending with latency tie-break (see the module docs). `in_flight` returns `None` for
 /// an instance that must not get calls; `latency` (nanoseconds, 0 when unknown) is read only
-/// for the candidates tied for the fewest calls in flight.
+/// for the candidates tied for the fewest calls in flight. `strides` are steps prime to
+/// `items.len()` and below it (see [`strides_for`]); empty means in order.
 ///
 /// Two passes: the first finds the fewest calls in flight (integers only: a tight loop);
 /// the second starts at a random position and looks at the first [`TIE_SAMPLE`] candidates
@@ -167,24 +166,95 @@ pub(crate) const TIE_SAMPLE: usize = 8;
 pub fn least_pending<T>(
     items: &[T],
     rng: &mut Rng,
+    strides: &[usize],
     mut in_flight: impl FnMut(&T) -> Option<usize>,
-    mut latency: impl FnMut(&T) -> f64,
+    latency: impl FnMut(&T) -> f64,
 ) -> Option<usize> {
-    let n = items.len();
+    // Pass 1: the fewest in flight, and where the candidates that have it are (the first
+    // TIE_BUF of them).
     let mut min = usize::MAX;
-    for item in items {
+    let mut ties = [0u32; TIE_BUF];
+    let mut t = 0usize;
+    for (i, item) in items.iter().enumerate() {
         if let Some(f) = in_flight(item) {
-            min = min.min(f);
+            if f < min {
+                min = f;
+                t = 0;
+            }
+            if f == min {
+                if t < TIE_BUF {
+                    ties[t] = i as u32;
+                }
+                t += 1;
+            }
         }
     }
     if min == usize::MAX {
         return None;
     }
+    if t <= TIE_BUF {
+        return tie_break(items, rng, &mut ties[..t], latency);
+    }
+    many_ties(items, rng, strides, min, in_flight, latency)
+}
+
+/// Among the tied candidates at `ties` (indices into `items`): a uniform sample of at most
+/// [`TIE_SAMPLE`] of them in random order (a partial Fisher-Yates shuffle), then the first in
+/// that order that is not markedly slower than the fastest known one of the sample. Uniform
+/// among the equally fast.
+#[inline]
+fn tie_break<T>(
+    items: &[T],
+    rng: &mut Rng,
+    ties: &mut [u32],
+    mut latency: impl FnMut(&T) -> f64,
+) -> Option<usize> {
+    let t = ties.len();
+    if t == 1 {
+        return Some(ties[0] as usize);
+    }
+    let m = t.min(TIE_SAMPLE);
+    let mut lats = [0.0f64; TIE_SAMPLE];
+    let mut fastest = f64::INFINITY;
+    for j in 0..m {
+        let r = j + rng.below(t - j);
+        ties.swap(j, r);
+        let lat = latency(&items[ties[j] as usize]);
+        lats[j] = lat;
+        if lat > 0.0 && lat < fastest {
+            fastest = lat;
+        }
+    }
+    for j in 0..m {
+        let lat = lats[j];
+        if lat <= 0.0 || !fastest.is_finite() || !markedly_slower(lat, fastest) {
+            return Some(ties[j] as usize);
+        }
+    }
+    Some(ties[0] as usize)
+}
+
+/// More ties than fit the buffer (a large idle fleet): the first [`TIE_SAMPLE`] candidates with
+/// `min` in flight met from a random position with a random stride, then the latency rule, and
+/// the highest random key among the survivors. Close to uniform.
+#[cold]
+fn many_ties<T>(
+    items: &[T],
+    rng: &mut Rng,
+    strides: &[usize],
+    min: usize,
+    mut in_flight: impl FnMut(&T) -> Option<usize>,
+    mut latency: impl FnMut(&T) -> f64,
+) -> Option<usize> {
+    let n = items.len();
     let seed = rng.next_u64();
     let start = rng.below(n);
     // Visit in a random stride, not in order, so that a run of busy instances does not make
     // the tie right after it the first one seen more often than the others.
-    let stride = stride(n, rng);
+    let stride = match strides.len() {
+        0 => 1,
+        k => strides[rng.below(k)],
+    };
     // The one with the highest key among those of known latency that are not markedly slower
     // than the fastest of them, and the one with the highest key among those of unknown
     // latency, which tie with every other.
@@ -389,7 +459,7 @@ mod tests {
         fn least_pending_is_least(fleet in arb_fleet(), seed: u64) {
             let items = loads(&fleet);
             let mut rng = Rng::seeded(seed);
-            let got = least_pending(&items, &mut rng, IF, LAT);
+            let got = least_pending(&items, &mut rng, &strides_for(items.len()), IF, LAT);
             let min = items.iter().flatten().map(|l| l.in_flight).min();
             match (got, min) {
                 (None, None) => {}
@@ -436,7 +506,7 @@ mod tests {
             let picks = 400 * tied.len();
             let mut counts = vec![0usize; n];
             for _ in 0..picks {
-                counts[least_pending(&items, &mut rng, IF, LAT).unwrap()] += 1;
+                counts[least_pending(&items, &mut rng, &strides_for(items.len()), IF, LAT).unwrap()] += 1;
             }
             for &i in &tied {
                 prop_assert!(counts[i] > 0, "instance {} never picked: {:?}", i, counts);
@@ -456,10 +526,10 @@ mod tests {
             items[slow] = Some(Load { in_flight: 0, latency_ns: 40e6 });
             let mut rng = Rng::seeded(seed);
             for _ in 0..200 {
-                prop_assert_ne!(least_pending(&items, &mut rng, IF, LAT), Some(slow));
+                prop_assert_ne!(least_pending(&items, &mut rng, &strides_for(items.len()), IF, LAT), Some(slow));
             }
             items[slow] = Some(Load { in_flight: 0, latency_ns: 0.0 });
-            let hits = (0..100 * n).filter(|_| least_pending(&items, &mut rng, IF, LAT) == Some(slow)).count();
+            let hits = (0..100 * n).filter(|_| least_pending(&items, &mut rng, &strides_for(items.len()), IF, LAT) == Some(slow)).count();
             prop_assert!(hits > 0);
         }
     }
@@ -486,7 +556,8 @@ mod tests {
         let mut rng = Rng::seeded(11);
         let mut counts = [0usize; 3];
         for _ in 0..1000 {
-            counts[least_pending(&items, &mut rng, IF, LAT).unwrap()] += 1;
+            counts[least_pending(&items, &mut rng, &strides_for(items.len()), IF, LAT).unwrap()] +=
+                1;
         }
         assert_eq!(counts[0], 0, "{counts:?}");
         assert!(counts[1] > 350 && counts[2] > 350, "{counts:?}");
@@ -507,7 +578,8 @@ mod tests {
         let mut rng = Rng::seeded(99);
         let mut counts = [0usize; 10];
         for _ in 0..20_000 {
-            counts[least_pending(&items, &mut rng, IF, LAT).unwrap()] += 1;
+            counts[least_pending(&items, &mut rng, &strides_for(items.len()), IF, LAT).unwrap()] +=
+                1;
         }
         assert!(
             counts.iter().all(|&c| (1600..=2400).contains(&c)),
@@ -519,12 +591,12 @@ mod tests {
     fn empty_and_all_unusable() {
         let mut rng = Rng::seeded(7);
         let none: Vec<Option<Load>> = vec![None; 5];
-        assert_eq!(least_pending(&none, &mut rng, IF, LAT), None);
+        assert_eq!(least_pending(&none, &mut rng, &[], IF, LAT), None);
         assert_eq!(peak_ewma(&none, &mut rng, 1.0, |l| *l), None);
         assert_eq!(power_of_two(&none, &mut rng, |l| *l), None);
         assert_eq!(round_robin(&none, 3, |l| *l), None);
         let empty: Vec<Option<Load>> = vec![];
-        assert_eq!(least_pending(&empty, &mut rng, IF, LAT), None);
+        assert_eq!(least_pending(&empty, &mut rng, &[], IF, LAT), None);
         assert_eq!(power_of_two(&empty, &mut rng, |l| *l), None);
     }
 

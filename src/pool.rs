@@ -12,12 +12,34 @@ use crate::instance::{Instance, State};
 use crate::retry::{Budget, RetryPolicy};
 use crate::Strategy;
 
-pub(crate) type Snapshot = Arc<Vec<Arc<Instance>>>;
+/// The instances of one moment, and the steps the pick may walk them with (the primes below
+/// their number that do not divide it: each visits every instance once).
+pub(crate) struct Members {
+    list: Vec<Arc<Instance>>,
+    pub(crate) strides: Vec<usize>,
+}
+
+impl Members {
+    fn new(list: Vec<Arc<Instance>>) -> Members {
+        let strides = crate::pick::strides_for(list.len());
+        Members { list, strides }
+    }
+}
+
+impl std::ops::Deref for Members {
+    type Target = [Arc<Instance>];
+
+    fn deref(&self) -> &[Arc<Instance>] {
+        &self.list
+    }
+}
+
+pub(crate) type Snapshot = Arc<Members>;
 
 /// The instances of one channel and its clones.
 pub(crate) struct Pool {
     /// The instances that get calls; readers `load()` it without a lock.
-    pub(crate) members: ArcSwap<Vec<Arc<Instance>>>,
+    pub(crate) members: ArcSwap<Members>,
     /// Removed instances that may still have calls in flight; they close when the last call
     /// ends (the calls hold the instance).
     draining: Mutex<Vec<Weak<Instance>>>,
@@ -47,7 +69,7 @@ pub(crate) struct Pool {
 impl Pool {
     pub(crate) fn new(policy: Arc<Policy>, strategy: Strategy) -> Pool {
         Pool {
-            members: ArcSwap::from_pointee(Vec::new()),
+            members: ArcSwap::from_pointee(Members::new(Vec::new())),
             draining: Mutex::new(Vec::new()),
             write: Mutex::new(()),
             policy,
@@ -66,7 +88,7 @@ impl Pool {
 
     fn publish(&self, next: Vec<Arc<Instance>>) {
         self.policy.members.store(next.len(), Ordering::Relaxed);
-        self.members.store(Arc::new(next));
+        self.members.store(Arc::new(Members::new(next)));
     }
 
     /// Adds an instance; false if one with the same URI is in the set already. An instance of

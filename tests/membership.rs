@@ -4,13 +4,13 @@ mod fleet;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use fleet::dns::{resolver_for, DnsServer};
 use fleet::pb::{fleet_client::FleetClient, Req};
 use fleet::{Behavior, Fleet};
 use tonic::transport::Endpoint;
-use tonic_balancer::dns_config::{NameServerConfig, ResolverConfig, ResolverOpts};
 use tonic_balancer::{BalancedChannel, State};
 
 /// Instances added and removed while 4 tasks send calls: no call fails, a removed instance
@@ -141,89 +141,6 @@ async fn removed_instance_drains_and_can_come_back() {
         .unwrap();
     assert_eq!((added, removed), (0, 1));
     assert_eq!(ch.endpoints().len(), 1);
-}
-
-/// A DNS server on 127.0.0.1 (UDP) that answers A queries for one name from a list the test
-/// changes, or with SERVFAIL when told to fail.
-struct DnsServer {
-    addr: SocketAddr,
-    records: Arc<Mutex<Vec<Ipv4Addr>>>,
-    fail: Arc<std::sync::atomic::AtomicBool>,
-    queries: Arc<AtomicU64>,
-}
-
-impl DnsServer {
-    async fn start(name: &'static str) -> DnsServer {
-        use hickory_proto::op::{Message, MessageType, ResponseCode};
-        use hickory_proto::rr::{rdata::A, Name, RData, Record, RecordType};
-        let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let addr = sock.local_addr().unwrap();
-        let records = Arc::new(Mutex::new(Vec::new()));
-        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let queries = Arc::new(AtomicU64::new(0));
-        let (r, f, q) = (records.clone(), fail.clone(), queries.clone());
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let want = Name::from_ascii(name).unwrap();
-            loop {
-                let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
-                    return;
-                };
-                let Ok(req) = Message::from_vec(&buf[..n]) else {
-                    continue;
-                };
-                q.fetch_add(1, Ordering::SeqCst);
-                let mut resp =
-                    Message::new(req.metadata.id, MessageType::Response, req.metadata.op_code);
-                resp.metadata.recursion_desired = req.metadata.recursion_desired;
-                resp.metadata.recursion_available = true;
-                resp.metadata.authoritative = true;
-                for query in &req.queries {
-                    resp.add_query(query.clone());
-                    if f.load(Ordering::SeqCst) {
-                        resp.metadata.response_code = ResponseCode::ServFail;
-                        continue;
-                    }
-                    if query.name().to_lowercase() != want.to_lowercase() {
-                        resp.metadata.response_code = ResponseCode::NXDomain;
-                        continue;
-                    }
-                    if query.query_type() == RecordType::A {
-                        for ip in r.lock().unwrap().iter() {
-                            resp.add_answer(Record::from_rdata(
-                                query.name().clone(),
-                                0,
-                                RData::A(A(*ip)),
-                            ));
-                        }
-                    }
-                }
-                let _ = sock.send_to(&resp.to_vec().unwrap(), peer).await;
-            }
-        });
-        DnsServer {
-            addr,
-            records,
-            fail,
-            queries,
-        }
-    }
-
-    fn set(&self, ips: &[Ipv4Addr]) {
-        *self.records.lock().unwrap() = ips.to_vec();
-    }
-}
-
-fn resolver_for(server: &DnsServer) -> (ResolverConfig, ResolverOpts) {
-    let mut ns = NameServerConfig::udp(server.addr.ip());
-    for c in &mut ns.connections {
-        c.port = server.addr.port();
-    }
-    let config = ResolverConfig::from_parts(None, vec![], vec![ns]);
-    let mut opts = ResolverOpts::default();
-    opts.timeout = Duration::from_millis(500);
-    opts.attempts = 1;
-    (config, opts)
 }
 
 /// The channel follows the records: adds, removes; a failing lookup keeps the last set.

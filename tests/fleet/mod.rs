@@ -5,6 +5,8 @@
 //! Shared by every test file (`mod fleet;`) and by the examples (`#[path]`).
 #![allow(dead_code)]
 
+pub mod dns;
+
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
