@@ -10,7 +10,7 @@ use std::time::Duration;
 /// `u`, `n`). `None` when absent or malformed (the call then has no deadline of the channel's,
 /// as in tonic).
 pub(crate) fn from_headers(headers: &http::HeaderMap) -> Option<Duration> {
-    parse(headers.get(&crate::headers::GRPC_TIMEOUT)?.as_bytes())
+    parse(crate::headers::find(headers, &crate::headers::GRPC_TIMEOUT)?.as_bytes())
 }
 
 pub(crate) fn parse(v: &[u8]) -> Option<Duration> {

@@ -89,7 +89,7 @@ impl Policy {
 /// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response).
 #[inline]
 pub(crate) fn classify_headers(headers: &http::HeaderMap) -> Outcome {
-    match headers.get(&crate::headers::GRPC_STATUS) {
+    match crate::headers::find(headers, &crate::headers::GRPC_STATUS) {
         None => Outcome::Cancelled,
         Some(v) => match v.as_bytes() {
             b"0" => Outcome::Success,
