@@ -23,7 +23,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tonic::transport::{Channel, Endpoint};
 use tonic_balancer::BalancedChannel;
 
-const USAGE: &str = "usage: instructions serve PORT | instructions call (direct|balanced|balanced_n|balance_list) URI[,URI...] CALLS IN_FLIGHT";
+const USAGE: &str = "usage: instructions serve PORT | instructions call (direct|balanced|balanced_n|balance_list) URI[,URI...] CALLS IN_FLIGHT | instructions rate URI ROUNDS CALLS IN_FLIGHT";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,6 +36,17 @@ fn main() {
             loop {
                 std::thread::park();
             }
+        }
+        Some("rate") => {
+            let uri = args.get(1).expect(USAGE);
+            let rounds: usize = args.get(2).and_then(|n| n.parse().ok()).expect(USAGE);
+            let calls: usize = args.get(3).and_then(|n| n.parse().ok()).expect(USAGE);
+            let in_flight: usize = args.get(4).and_then(|n| n.parse().ok()).expect(USAGE);
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(rates(uri, rounds, calls, in_flight));
         }
         Some("call") => {
             let (kind, uri) = (args.get(1).expect(USAGE), args.get(2).expect(USAGE));
@@ -51,6 +62,39 @@ fn main() {
             eprintln!("{USAGE}");
             std::process::exit(2);
         }
+    }
+}
+
+/// Calls per second of each contender to one server, interleaved: every round runs each
+/// contender once (a fresh channel, `calls` calls with `in_flight` at a time, on a
+/// multi-threaded runtime), so that the machine's drift hits them alike. Prints each round and
+/// the median per contender.
+async fn rates(uri: &str, rounds: usize, calls: usize, in_flight: usize) {
+    let kinds = ["direct", "balanced", "balance_list"];
+    let mut seen: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    for round in 0..rounds {
+        let mut line = format!("round {round}:");
+        // Rotate the order from one round to the next.
+        for k in 0..kinds.len() {
+            let i = (k + round) % kinds.len();
+            let start = std::time::Instant::now();
+            run(kinds[i], uri, calls, in_flight).await;
+            let rate = calls as f64 / start.elapsed().as_secs_f64();
+            seen[i].push(rate);
+        }
+        for (i, kind) in kinds.iter().enumerate() {
+            line.push_str(&format!(" {kind} {:.0}/s", seen[i][round]));
+        }
+        println!("{line}");
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let direct = median(&mut seen[0].clone());
+    for (i, kind) in kinds.iter().enumerate() {
+        let m = median(&mut seen[i]);
+        println!("median {kind}: {m:.0} calls/s ({:.3}x direct)", m / direct);
     }
 }
 
