@@ -42,15 +42,7 @@ async fn not_serving_takes_an_instance_out_and_serving_brings_it_back() {
     .await;
     let before = sick.served();
     let mut client = FleetClient::new(ch.clone());
-    for id in 0..200 {
-        client
-            .unary(Req {
-                id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
+    fleet::calls(&mut client, 200).await;
     assert_eq!(sick.served(), before, "an unhealthy instance got calls");
 
     sick.set_serving(true);
@@ -58,15 +50,7 @@ async fn not_serving_takes_an_instance_out_and_serving_brings_it_back() {
         state_of(&ch, &sick_uri) == State::Ready
     })
     .await;
-    for id in 0..200 {
-        client
-            .unary(Req {
-                id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
+    fleet::calls(&mut client, 200).await;
     assert!(sick.served() > before, "a healthy instance got no calls");
 }
 

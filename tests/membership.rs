@@ -197,15 +197,7 @@ async fn dns_discovery_follows_the_records() {
         uris(&ch) == want(&ips)
     })
     .await;
-    for id in 0..60 {
-        client
-            .unary(Req {
-                id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
+    fleet::calls(&mut client, 60).await;
     assert!(servers[2].served() > 0, "the added instance got no calls");
 
     dns.set(&ips[1..]);
@@ -214,15 +206,7 @@ async fn dns_discovery_follows_the_records() {
     })
     .await;
     let frozen = servers[0].served();
-    for id in 0..60 {
-        client
-            .unary(Req {
-                id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
+    fleet::calls(&mut client, 60).await;
     assert_eq!(servers[0].served(), frozen, "a removed instance got calls");
 
     // Lookups fail: the last set stays and calls go on.
@@ -233,15 +217,7 @@ async fn dns_discovery_follows_the_records() {
     })
     .await;
     assert_eq!(uris(&ch), want(&ips[1..]));
-    for id in 0..20 {
-        client
-            .unary(Req {
-                id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
+    fleet::calls(&mut client, 20).await;
     // And an empty answer keeps it too.
     dns.fail.store(false, Ordering::SeqCst);
     dns.set(&[]);

@@ -458,3 +458,23 @@ pub async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> b
 pub fn total_in_flight(ch: &tonic_balancer::BalancedChannel) -> usize {
     ch.endpoints().iter().map(|e| e.in_flight()).sum()
 }
+
+/// Sends `n` unary calls one after the other; each must succeed. Returns the names of the
+/// instances that answered, in order.
+pub async fn calls(
+    client: &mut pb::fleet_client::FleetClient<tonic_balancer::BalancedChannel>,
+    n: u64,
+) -> Vec<String> {
+    let mut names = Vec::with_capacity(n as usize);
+    for id in 0..n {
+        let reply = client
+            .unary(Req {
+                id,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("call {id} failed: {e:?}"));
+        names.push(reply.into_inner().instance);
+    }
+    names
+}
