@@ -570,7 +570,10 @@ impl Future for ResponseFuture {
                                         CallState::Backoff(Box::pin(tokio::time::sleep(delay)));
                                     continue;
                                 }
-                                return this.fail(Outcome::Failure, as_unavailable(e));
+                                let addr =
+                                    this.guard.as_ref().map(|g| g.instance().display.as_str());
+                                let e = as_unavailable(e, addr.unwrap_or("?"));
+                                return this.fail(Outcome::Failure, e);
                             }
                         }
                     }
@@ -582,13 +585,13 @@ impl Future for ResponseFuture {
 
 /// A connection that broke under a call (reset, broken pipe) is UNAVAILABLE in gRPC's terms;
 /// tonic reports it as UNKNOWN "transport error". Errors that carry a status keep it.
-pub(crate) fn as_unavailable(e: BoxError) -> BoxError {
+pub(crate) fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
     if has_status(&*e) {
         return e;
     }
     if is_transport(&*e) {
         return tonic::Status::unavailable(format!(
-            "connection broke during the call: {}",
+            "connection to {addr} broke during the call: {}",
             chain(&*e)
         ))
         .into();

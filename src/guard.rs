@@ -156,6 +156,7 @@ impl HttpBody for GuardedBody {
             }
             Poll::Ready(Some(Err(status))) => {
                 guard.finish(Outcome::Failure);
+                let guard_addr = guard.instance().display.clone();
                 *this.guard = None;
                 *this.deadline = None;
                 let status = match std::error::Error::source(&status) {
@@ -164,7 +165,8 @@ impl HttpBody for GuardedBody {
                             && crate::channel::is_transport(src) =>
                     {
                         tonic::Status::unavailable(format!(
-                            "connection broke during the call: {}",
+                            "connection to {} broke during the call: {}",
+                            guard_addr,
                             crate::channel::chain(src)
                         ))
                     }
