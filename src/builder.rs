@@ -317,9 +317,9 @@ impl Builder {
                 reason: "must be above zero".to_owned(),
             });
         }
-        if tokio::runtime::Handle::try_current().is_err() {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::NoRuntime);
-        }
+        };
         if self.slow_start.is_some_and(|d| d.is_zero()) {
             return Err(Error::InvalidSetting {
                 name: "slow_start",
@@ -367,6 +367,7 @@ impl Builder {
         };
         let policy = Arc::new(Policy {
             epoch: Instant::now(),
+            runtime,
             clock: AtomicU64::new(0),
             latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
             inv_latency_expiry: 1.0 / self.latency_expiry.as_nanos() as f64,
@@ -414,7 +415,9 @@ impl Builder {
             );
         }
         if let Some(every) = policy.ejection.success_rate_interval {
-            tokio::spawn(success_rate_task(Arc::downgrade(&pool), every));
+            policy
+                .runtime
+                .spawn(success_rate_task(Arc::downgrade(&pool), every));
         }
         Ok(BalancedChannel { pool })
     }

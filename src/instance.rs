@@ -109,7 +109,11 @@ pub(crate) struct Instance {
 impl Instance {
     /// Creates an instance whose channel connects on its first call. Needs a tokio runtime.
     pub(crate) fn new(display: String, endpoint: Endpoint, policy: Arc<Policy>) -> Instance {
-        let channel = endpoint.connect_lazy();
+        // The connection's task is spawned on the channel's runtime, whichever thread this is.
+        let channel = {
+            let _in_runtime = policy.runtime.enter();
+            endpoint.connect_lazy()
+        };
         let now_ns = policy.now_ns();
         Instance {
             in_flight: AtomicUsize::new(0),

@@ -328,3 +328,27 @@ async fn slow_start_ramps_a_new_instance_up() {
         "newcomer took only {late_share:.3} of {late} calls after its slow start"
     );
 }
+
+/// The handle is safe from any thread: an instance inserted from a thread outside the runtime
+/// gets its connection on the channel's runtime and takes calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_from_a_thread_outside_the_runtime() {
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let uris = fleet.uris();
+    let ch = BalancedChannel::from_static(&uris[..1]).unwrap();
+    let handle = ch.clone();
+    let second = uris[1].clone();
+    std::thread::spawn(move || {
+        assert!(handle
+            .insert(Endpoint::from_shared(second).unwrap())
+            .unwrap());
+    })
+    .join()
+    .expect("insert from a plain thread");
+    let mut client = FleetClient::new(ch.clone());
+    let names = fleet::calls(&mut client, 40).await;
+    assert!(
+        names.iter().any(|n| n == fleet.instances[1].name()),
+        "{names:?}"
+    );
+}

@@ -129,5 +129,5 @@ pub(crate) async fn run(pool: Weak<Pool>, d: Discovery) {
 
 /// Spawns the discovery task of `pool`.
 pub(crate) fn spawn(pool: &Arc<Pool>, d: Discovery) {
-    tokio::spawn(run(Arc::downgrade(pool), d));
+    pool.policy.runtime.spawn(run(Arc::downgrade(pool), d));
 }

@@ -54,7 +54,7 @@ impl HealthCheck {
 
 /// Starts the checks of `inst`; they stop when it is dropped or starts draining.
 pub(crate) fn spawn(inst: &Arc<Instance>, cfg: HealthCheck) {
-    tokio::spawn(run(Arc::downgrade(inst), cfg));
+    inst.policy.runtime.spawn(run(Arc::downgrade(inst), cfg));
 }
 
 async fn run(weak: Weak<Instance>, cfg: HealthCheck) {

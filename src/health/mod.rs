@@ -54,6 +54,9 @@ pub(crate) enum Outcome {
 #[derive(Debug)]
 pub(crate) struct Policy {
     pub(crate) epoch: Instant,
+    /// The runtime the channel was built in: its connections, timers and background tasks
+    /// run there, whichever thread inserts an instance or drops a call.
+    pub(crate) runtime: tokio::runtime::Handle,
     /// A coarse clock for the pick, in nanoseconds since `epoch`: the time of the latest
     /// latency sample of any instance. Reading it costs a load, not a clock call.
     pub(crate) clock: AtomicU64,
@@ -176,7 +179,7 @@ pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error
     }
     let weak = Arc::downgrade(inst);
     let backoff = inst.policy.backoff.clone();
-    tokio::spawn(reconnect(weak, backoff));
+    inst.policy.runtime.spawn(reconnect(weak, backoff));
 }
 
 async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {

@@ -141,7 +141,7 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
         "instance ejected"
     );
     let weak = Arc::downgrade(inst);
-    tokio::spawn(async move {
+    policy.runtime.spawn(async move {
         tokio::time::sleep(time).await;
         if let Some(inst) = weak.upgrade() {
             readmit(&inst);
