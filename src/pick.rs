@@ -158,10 +158,10 @@ pub(crate) const TIE_SAMPLE: usize = 8;
 /// for the candidates tied for the fewest calls in flight. `strides` are steps prime to
 /// `items.len()` and below it (see [`strides_for`]); empty means in order.
 ///
-/// Two passes: the first finds the fewest calls in flight (integers only: a tight loop);
-/// the second starts at a random position and looks at the first [`TIE_SAMPLE`] candidates
-/// that have that many, applying the latency rule and choosing among the survivors by random
-/// key. With fewer ties than that, every tie is looked at and the choice is uniform.
+/// One pass finds the fewest calls in flight and notes where the tied candidates are (up to
+/// 64 of them); the tie-break then looks at a uniform sample of at most 8 of them in random
+/// order and takes the first that is not markedly slower than the fastest. With more than 64
+/// ties, a second pass from a random position with a random stride finds the sample.
 #[inline]
 pub fn least_pending<T>(
     items: &[T],
