@@ -210,7 +210,7 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Result<Duration
     Ok(start.elapsed())
 }
 
-fn list(ips: &[Ipv4Addr]) -> String {
+fn list<T: ToString>(ips: &[T]) -> String {
     ips.iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()

@@ -352,3 +352,45 @@ async fn insert_from_a_thread_outside_the_runtime() {
         "{names:?}"
     );
 }
+
+/// A and AAAA records both become instances: one on 127.0.0.2, one on [::1], same port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_discovery_takes_a_and_aaaa_records() {
+    use std::net::{IpAddr, Ipv6Addr};
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let v4 = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    let servers = [
+        fleet::Instance::start_at("v4", SocketAddr::new(v4, port), Behavior::Ok),
+        fleet::Instance::start_at("v6", SocketAddr::new(v6, port), Behavior::Ok),
+    ];
+    let dns = DnsServer::start("dual.test.").await;
+    dns.set_ips(&[v4, v6]);
+    let (config, opts) = resolver_for(&dns);
+    let ch = BalancedChannel::builder()
+        .dns_with_config(&format!("dual.test.:{port}"), config, opts)
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    fleet::calls(&mut client, 1).await;
+    let mut listed: Vec<String> = ch.endpoints().iter().map(|e| e.uri().to_owned()).collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        vec![
+            format!("http://127.0.0.2:{port}"),
+            format!("http://[::1]:{port}")
+        ]
+    );
+    let names = fleet::calls(&mut client, 40).await;
+    for s in &servers {
+        assert!(
+            names.iter().any(|n| n == s.name()),
+            "{} got no calls: {names:?}",
+            s.name()
+        );
+    }
+}

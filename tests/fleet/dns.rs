@@ -1,24 +1,24 @@
-//! A tiny DNS server on 127.0.0.1 (UDP) that answers A queries for one name from a list that
+//! A tiny DNS server on 127.0.0.1 (UDP) that answers A and AAAA queries for one name from a list that
 //! the test (or example) changes while it runs, or with SERVFAIL when told to fail; and the
 //! resolver configuration that points a channel at it.
 //!
 //! Shared by the tests (`fleet::dns`) and the examples.
 #![allow(dead_code)]
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tonic_balancer::dns_config::{NameServerConfig, ResolverConfig, ResolverOpts};
 
-/// A DNS server on 127.0.0.1 (UDP) that answers A queries for one name from a list the test
-/// changes, or with SERVFAIL when told to fail. Answers have a TTL of 0; other names get
+/// A DNS server on 127.0.0.1 (UDP) that answers A and AAAA queries for one name from a list
+/// the test changes, or with SERVFAIL when told to fail. Answers have a TTL of 0; other names get
 /// NXDOMAIN. It runs on the current tokio runtime until that runtime ends.
 pub struct DnsServer {
     /// Where it listens.
     pub addr: SocketAddr,
-    records: Arc<Mutex<Vec<Ipv4Addr>>>,
+    records: Arc<Mutex<Vec<IpAddr>>>,
     /// When true, every query is answered with SERVFAIL.
     pub fail: Arc<AtomicBool>,
     /// Queries received (well-formed ones).
@@ -29,7 +29,7 @@ impl DnsServer {
     /// Starts a server for `name` (fully qualified, such as `fleet.test.`), with no records.
     pub async fn start(name: &'static str) -> DnsServer {
         use hickory_proto::op::{Message, MessageType, ResponseCode};
-        use hickory_proto::rr::{rdata::A, Name, RData, Record, RecordType};
+        use hickory_proto::rr::{rdata::A, rdata::AAAA, Name, RData, Record, RecordType};
         let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let addr = sock.local_addr().unwrap();
         let records = Arc::new(Mutex::new(Vec::new()));
@@ -62,14 +62,13 @@ impl DnsServer {
                         resp.metadata.response_code = ResponseCode::NXDomain;
                         continue;
                     }
-                    if query.query_type() == RecordType::A {
-                        for ip in r.lock().unwrap().iter() {
-                            resp.add_answer(Record::from_rdata(
-                                query.name().clone(),
-                                0,
-                                RData::A(A(*ip)),
-                            ));
-                        }
+                    for ip in r.lock().unwrap().iter() {
+                        let rdata = match (query.query_type(), ip) {
+                            (RecordType::A, IpAddr::V4(v4)) => RData::A(A(*v4)),
+                            (RecordType::AAAA, IpAddr::V6(v6)) => RData::AAAA(AAAA(*v6)),
+                            _ => continue,
+                        };
+                        resp.add_answer(Record::from_rdata(query.name().clone(), 0, rdata));
                     }
                 }
                 let _ = sock.send_to(&resp.to_vec().unwrap(), peer).await;
@@ -83,13 +82,18 @@ impl DnsServer {
         }
     }
 
-    /// Replaces the A records of the name.
+    /// Replaces the records of the name with these A records.
     pub fn set(&self, ips: &[Ipv4Addr]) {
+        *self.records.lock().unwrap() = ips.iter().map(|ip| IpAddr::V4(*ip)).collect();
+    }
+
+    /// Replaces the records of the name: A records for the IPv4 addresses, AAAA for the IPv6.
+    pub fn set_ips(&self, ips: &[IpAddr]) {
         *self.records.lock().unwrap() = ips.to_vec();
     }
 
-    /// The A records now published.
-    pub fn records(&self) -> Vec<Ipv4Addr> {
+    /// The records now published.
+    pub fn records(&self) -> Vec<IpAddr> {
         self.records.lock().unwrap().clone()
     }
 
