@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::Endpoint;
 
 use crate::discover::{Dns, Resolve, Template};
-use crate::error::{check_uri, parse_uri, Error};
+use crate::error::{check_endpoint, parse_uri, Error};
 use crate::health::{Backoff, Ejection, HealthCheck, Policy};
 use crate::pool::Pool;
 use crate::retry::{Budget, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
@@ -202,6 +202,18 @@ impl Builder {
         self
     }
 
+    /// Adds several instances by URI, as [`uri`](Builder::uri) does for one.
+    pub fn uris<I, S>(mut self, uris: I) -> Builder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        for uri in uris {
+            self = self.uri(uri.as_ref());
+        }
+        self
+    }
+
     /// The selection strategy (default: [`Strategy::LeastPending`]).
     pub fn strategy(mut self, strategy: Strategy) -> Builder {
         self.strategy = strategy;
@@ -284,10 +296,7 @@ impl Builder {
             return Err(Error::NoInstances);
         }
         for (i, (display, endpoint)) in self.endpoints.iter().enumerate() {
-            check_uri(endpoint.uri()).map_err(|reason| Error::InvalidUri {
-                uri: display.clone(),
-                reason: reason.to_owned(),
-            })?;
+            check_endpoint(display, endpoint.uri())?;
             if self.endpoints[..i]
                 .iter()
                 .any(|(_, e)| e.uri() == endpoint.uri())

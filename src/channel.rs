@@ -12,8 +12,9 @@ use tonic::body::Body;
 use tonic::transport::Channel;
 use tower::BoxError;
 
-use crate::error::{deadline_exceeded, unavailable};
+use crate::error::{broken_connection, deadline_exceeded, sources, unavailable};
 use crate::guard::{CallGuard, GuardedBody};
+use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
 use crate::instance::Instance;
 use crate::pick::{self, Load, Rng};
@@ -65,11 +66,7 @@ impl BalancedChannel {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut builder = BalancedChannel::builder();
-        for uri in uris {
-            builder = builder.uri(uri.as_ref());
-        }
-        builder.build()
+        BalancedChannel::builder().uris(uris).build()
     }
 
     /// A [`Builder`](crate::Builder) for the instances' `Endpoint`s, the strategy and the
@@ -80,20 +77,13 @@ impl BalancedChannel {
 
     /// A snapshot of every instance: the ones in the set, then the ones draining.
     pub fn endpoints(&self) -> Vec<EndpointStats> {
-        let now = self.pool.policy.now_ns();
-        let mut out: Vec<EndpointStats> = self
-            .pool
-            .snapshot()
+        let members = self.pool.snapshot();
+        let draining = self.pool.draining();
+        members
             .iter()
-            .map(|i| EndpointStats::of(i, now))
-            .collect();
-        out.extend(
-            self.pool
-                .draining()
-                .iter()
-                .map(|i| EndpointStats::of(i, now)),
-        );
-        out
+            .chain(draining.iter())
+            .map(|i| EndpointStats::of(i))
+            .collect()
     }
 
     /// The strategy this channel routes with.
@@ -105,11 +95,9 @@ impl BalancedChannel {
     /// `Ok(false)` if an instance with this URI is in the set already. An instance of this URI
     /// that is draining is taken back with its connection.
     pub fn insert(&self, endpoint: tonic::transport::Endpoint) -> Result<bool, crate::Error> {
-        crate::error::check_uri(endpoint.uri()).map_err(|reason| crate::Error::InvalidUri {
-            uri: endpoint.uri().to_string(),
-            reason: reason.to_owned(),
-        })?;
-        Ok(self.pool.insert(endpoint.uri().to_string(), endpoint))
+        let name = endpoint.uri().to_string();
+        crate::error::check_endpoint(&name, endpoint.uri())?;
+        Ok(self.pool.insert(name, endpoint))
     }
 
     /// Removes the instance with this URI: it gets no new calls from now on, finishes the
@@ -129,11 +117,9 @@ impl BalancedChannel {
     ) -> Result<(usize, usize), crate::Error> {
         let mut want = Vec::new();
         for e in endpoints {
-            crate::error::check_uri(e.uri()).map_err(|reason| crate::Error::InvalidUri {
-                uri: e.uri().to_string(),
-                reason: reason.to_owned(),
-            })?;
-            want.push((e.uri().to_string(), e));
+            let name = e.uri().to_string();
+            crate::error::check_endpoint(&name, e.uri())?;
+            want.push((name, e));
         }
         Ok(self.pool.sync(want))
     }
@@ -312,7 +298,7 @@ fn route(
         let again = Box::new(Again {
             replay,
             pool: pool.clone(),
-            tried: vec![inst.clone()],
+            tried: Vec::new(),
             attempts: 1,
             deadline_at: deadline.as_ref().map(|d| d.deadline()),
         });
@@ -359,6 +345,8 @@ enum CallState {
 struct Again {
     replay: Replay,
     pool: Arc<Pool>,
+    /// The instances whose attempt ended without success (empty until one does: no
+    /// allocation on a call's first attempt).
     tried: Vec<Arc<Instance>>,
     /// Attempts made under the retry policy (transparent replays do not count).
     attempts: u32,
@@ -420,13 +408,19 @@ impl ResponseFuture {
         };
         let inst = &snap[idx];
         tracing::debug!(to = %inst.display, reason = %why, "call sent again on another instance");
-        again.tried.push(inst.clone());
         self.guard = Some(CallGuard::new(inst.clone()));
         self.state = CallState::Routed {
             channel: inst.channel.clone(),
             req: Some(req),
         };
         true
+    }
+
+    /// The attempt on `inst` is over without success: the call must not go there again.
+    fn tried(&mut self, inst: &Arc<Instance>) {
+        if let Some(again) = self.again.as_mut() {
+            again.tried.push(inst.clone());
+        }
     }
 
     /// Whether the retry policy sends this failure again (and takes a token of the budget);
@@ -503,9 +497,11 @@ impl Future for ResponseFuture {
                 CallState::Sent(fut) => match Pin::new(fut).poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(resp)) => {
-                        if this.deadline.as_ref().is_some_and(|d| {
-                            d.is_elapsed() || d.deadline() <= tokio::time::Instant::now()
-                        }) {
+                        if this
+                            .deadline
+                            .as_deref()
+                            .is_some_and(crate::deadline::passed)
+                        {
                             // The deadline passed as the answer came (often the server's own
                             // timer answering CANCELLED "Timeout expired"): report it as what
                             // it is.
@@ -517,21 +513,20 @@ impl Future for ResponseFuture {
                         // A trailers-only response (the status in the head, no body) ends its
                         // stream with its head; only then is there a status to read here.
                         let trailers_only = if http_body::Body::is_end_stream(resp.body()) {
-                            health::classify_headers(resp.headers())
+                            grpc_status(resp.headers())
                         } else {
-                            Outcome::Cancelled
+                            None
                         };
-                        if trailers_only != Outcome::Cancelled {
-                            guard.finish(trailers_only);
-                            if trailers_only != Outcome::Success {
-                                if let Some(code) = status_code(resp.headers()) {
-                                    if let Some(delay) = this.retry_after(code) {
-                                        drop(guard);
-                                        tracing::debug!(?code, ?delay, "retrying call");
-                                        this.state =
-                                            CallState::Backoff(Box::pin(tokio::time::sleep(delay)));
-                                        continue;
-                                    }
+                        if let Some(code) = trailers_only {
+                            guard.finish(health::classify_status(Some(code)));
+                            if code != tonic::Code::Ok {
+                                if let Some(delay) = this.retry_after(code) {
+                                    this.tried(guard.instance());
+                                    drop(guard);
+                                    tracing::debug!(?code, ?delay, "retrying call");
+                                    this.state =
+                                        CallState::Backoff(Box::pin(tokio::time::sleep(delay)));
+                                    continue;
                                 }
                             }
                         }
@@ -549,8 +544,11 @@ impl Future for ResponseFuture {
                             }
                             ErrorKind::Unsent { connect } => {
                                 let failed = this.guard.take();
-                                if let (true, Some(g)) = (connect, &failed) {
-                                    health::connect_failed(g.instance(), &*e);
+                                if let Some(g) = &failed {
+                                    if connect {
+                                        health::connect_failed(g.instance(), &*e);
+                                    }
+                                    this.tried(g.instance());
                                 }
                                 if this.reroute(&e) {
                                     // Released without an outcome: the connection failure is
@@ -564,6 +562,7 @@ impl Future for ResponseFuture {
                             ErrorKind::Other => {
                                 if let Some(delay) = this.retry_after(tonic::Code::Unavailable) {
                                     if let Some(mut g) = this.guard.take() {
+                                        this.tried(g.instance());
                                         g.finish(Outcome::Failure);
                                     }
                                     this.state =
@@ -583,72 +582,16 @@ impl Future for ResponseFuture {
     }
 }
 
-/// A connection that broke under a call (reset, broken pipe) is UNAVAILABLE in gRPC's terms;
-/// tonic reports it as UNKNOWN "transport error". Errors that carry a status keep it.
-pub(crate) fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
-    if has_status(&*e) {
+/// A connection that broke under a call is UNAVAILABLE (see [`broken_connection`]); errors
+/// that carry a status keep it.
+fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
+    if sources(&*e).any(|err| err.is::<tonic::Status>()) {
         return e;
     }
-    if is_transport(&*e) {
-        return tonic::Status::unavailable(format!(
-            "connection to {addr} broke during the call: {}",
-            chain(&*e)
-        ))
-        .into();
+    match broken_connection(addr, &*e) {
+        Some(status) => status.into(),
+        None => e,
     }
-    e
-}
-
-fn has_status(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if err.is::<tonic::Status>() {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
-}
-
-/// Whether the error comes from the connection (hyper, h2 or the socket).
-pub(crate) fn is_transport(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if err.is::<hyper::Error>()
-            || err.is::<std::io::Error>()
-            || err.is::<tonic::transport::Error>()
-        {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
-}
-
-/// The error and its sources, as one line.
-pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        let s = err.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = err.source();
-    }
-    out
-}
-
-/// The `grpc-status` of a trailers-only response.
-fn status_code(headers: &http::HeaderMap) -> Option<tonic::Code> {
-    let v = headers
-        .get(&crate::headers::GRPC_STATUS)?
-        .to_str()
-        .ok()?
-        .parse::<i32>()
-        .ok()?;
-    Some(tonic::Code::from_i32(v))
 }
 
 enum ErrorKind {
@@ -663,8 +606,7 @@ enum ErrorKind {
 }
 
 fn classify_error(e: &(dyn std::error::Error + 'static)) -> ErrorKind {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
+    for err in sources(e) {
         if err.is::<tonic::TimeoutExpired>() {
             return ErrorKind::Timeout;
         }
@@ -676,7 +618,6 @@ fn classify_error(e: &(dyn std::error::Error + 'static)) -> ErrorKind {
                 return ErrorKind::Unsent { connect: false };
             }
         }
-        cur = err.source();
     }
     ErrorKind::Other
 }

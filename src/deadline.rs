@@ -30,6 +30,13 @@ pub(crate) fn parse(v: &[u8]) -> Option<Duration> {
     })
 }
 
+/// Whether the deadline has come, whether or not its timer has fired yet (an answer can arrive
+/// in the same instant, before the timer's wake-up).
+#[inline]
+pub(crate) fn passed(deadline: &tokio::time::Sleep) -> bool {
+    deadline.is_elapsed() || deadline.deadline() <= tokio::time::Instant::now()
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse;

@@ -100,3 +100,52 @@ pub(crate) fn unavailable(message: impl Into<String>) -> tonic::Status {
 pub(crate) fn deadline_exceeded() -> tonic::Status {
     tonic::Status::deadline_exceeded("deadline exceeded: the call's grpc-timeout ran out")
 }
+
+/// An error and its sources, outermost first.
+pub(crate) fn sources<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |err| err.source())
+}
+
+/// Whether the error comes from the connection (hyper, h2 or the socket).
+pub(crate) fn is_transport(e: &(dyn std::error::Error + 'static)) -> bool {
+    sources(e).any(|err| {
+        err.is::<hyper::Error>()
+            || err.is::<std::io::Error>()
+            || err.is::<tonic::transport::Error>()
+    })
+}
+
+/// UNAVAILABLE for a connection that broke under a call (reset, broken pipe), as gRPC names it;
+/// tonic reports it as UNKNOWN "transport error". `None` if `e` is not a transport error.
+pub(crate) fn broken_connection(
+    addr: &str,
+    e: &(dyn std::error::Error + 'static),
+) -> Option<tonic::Status> {
+    if !is_transport(e) {
+        return None;
+    }
+    // The error and its sources, as one line.
+    let mut line = String::new();
+    for err in sources(e) {
+        let s = err.to_string();
+        if !line.contains(&s) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&s);
+        }
+    }
+    Some(tonic::Status::unavailable(format!(
+        "connection to {addr} broke during the call: {line}"
+    )))
+}
+
+/// Checks an instance's URI (from an `Endpoint`) as [`parse_uri`] does, naming it as `display`.
+pub(crate) fn check_endpoint(display: &str, uri: &http::Uri) -> Result<(), Error> {
+    check_uri(uri).map_err(|reason| Error::InvalidUri {
+        uri: display.to_owned(),
+        reason: reason.to_owned(),
+    })
+}

@@ -19,6 +19,8 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::Sleep;
 use tonic::body::Body;
 
+use crate::deadline;
+use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
 use crate::instance::Instance;
 
@@ -86,6 +88,7 @@ impl std::fmt::Debug for CallGuard {
 }
 
 pin_project_lite::pin_project! {
+    #[project = GuardedBodyProj]
     /// A response body that holds its call's [`CallGuard`] until the call is over, and ends the
     /// stream with DEADLINE_EXCEEDED if the call's deadline passes first.
     pub(crate) struct GuardedBody {
@@ -106,6 +109,15 @@ impl GuardedBody {
     }
 }
 
+/// The call is over with this outcome: the guard (and with it the count) goes, and the
+/// deadline with it.
+fn end(this: &mut GuardedBodyProj<'_>, outcome: Outcome) {
+    if let Some(mut guard) = this.guard.take() {
+        guard.finish(outcome);
+    }
+    *this.deadline = None;
+}
+
 impl HttpBody for GuardedBody {
     type Data = Bytes;
     type Error = tonic::Status;
@@ -114,69 +126,47 @@ impl HttpBody for GuardedBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        let this = self.project();
+        let mut this = self.project();
         let Some(guard) = this.guard.as_mut() else {
             // Over: trailers were read, an error was returned, or the deadline passed.
             return Poll::Ready(None);
         };
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
-                guard.finish(Outcome::Failure);
-                *this.guard = None;
-                *this.deadline = None;
+                end(&mut this, Outcome::Failure);
                 return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
             }
         }
-        match this.inner.poll_frame(cx) {
+        match this.inner.as_mut().poll_frame(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(trailers) = frame.trailers_ref() {
-                    let late = this
-                        .deadline
-                        .as_ref()
-                        .is_some_and(|d| d.deadline() <= tokio::time::Instant::now());
-                    if late
-                        && trailers
-                            .get(&crate::headers::GRPC_STATUS)
-                            .is_some_and(|v| v != "0")
-                    {
+                    let code = grpc_status(trailers);
+                    let late = this.deadline.as_deref().is_some_and(deadline::passed);
+                    if late && code.is_some_and(|c| c != tonic::Code::Ok) {
                         // The deadline passed as the stream ended with an error (often the
                         // server's own timer, CANCELLED "Timeout expired"): report it as what
                         // it is.
-                        guard.finish(Outcome::Failure);
-                        *this.guard = None;
-                        *this.deadline = None;
+                        end(&mut this, Outcome::Failure);
                         return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
                     }
-                    guard.finish(health::classify_headers(trailers));
-                    *this.guard = None;
-                    *this.deadline = None;
+                    end(&mut this, health::classify_status(code));
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(status))) => {
-                guard.finish(Outcome::Failure);
-                let guard_addr = guard.instance().display.clone();
-                *this.guard = None;
-                *this.deadline = None;
-                let status = match std::error::Error::source(&status) {
-                    Some(src)
-                        if status.code() == tonic::Code::Unknown
-                            && crate::channel::is_transport(src) =>
-                    {
-                        tonic::Status::unavailable(format!(
-                            "connection to {} broke during the call: {}",
-                            guard_addr,
-                            crate::channel::chain(src)
-                        ))
+                let broken = match std::error::Error::source(&status) {
+                    Some(src) if status.code() == tonic::Code::Unknown => {
+                        crate::error::broken_connection(&guard.instance().display, src)
                     }
-                    _ => status,
+                    _ => None,
                 };
-                Poll::Ready(Some(Err(status)))
+                end(&mut this, Outcome::Failure);
+                Poll::Ready(Some(Err(broken.unwrap_or(status))))
             }
             Poll::Ready(None) => {
-                *this.guard = None;
-                *this.deadline = None;
+                // Ended without trailers: says nothing about the instance.
+                end(&mut this, Outcome::Cancelled);
                 Poll::Ready(None)
             }
         }

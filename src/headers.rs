@@ -22,3 +22,18 @@ pub(crate) fn find<'a>(
         headers.get(name)
     }
 }
+
+/// The status in a `grpc-status` header (trailers, or a trailers-only response head); an
+/// unreadable value is UNKNOWN.
+#[inline]
+pub(crate) fn grpc_status(headers: &http::HeaderMap) -> Option<tonic::Code> {
+    let v = find(headers, &GRPC_STATUS)?;
+    if v.as_bytes() == b"0" {
+        return Some(tonic::Code::Ok);
+    }
+    let code = std::str::from_utf8(v.as_bytes())
+        .ok()
+        .and_then(|s| s.parse::<i32>().ok())
+        .map_or(tonic::Code::Unknown, tonic::Code::from_i32);
+    Some(code)
+}

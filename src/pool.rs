@@ -10,7 +10,7 @@ use tonic::transport::Endpoint;
 use crate::health::{self, Policy};
 use crate::instance::{Instance, State};
 use crate::retry::{Budget, RetryPolicy};
-use crate::Strategy;
+use crate::{lock, Strategy};
 
 /// The instances of one moment, and the steps the pick may walk them with (the primes below
 /// their number that do not divide it: each visits every instance once).
@@ -94,14 +94,13 @@ impl Pool {
     /// Adds an instance; false if one with the same URI is in the set already. An instance of
     /// that URI that is draining is taken back, with its connection.
     pub(crate) fn insert(&self, name: String, endpoint: Endpoint) -> bool {
-        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        let _w = lock(&self.write);
         let cur = self.members.load_full();
         if cur.iter().any(|i| i.uri == *endpoint.uri()) {
             return false;
         }
         let revived = {
-            let mut draining = self.draining.lock().unwrap_or_else(|e| e.into_inner());
-            draining.retain(|w| w.strong_count() > 0);
+            let mut draining = self.draining_list();
             let pos = draining
                 .iter()
                 .position(|w| w.upgrade().is_some_and(|i| i.uri == *endpoint.uri()));
@@ -134,7 +133,7 @@ impl Pool {
     /// Removes the instance with this URI: no new calls from now on; it finishes the calls it
     /// has, then its connection closes. False if there is none.
     pub(crate) fn remove(&self, uri: &http::Uri) -> bool {
-        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        let _w = lock(&self.write);
         let cur = self.members.load_full();
         let Some(pos) = cur.iter().position(|i| i.uri == *uri) else {
             return false;
@@ -149,9 +148,7 @@ impl Pool {
             in_flight = gone.in_flight.load(Ordering::Relaxed),
             "instance removed; draining"
         );
-        let mut draining = self.draining.lock().unwrap_or_else(|e| e.into_inner());
-        draining.retain(|w| w.strong_count() > 0);
-        draining.push(Arc::downgrade(&gone));
+        self.draining_list().push(Arc::downgrade(&gone));
         true
     }
 
@@ -176,25 +173,27 @@ impl Pool {
 
     /// Records the discovery source's state after a lookup.
     pub(crate) fn discovery_status(&self, error: Option<String>) {
-        *self
-            .discovery_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = error;
+        *lock(&self.discovery_error) = error;
         self.discovered.send_replace(true);
     }
 
     pub(crate) fn discovery_error(&self) -> Option<String> {
-        self.discovery_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.discovery_error).clone()
     }
 
     /// The instances that are draining and still have calls in flight.
     pub(crate) fn draining(&self) -> Vec<Arc<Instance>> {
-        let mut draining = self.draining.lock().unwrap_or_else(|e| e.into_inner());
+        self.draining_list()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// The list of draining instances, without the ones whose last call has ended.
+    fn draining_list(&self) -> std::sync::MutexGuard<'_, Vec<Weak<Instance>>> {
+        let mut draining = lock(&self.draining);
         draining.retain(|w| w.strong_count() > 0);
-        draining.iter().filter_map(Weak::upgrade).collect()
+        draining
     }
 
     #[inline]

@@ -18,6 +18,8 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::body::Body;
 use tonic::Code;
 
+use crate::lock;
+
 /// The default cap on the request body kept to replay a call (64 KiB).
 pub const DEFAULT_MAX_REPLAY_BODY: usize = 64 * 1024;
 
@@ -106,10 +108,7 @@ impl RetryPolicy {
         let cap = (self.initial_backoff.as_secs_f64()
             * self.multiplier.powi(retry.saturating_sub(1).min(64) as i32))
         .min(self.max_backoff.as_secs_f64());
-        let mut rng = crate::pick::Rng::thread();
-        let unit = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        rng.store();
-        Duration::from_secs_f64(cap * unit)
+        Duration::from_secs_f64(cap * crate::pick::random_unit())
     }
 
     pub(crate) fn retries(&self, code: Code) -> bool {
@@ -220,10 +219,6 @@ impl Drop for ReplayBody {
             }
         }
     }
-}
-
-fn lock(k: &KeptRef) -> std::sync::MutexGuard<'_, Kept> {
-    k.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl HttpBody for ReplayBody {

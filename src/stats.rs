@@ -19,7 +19,7 @@ pub struct EndpointStats {
 }
 
 impl EndpointStats {
-    pub(crate) fn of(i: &Instance, _now_ns: u64) -> EndpointStats {
+    pub(crate) fn of(i: &Instance) -> EndpointStats {
         let lat = f64::from_bits(i.latency_ns.load(Ordering::Relaxed));
         EndpointStats {
             uri: i.display.clone(),

@@ -23,10 +23,9 @@ async fn not_serving_takes_an_instance_out_and_serving_brings_it_back() {
         timeout: Duration::from_millis(500),
         ..HealthCheck::default()
     };
-    let mut b = BalancedChannel::builder().health_check(check);
-    for u in fleet.uris() {
-        b = b.uri(&u);
-    }
+    let b = BalancedChannel::builder()
+        .health_check(check)
+        .uris(fleet.uris());
     let ch = b.build().unwrap();
     let sick = &fleet.instances[1];
     let sick_uri = sick.uri();
@@ -63,10 +62,9 @@ async fn no_answer_takes_an_instance_out() {
         timeout: Duration::from_millis(200),
         ..HealthCheck::default()
     };
-    let mut b = BalancedChannel::builder().health_check(check);
-    for u in fleet.uris() {
-        b = b.uri(&u);
-    }
+    let b = BalancedChannel::builder()
+        .health_check(check)
+        .uris(fleet.uris());
     let ch = b.build().unwrap();
     let mut gone = fleet.instances.into_iter();
     let keep = gone.next().unwrap();

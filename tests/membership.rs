@@ -273,10 +273,9 @@ async fn slow_start_ramps_a_new_instance_up() {
     let fleet = Fleet::start(5, Behavior::Delay(Duration::from_millis(10)));
     let uris = fleet.uris();
     let window = Duration::from_secs(6);
-    let mut b = BalancedChannel::builder().slow_start(window);
-    for u in &uris[..4] {
-        b = b.uri(u);
-    }
+    let b = BalancedChannel::builder()
+        .slow_start(window)
+        .uris(&uris[..4]);
     let ch = b.build().unwrap();
     let newcomer = fleet.instances[4].name().to_owned();
     // Sends calls from 4 tasks until `until`; returns (calls, calls served by the newcomer).

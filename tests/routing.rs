@@ -198,10 +198,9 @@ async fn sequential_calls_on_an_idle_fleet_reach_every_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_of_unknown_latency_ties_with_known_ones() {
     let fleet = Fleet::start(3, Behavior::Hold);
-    let mut b = BalancedChannel::builder().latency_expiry(Duration::from_secs(600));
-    for u in fleet.uris() {
-        b = b.uri(&u);
-    }
+    let b = BalancedChannel::builder()
+        .latency_expiry(Duration::from_secs(600))
+        .uris(fleet.uris());
     let ch = b.build().unwrap();
     let (i0, i1, i2) = (
         &fleet.instances[0],

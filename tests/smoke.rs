@@ -1,6 +1,6 @@
 mod fleet;
 
-use fleet::pb::{fleet_client::FleetClient, Req};
+use fleet::pb::fleet_client::FleetClient;
 use fleet::{Behavior, Fleet};
 use tonic_balancer::BalancedChannel;
 
@@ -9,17 +9,7 @@ async fn unary_reaches_every_instance() {
     let fleet = Fleet::start(4, Behavior::Ok);
     let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
     let mut client = FleetClient::new(ch.clone());
-    for id in 0..100 {
-        let r = client
-            .unary(Req {
-                id,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(r.id, id);
-    }
+    fleet::calls(&mut client, 100).await;
     assert!(
         fleet.served().iter().all(|&n| n > 0),
         "{:?}",

@@ -38,9 +38,7 @@ impl Backoff {
     pub fn delay(&self, attempt: u32) -> Duration {
         let base = self.initial.as_secs_f64() * self.multiplier.powi(attempt.min(1000) as i32);
         let base = base.min(self.max.as_secs_f64());
-        let mut rng = crate::pick::Rng::thread();
-        let unit = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
-        rng.store();
+        let unit = crate::pick::random_unit();
         let jittered = base * (1.0 + self.jitter * (2.0 * unit - 1.0));
         Duration::from_secs_f64(jittered.max(0.0))
     }

@@ -89,23 +89,11 @@ impl Policy {
     }
 }
 
-/// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response).
+/// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response);
+/// without one, the call says nothing about the instance.
 #[inline]
-pub(crate) fn classify_headers(headers: &http::HeaderMap) -> Outcome {
-    match crate::headers::find(headers, &crate::headers::GRPC_STATUS) {
-        None => Outcome::Cancelled,
-        Some(v) => match v.as_bytes() {
-            b"0" => Outcome::Success,
-            other => {
-                let code = std::str::from_utf8(other)
-                    .ok()
-                    .and_then(|s| s.parse::<i32>().ok())
-                    .map(Code::from_i32)
-                    .unwrap_or(Code::Unknown);
-                classify_code(code)
-            }
-        },
-    }
+pub(crate) fn classify_status(code: Option<Code>) -> Outcome {
+    code.map_or(Outcome::Cancelled, classify_code)
 }
 
 /// Whether a status code is the instance's fault.
@@ -142,16 +130,21 @@ pub(crate) fn record(inst: &Arc<Instance>, outcome: Outcome) {
                 inst.failed.fetch_add(1, Ordering::Relaxed);
             }
             inst.window_ok.fetch_add(1, Ordering::Relaxed);
-            inst.consecutive_failures.store(0, Ordering::Relaxed);
-            let ok = inst.consecutive_successes.fetch_add(1, Ordering::Relaxed) + 1;
+            // Writes only when there is something to reset: on the common path these are
+            // loads, and the instance's counters stay shared between cores.
+            if inst.consecutive_failures.load(Ordering::Relaxed) != 0 {
+                inst.consecutive_failures.store(0, Ordering::Relaxed);
+            }
             if inst.probation.load(Ordering::Relaxed) {
                 inst.probation.store(false, Ordering::Relaxed);
                 tracing::debug!(addr = %inst.display, "instance passed probation");
             }
-            if ok >= 100 && inst.ejection_streak.load(Ordering::Relaxed) > 0 {
+            // A streak of ejections ends after 100 successes in a row.
+            if inst.ejection_streak.load(Ordering::Relaxed) > 0
+                && inst.consecutive_successes.fetch_add(1, Ordering::Relaxed) + 1 >= 100
+            {
                 inst.ejection_streak.store(0, Ordering::Relaxed);
             }
-            connected(inst);
         }
         Outcome::Failure => {
             inst.failed.fetch_add(1, Ordering::Relaxed);

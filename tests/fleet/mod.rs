@@ -459,8 +459,8 @@ pub fn total_in_flight(ch: &tonic_balancer::BalancedChannel) -> usize {
     ch.endpoints().iter().map(|e| e.in_flight()).sum()
 }
 
-/// Sends `n` unary calls one after the other; each must succeed. Returns the names of the
-/// instances that answered, in order.
+/// Sends `n` unary calls one after the other; each must succeed with its own reply. Returns
+/// the names of the instances that answered, in order.
 pub async fn calls(
     client: &mut pb::fleet_client::FleetClient<tonic_balancer::BalancedChannel>,
     n: u64,
@@ -473,8 +473,10 @@ pub async fn calls(
                 ..Default::default()
             })
             .await
-            .unwrap_or_else(|e| panic!("call {id} failed: {e:?}"));
-        names.push(reply.into_inner().instance);
+            .unwrap_or_else(|e| panic!("call {id} failed: {e:?}"))
+            .into_inner();
+        assert_eq!(reply.id, id, "the reply of another call");
+        names.push(reply.instance);
     }
     names
 }
