@@ -243,10 +243,21 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
+/// Server settings of an instance, beyond its behaviour.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// Closes each connection (GOAWAY) once it is this old, as servers that rotate their
+    /// connections do (gRPC's MAX_CONNECTION_AGE).
+    pub max_connection_age: Option<Duration>,
+    /// The HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS it announces.
+    pub max_concurrent_streams: Option<u32>,
+}
+
 /// One instance: a server on its own runtime, on a port that stays its own across restarts.
 pub struct Instance {
     pub shared: Arc<Shared>,
     pub addr: SocketAddr,
+    options: ServerOptions,
     stop: Option<(oneshot::Sender<()>, std::thread::JoinHandle<()>)>,
 }
 
@@ -258,6 +269,16 @@ impl Instance {
 
     /// Starts an instance on this address (any 127.x.y.z works on Linux loopback).
     pub fn start_at(name: &str, at: SocketAddr, behavior: Behavior) -> Instance {
+        Self::start_with(name, at, behavior, ServerOptions::default())
+    }
+
+    /// Starts an instance on this address with these server settings.
+    pub fn start_with(
+        name: &str,
+        at: SocketAddr,
+        behavior: Behavior,
+        options: ServerOptions,
+    ) -> Instance {
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             behavior: Mutex::new(behavior),
@@ -273,6 +294,7 @@ impl Instance {
         let mut inst = Instance {
             shared,
             addr,
+            options,
             stop: None,
         };
         inst.serve(listener);
@@ -283,6 +305,7 @@ impl Instance {
         listener.set_nonblocking(true).unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         let shared = self.shared.clone();
+        let options = self.options.clone();
         let thread = std::thread::Builder::new()
             .name(format!("fleet-{}", shared.name))
             .spawn(move || {
@@ -298,8 +321,13 @@ impl Instance {
                         .with_nodelay(Some(true));
                     // Tests cancel many calls at once; hyper's default (20 reset streams
                     // pending accept) would close the connection under them.
-                    let server = tonic::transport::Server::builder()
+                    let mut builder = tonic::transport::Server::builder()
                         .http2_max_pending_accept_reset_streams(Some(100_000))
+                        .max_concurrent_streams(options.max_concurrent_streams);
+                    if let Some(age) = options.max_connection_age {
+                        builder = builder.max_connection_age(age);
+                    }
+                    let server = builder
                         .add_service(FleetServer::new(Svc(shared.clone())))
                         .add_service(tonic_health::pb::health_server::HealthServer::new(
                             HealthSvc(shared),
@@ -434,11 +462,42 @@ impl Fleet {
     }
 }
 
-/// An address on 127.0.0.1 where nothing listens: connections to it are refused.
+/// An address on 127.0.0.1 that refuses every connection for as long as the test process
+/// lives: a socket bound to the port without listening answers each SYN with a reset, and keeps
+/// any other socket (a parallel test's server, the next call of this function) from taking the
+/// port. A port that was bound and released could be handed out again at once.
 pub fn unreachable_uri() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    drop(l);
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&any.into()).expect("bind");
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    // Held for the life of the process: the port stays ours and refusing.
+    std::mem::forget(socket);
+    format!("http://{addr}")
+}
+
+/// An address on 127.0.0.1 where a connection never completes, as on a host that drops SYNs
+/// (a black hole): a listener with a backlog of 0 whose queue is already full, so the kernel
+/// drops every further SYN. Held for the life of the process.
+pub fn black_hole_uri() -> String {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&any.into()).expect("bind");
+    socket.listen(0).expect("listen");
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    // Fill the accept queue until a connection attempt hangs: from then on SYNs are dropped.
+    let mut filled = Vec::new();
+    loop {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Ok(s) => filled.push(s),
+            Err(_) => break,
+        }
+        assert!(filled.len() < 64, "the accept queue of {addr} never filled");
+    }
+    std::mem::forget(filled);
+    std::mem::forget(socket);
     format!("http://{addr}")
 }
 
