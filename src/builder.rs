@@ -19,6 +19,10 @@ use hickory_resolver::config::{ResolverConfig, ResolverOpts};
 /// instance (tonic has none by default, and a silent address would hold calls for minutes).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long one lookup of a discovery source may take unless
+/// [`Builder::discovery_timeout`] says otherwise.
+pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Builds a [`BalancedChannel`]: instances (as tonic [`Endpoint`]s, so that TLS, timeouts,
 /// keep-alive and every other per-connection setting come from tonic), the strategy, and the
 /// failure handling.
@@ -55,6 +59,7 @@ pub struct Builder {
     latency_decay: Duration,
     discovery: Option<Source>,
     discovery_interval: Duration,
+    discovery_timeout: Duration,
     slow_start: Option<Duration>,
     template: Option<Template>,
 }
@@ -115,6 +120,7 @@ impl Builder {
             discovery: None,
             slow_start: None,
             discovery_interval: Duration::from_secs(30),
+            discovery_timeout: DEFAULT_DISCOVERY_TIMEOUT,
             template: None,
         }
     }
@@ -158,6 +164,14 @@ impl Builder {
     /// second, when an instance cannot be reached).
     pub fn discovery_interval(mut self, every: Duration) -> Builder {
         self.discovery_interval = every;
+        self
+    }
+
+    /// How long one lookup of the discovery source may take (default 10 s); a lookup that
+    /// takes longer counts as failed (the last good set is kept, and calls waiting for a first
+    /// answer fail with UNAVAILABLE naming the source).
+    pub fn discovery_timeout(mut self, timeout: Duration) -> Builder {
+        self.discovery_timeout = timeout;
         self
     }
 
@@ -341,6 +355,12 @@ impl Builder {
                 reason: "must be above zero".to_owned(),
             });
         }
+        if self.discovery_timeout.is_zero() {
+            return Err(Error::InvalidSetting {
+                name: "discovery_timeout",
+                reason: "must be above zero".to_owned(),
+            });
+        }
         let discovery = match self.discovery.clone() {
             None => None,
             Some(Source::Custom(r)) => Some((r, "http")),
@@ -418,15 +438,14 @@ impl Builder {
                 crate::discover::Discovery {
                     source,
                     interval: self.discovery_interval,
+                    timeout: self.discovery_timeout,
                     scheme,
                     template,
                 },
             );
         }
         if let Some(every) = policy.ejection.success_rate_interval {
-            policy
-                .runtime
-                .spawn(success_rate_task(Arc::downgrade(&pool), every));
+            pool.spawn(success_rate_task(Arc::downgrade(&pool), every));
         }
         Ok(BalancedChannel { pool })
     }

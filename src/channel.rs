@@ -250,11 +250,20 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let deadline =
-            crate::deadline::from_headers(req.headers()).map(|d| Box::pin(tokio::time::sleep(d)));
+        let deadline = crate::deadline::from_headers(req.headers()).map(|d| {
+            // The timer is made on the channel's runtime: the caller may be on any executor.
+            let _rt = self.pool.policy.runtime.enter();
+            Box::pin(tokio::time::sleep(d))
+        });
         route(&self.pool, req, deadline)
     }
 }
+
+/// At most this many transparent replays of one call on instances it has tried already (a
+/// connection closed before the request was written: the same instance may take the call on a
+/// fresh connection). Calls whose instance could not be reached move on to untried instances,
+/// and are bounded by the set.
+const MAX_SAME_INSTANCE_REPLAYS: u32 = 3;
 
 /// Routes one call: picks its instance and makes its future.
 fn route(
@@ -280,6 +289,7 @@ fn route(
                 guard: None,
                 deadline,
                 again: None,
+                unreachable: None,
             };
         }
         let msg = no_instance_message(pool, &snap);
@@ -288,9 +298,9 @@ fn route(
     };
     let inst = &snap[idx];
     tracing::trace!(addr = %inst.display, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
-    // Keep what is needed to send the call elsewhere if its instance cannot be reached (or,
-    // with a retry policy, fails), when there is somewhere else to send it.
-    let (req, again) = if snap.len() > 1 && (pool.replay || pool.retry.is_some()) {
+    // Keep what is needed to send the call again if its instance cannot be reached, its
+    // connection closes before the request is written, or (with a retry policy) it fails.
+    let (req, again) = if pool.replay || pool.retry.is_some() {
         if let Some(b) = &pool.budget {
             b.deposit();
         }
@@ -300,22 +310,25 @@ fn route(
             pool: pool.clone(),
             tried: Vec::new(),
             attempts: 1,
+            replays: 0,
             deadline_at: deadline.as_ref().map(|d| d.deadline()),
         });
         (req, Some(again))
     } else {
         (req, None)
     };
-    let guard = CallGuard::new(inst.clone());
-    ResponseFuture {
+    let mut fut = ResponseFuture {
         state: CallState::Routed {
             channel: inst.channel.clone(),
             req: Some(req),
         },
-        guard: Some(guard),
+        guard: Some(CallGuard::new(inst.clone())),
         deadline,
         again,
-    }
+        unreachable: None,
+    };
+    fut.watch(inst);
+    fut
 }
 
 // The request lives in the future until it is sent; boxing it would cost an allocation per
@@ -336,9 +349,16 @@ enum CallState {
         pool: Arc<Pool>,
     },
     /// Between two attempts of the retry policy.
-    Backoff(Pin<Box<Sleep>>),
+    Backoff(Box<Backoff>),
     /// Refused before routing, or over.
     Failed(Option<tonic::Status>),
+}
+
+/// The wait before a retry, and the answer the caller gets if the retry finds nowhere to go
+/// after all (the set changed meanwhile).
+struct Backoff {
+    sleep: Pin<Box<Sleep>>,
+    last: CallResult,
 }
 
 /// What a call needs to go to another instance.
@@ -350,8 +370,23 @@ struct Again {
     tried: Vec<Arc<Instance>>,
     /// Attempts made under the retry policy (transparent replays do not count).
     attempts: u32,
+    /// Transparent replays on instances already tried (see [`MAX_SAME_INSTANCE_REPLAYS`]).
+    replays: u32,
     /// When the call's deadline passes, if it has one.
     deadline_at: Option<tokio::time::Instant>,
+}
+
+impl Again {
+    /// The time left before the deadline (`Some(None)`: no deadline); `None` if it has passed.
+    fn time_left(&self) -> Option<Option<Duration>> {
+        match self.deadline_at {
+            None => Some(None),
+            Some(at) => {
+                let left = at.checked_duration_since(tokio::time::Instant::now())?;
+                (!left.is_zero()).then_some(Some(left))
+            }
+        }
+    }
 }
 
 /// The future of one call through a [`BalancedChannel`].
@@ -360,6 +395,10 @@ pub struct ResponseFuture {
     guard: Option<CallGuard>,
     deadline: Option<Pin<Box<Sleep>>>,
     again: Option<Box<Again>>,
+    /// Set while the call waits on an instance whose connection is being opened: wakes the
+    /// call when that fails, so that it moves on at once instead of waiting in the
+    /// connection's queue for its own connect attempt.
+    unreachable: Option<Pin<Box<tokio::sync::futures::OwnedNotified>>>,
 }
 
 impl std::fmt::Debug for ResponseFuture {
@@ -379,6 +418,7 @@ impl ResponseFuture {
             guard: None,
             deadline: None,
             again: None,
+            unreachable: None,
         }
     }
 
@@ -386,8 +426,62 @@ impl ResponseFuture {
         if let Some(mut guard) = self.guard.take() {
             guard.finish(outcome);
         }
+        self.unreachable = None;
         self.state = CallState::Failed(None);
         Poll::Ready(Err(error))
+    }
+
+    /// The call's deadline passed before its response head.
+    fn fail_deadline(&mut self) -> Poll<CallResult> {
+        let outcome = self
+            .guard
+            .as_ref()
+            .map_or(Outcome::Cancelled, CallGuard::deadline_outcome);
+        self.fail(outcome, deadline_exceeded().into())
+    }
+
+    /// Watches for `inst`'s connection failing while the call waits for it, if the instance
+    /// is not known to be connected and the call may be sent elsewhere transparently.
+    fn watch(&mut self, inst: &Arc<Instance>) {
+        let transparent = self.again.as_ref().is_some_and(|a| a.pool.replay);
+        if transparent && inst.state() == crate::State::Connecting {
+            self.unreachable = Some(Box::pin(inst.unreachable.clone().notified_owned()));
+        }
+    }
+
+    /// Whether the instance the call waits on was found unreachable while the call's request
+    /// had not gone out; if so, the call has moved on (or failed) and the state is set.
+    fn moved_on(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(watch) = self.unreachable.as_mut() else {
+            return false;
+        };
+        let Some(guard) = self.guard.as_ref() else {
+            return false;
+        };
+        if watch.as_mut().poll(cx).is_pending() && guard.instance().state() != crate::State::Failing
+        {
+            return false;
+        }
+        self.unreachable = None;
+        if !self.again.as_ref().is_some_and(|a| a.replay.unsent()) {
+            // Its request is being written on a connection after all: let the attempt run.
+            return false;
+        }
+        let guard = self.guard.take().expect("checked above");
+        self.tried(guard.instance());
+        let why = format_args!("{} could not be reached", guard.instance().display);
+        if self.reroute(&why) {
+            // Released without an outcome: the connect failure is recorded already.
+            drop(guard);
+        } else {
+            let status = unavailable(format!(
+                "tonic-balancer: {} could not be reached and no other instance is usable",
+                guard.instance().display
+            ));
+            drop(guard);
+            self.state = CallState::Failed(Some(status));
+        }
+        true
     }
 
     /// Routes the call to an instance it has not tried; false if there is none or the request
@@ -402,17 +496,21 @@ impl ResponseFuture {
             tracing::debug!(reason = %why, "no other instance to send the call to");
             return false;
         };
-        let Some(req) = again.replay.request() else {
+        let Some(time_left) = again.time_left() else {
+            return false;
+        };
+        let Some(req) = again.replay.request(time_left) else {
             tracing::debug!(reason = %why, "call cannot be sent again: its request body is gone");
             return false;
         };
         let inst = &snap[idx];
-        tracing::debug!(to = %inst.display, reason = %why, "call sent again on another instance");
+        tracing::debug!(to = %inst.display, reason = %why, "call sent again");
         self.guard = Some(CallGuard::new(inst.clone()));
         self.state = CallState::Routed {
             channel: inst.channel.clone(),
             req: Some(req),
         };
+        self.watch(inst);
         true
     }
 
@@ -423,12 +521,16 @@ impl ResponseFuture {
         }
     }
 
-    /// Whether the retry policy sends this failure again (and takes a token of the budget);
-    /// if so, the backoff to wait first.
+    /// Whether the retry policy sends this failure again, and if so the backoff to wait first.
+    /// Everything that could make the retry impossible is checked before a token of the
+    /// budget is taken, so that a call with nowhere to go keeps the answer it has.
     fn retry_after(&mut self, code: tonic::Code) -> Option<Duration> {
         let again = self.again.as_mut()?;
         let policy = again.pool.retry.as_ref()?;
         if !policy.retries(code) || again.attempts >= policy.max_attempts {
+            return None;
+        }
+        if !again.replay.replayable() {
             return None;
         }
         let delay = policy.backoff(again.attempts);
@@ -438,6 +540,8 @@ impl ResponseFuture {
         {
             return None;
         }
+        let snap = again.pool.snapshot();
+        BalancedChannel::pick(&again.pool, &snap, &again.tried)?;
         let budget = again.pool.budget.as_ref()?;
         if !budget.withdraw() {
             tracing::debug!("retry budget spent: not retrying");
@@ -445,6 +549,134 @@ impl ResponseFuture {
         }
         again.attempts += 1;
         Some(delay)
+    }
+
+    /// Waits `delay`, then sends the call again; `last` is what the caller gets if, by then,
+    /// there is nowhere to send it.
+    fn backoff(&mut self, delay: Duration, last: CallResult) {
+        let sleep = {
+            let pool = &self.again.as_ref().expect("retrying").pool;
+            let _rt = pool.policy.runtime.enter();
+            Box::pin(tokio::time::sleep(delay))
+        };
+        self.unreachable = None;
+        self.state = CallState::Backoff(Box::new(Backoff { sleep, last }));
+    }
+
+    /// The response head arrived.
+    fn answered(&mut self, resp: http::Response<Body>) -> Option<CallResult> {
+        let mut guard = self.guard.take().expect("guard held until the response");
+        self.unreachable = None;
+        guard.headers_received();
+        if self
+            .deadline
+            .as_deref()
+            .is_some_and(crate::deadline::passed)
+        {
+            // The deadline passed as the answer came (often the server's own timer answering
+            // CANCELLED "Timeout expired"): report it as what it is. The instance answered.
+            guard.finish(guard.deadline_outcome());
+            self.state = CallState::Failed(None);
+            return Some(Err(deadline_exceeded().into()));
+        }
+        health::connected(guard.instance());
+        if let Some((code, outcome)) = head_status(&resp) {
+            guard.finish(outcome);
+            if code != tonic::Code::Ok {
+                self.tried(guard.instance());
+                if let Some(delay) = self.retry_after(code) {
+                    tracing::debug!(?code, ?delay, addr = %guard.instance().display, "retrying call");
+                    drop(guard);
+                    self.backoff(delay, Ok(resp));
+                    return None;
+                }
+            }
+        }
+        if let Some(again) = self.again.take() {
+            // The response has started: no other attempt will be made.
+            again.replay.commit();
+        }
+        let deadline = self.deadline.take();
+        self.state = CallState::Failed(None);
+        Some(Ok(resp.map(|body| {
+            Body::new(GuardedBody::new(body, guard, deadline))
+        })))
+    }
+
+    /// The attempt failed before a response head.
+    fn errored(&mut self, e: BoxError) -> Option<CallResult> {
+        let kind = classify_error(&*e);
+        if let ErrorKind::Timeout = kind {
+            return match self.fail_deadline() {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => None,
+            };
+        }
+        let guard = self.guard.take().expect("guard held until the response");
+        let inst = guard.instance().clone();
+        // Transparent: only while the attempt never read its body (nothing of it went out).
+        let replay = self
+            .again
+            .as_ref()
+            .is_some_and(|a| a.pool.replay && a.replay.unsent());
+        if let ErrorKind::Unsent { connect } = kind {
+            if connect {
+                health::connect_failed(&inst, &*e);
+            }
+            if replay {
+                let again = self.again.as_mut().expect("replay needs again");
+                if connect || again.replays >= MAX_SAME_INSTANCE_REPLAYS {
+                    again.tried.push(inst.clone());
+                } else {
+                    // The connection closed before the request was written (a server
+                    // rotating its connections): the same instance may take it again.
+                    again.replays += 1;
+                }
+                if self.reroute(&e) {
+                    // Released without an outcome: a connect failure is recorded above, and
+                    // a connection closed under a request that never left says nothing.
+                    drop(guard);
+                    return None;
+                }
+                let status = if connect {
+                    as_unavailable(e, &inst.display)
+                } else {
+                    unsent_unavailable(&inst.display, &*e).into()
+                };
+                self.guard = Some(guard);
+                let outcome = if connect {
+                    Outcome::Failure
+                } else {
+                    Outcome::Cancelled
+                };
+                return match self.fail(outcome, status) {
+                    Poll::Ready(r) => Some(r),
+                    Poll::Pending => None,
+                };
+            }
+        }
+        // A failure of the attempt on its instance (or, with transparent retry off, a
+        // connection that could not be used): the retry policy may send it again.
+        if crate::error::is_transport(&*e) {
+            health::disconnected(&inst);
+        }
+        self.tried(&inst);
+        let e = match kind {
+            ErrorKind::Unsent { connect: false } => unsent_unavailable(&inst.display, &*e).into(),
+            _ => as_unavailable(e, &inst.display),
+        };
+        if let Some(delay) = self.retry_after(tonic::Code::Unavailable) {
+            let mut guard = guard;
+            guard.finish(Outcome::Failure);
+            drop(guard);
+            self.backoff(delay, Err(e));
+            return None;
+        }
+        self.guard = Some(guard);
+        match self.fail(Outcome::Failure, e) {
+            Poll::Ready(r) => Some(r),
+            Poll::Pending => None,
+        }
     }
 }
 
@@ -455,10 +687,15 @@ impl Future for ResponseFuture {
         let this = self.get_mut();
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
-                return this.fail(Outcome::Failure, deadline_exceeded().into());
+                return this.fail_deadline();
             }
         }
         loop {
+            if matches!(this.state, CallState::Routed { .. } | CallState::Sent(_))
+                && this.moved_on(cx)
+            {
+                continue;
+            }
             match &mut this.state {
                 CallState::Failed(status) => {
                     let status = status
@@ -474,14 +711,19 @@ impl Future for ResponseFuture {
                     *this = route(&pool, req, this.deadline.take());
                     return Pin::new(this).poll(cx);
                 }
-                CallState::Backoff(sleep) => {
-                    if sleep.as_mut().poll(cx).is_pending() {
+                CallState::Backoff(b) => {
+                    if b.sleep.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
+                    let CallState::Backoff(b) =
+                        std::mem::replace(&mut this.state, CallState::Failed(None))
+                    else {
+                        unreachable!("matched above")
+                    };
                     if !this.reroute(&"retry policy") {
-                        let status =
-                            unavailable("tonic-balancer: retry found no instance left to try");
-                        return this.fail(Outcome::Cancelled, status.into());
+                        // The set changed while the call waited: the caller gets the last
+                        // answer as it was.
+                        return Poll::Ready(b.last);
                     }
                 }
                 CallState::Routed { channel, req } => match tower::Service::poll_ready(channel, cx)
@@ -494,91 +736,48 @@ impl Future for ResponseFuture {
                         this.state = CallState::Sent(fut);
                     }
                 },
-                CallState::Sent(fut) => match Pin::new(fut).poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(resp)) => {
-                        if this
-                            .deadline
-                            .as_deref()
-                            .is_some_and(crate::deadline::passed)
-                        {
-                            // The deadline passed as the answer came (often the server's own
-                            // timer answering CANCELLED "Timeout expired"): report it as what
-                            // it is.
-                            return this.fail(Outcome::Failure, deadline_exceeded().into());
-                        }
-                        let mut guard = this.guard.take().expect("guard held until the response");
-                        guard.headers_received();
-                        health::connected(guard.instance());
-                        // A trailers-only response (the status in the head, no body) ends its
-                        // stream with its head; only then is there a status to read here.
-                        let trailers_only = if http_body::Body::is_end_stream(resp.body()) {
-                            grpc_status(resp.headers())
-                        } else {
-                            None
-                        };
-                        if let Some(code) = trailers_only {
-                            guard.finish(health::classify_status(Some(code)));
-                            if code != tonic::Code::Ok {
-                                if let Some(delay) = this.retry_after(code) {
-                                    this.tried(guard.instance());
-                                    drop(guard);
-                                    tracing::debug!(?code, ?delay, "retrying call");
-                                    this.state =
-                                        CallState::Backoff(Box::pin(tokio::time::sleep(delay)));
-                                    continue;
-                                }
-                            }
-                        }
-                        let deadline = this.deadline.take();
-                        this.state = CallState::Failed(None);
-                        return Poll::Ready(Ok(
-                            resp.map(|body| Body::new(GuardedBody::new(body, guard, deadline)))
-                        ));
+                CallState::Sent(fut) => {
+                    let result = match Pin::new(fut).poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(resp)) => this.answered(resp),
+                        Poll::Ready(Err(e)) => this.errored(e.into()),
+                    };
+                    if let Some(result) = result {
+                        return Poll::Ready(result);
                     }
-                    Poll::Ready(Err(e)) => {
-                        let e: BoxError = e.into();
-                        match classify_error(&*e) {
-                            ErrorKind::Timeout => {
-                                return this.fail(Outcome::Failure, deadline_exceeded().into())
-                            }
-                            ErrorKind::Unsent { connect } => {
-                                let failed = this.guard.take();
-                                if let Some(g) = &failed {
-                                    if connect {
-                                        health::connect_failed(g.instance(), &*e);
-                                    }
-                                    this.tried(g.instance());
-                                }
-                                if this.reroute(&e) {
-                                    // Released without an outcome: the connection failure is
-                                    // recorded above, and the call goes on elsewhere.
-                                    drop(failed);
-                                    continue;
-                                }
-                                this.guard = failed;
-                                return this.fail(Outcome::Failure, e);
-                            }
-                            ErrorKind::Other => {
-                                if let Some(delay) = this.retry_after(tonic::Code::Unavailable) {
-                                    if let Some(mut g) = this.guard.take() {
-                                        this.tried(g.instance());
-                                        g.finish(Outcome::Failure);
-                                    }
-                                    this.state =
-                                        CallState::Backoff(Box::pin(tokio::time::sleep(delay)));
-                                    continue;
-                                }
-                                let addr =
-                                    this.guard.as_ref().map(|g| g.instance().display.as_str());
-                                let e = as_unavailable(e, addr.unwrap_or("?"));
-                                return this.fail(Outcome::Failure, e);
-                            }
-                        }
-                    }
-                },
+                }
             }
         }
+    }
+}
+
+/// The status that a response head carries on its own, and what it says of the instance: the
+/// `grpc-status` of a trailers-only response; for an answer that is not gRPC's (an HTTP error
+/// from a proxy, no `grpc-status`), the code gRPC maps its HTTP status to, and a failure of the
+/// instance. `None` for a response whose status comes in its trailers.
+fn head_status(resp: &http::Response<Body>) -> Option<(tonic::Code, Outcome)> {
+    let ended = http_body::Body::is_end_stream(resp.body());
+    if resp.status() == http::StatusCode::OK && !ended {
+        return None;
+    }
+    Some(match grpc_status(resp.headers()) {
+        Some(code) => (code, health::classify_code(code)),
+        None if resp.status() == http::StatusCode::OK => (tonic::Code::Unknown, Outcome::Failure),
+        None => (from_http_status(resp.status()), Outcome::Failure),
+    })
+}
+
+/// gRPC's mapping of an HTTP status to a code, for responses without `grpc-status`
+/// (`doc/http-grpc-status-mapping.md` of grpc/grpc).
+fn from_http_status(status: http::StatusCode) -> tonic::Code {
+    use tonic::Code;
+    match status.as_u16() {
+        400 => Code::Internal,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::Unimplemented,
+        429 | 502 | 503 | 504 => Code::Unavailable,
+        _ => Code::Unknown,
     }
 }
 
@@ -592,6 +791,16 @@ fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
         Some(status) => status.into(),
         None => e,
     }
+}
+
+/// UNAVAILABLE for a call whose connection closed before its request was written (hyper
+/// reports it as canceled, which tonic would turn into CANCELLED: the caller cancelled
+/// nothing).
+fn unsent_unavailable(addr: &str, e: &(dyn std::error::Error + 'static)) -> tonic::Status {
+    unavailable(format!(
+        "tonic-balancer: the connection to {addr} closed before the call was sent: {}",
+        crate::error::chain(e)
+    ))
 }
 
 enum ErrorKind {

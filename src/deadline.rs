@@ -30,6 +30,27 @@ pub(crate) fn parse(v: &[u8]) -> Option<Duration> {
     })
 }
 
+/// A `grpc-timeout` value for `d`: the finest unit whose count fits the header's 8 digits,
+/// rounded up so that an attempt is never given less time than is left (at least 1 ns).
+pub(crate) fn encode(d: Duration) -> http::HeaderValue {
+    const MAX: u128 = 99_999_999;
+    let ns = d.as_nanos().max(1);
+    let units: [(u128, char); 6] = [
+        (1, 'n'),
+        (1_000, 'u'),
+        (1_000_000, 'm'),
+        (1_000_000_000, 'S'),
+        (60_000_000_000, 'M'),
+        (3_600_000_000_000, 'H'),
+    ];
+    let (n, unit) = units
+        .iter()
+        .map(|&(per, unit)| (ns.div_ceil(per), unit))
+        .find(|&(n, _)| n <= MAX)
+        .unwrap_or((MAX, 'H'));
+    http::HeaderValue::from_str(&format!("{n}{unit}")).expect("digits and a unit")
+}
+
 /// Whether the deadline has come, whether or not its timer has fired yet (an answer can arrive
 /// in the same instant, before the timer's wake-up).
 #[inline]
@@ -50,6 +71,29 @@ mod tests {
         assert_eq!(parse(b"500m"), Some(Duration::from_millis(500)));
         assert_eq!(parse(b"7u"), Some(Duration::from_micros(7)));
         assert_eq!(parse(b"99999999n"), Some(Duration::from_nanos(99_999_999)));
+    }
+
+    #[test]
+    fn encode_round_trips_rounding_up() {
+        use super::encode;
+        for d in [
+            Duration::from_nanos(1),
+            Duration::from_nanos(99_999_999),
+            Duration::from_nanos(100_000_001),
+            Duration::from_millis(1500),
+            Duration::from_secs(3 * 3600),
+            Duration::from_secs(1_000_000_000),
+        ] {
+            let v = encode(d);
+            let back = parse(v.as_bytes()).unwrap();
+            assert!(
+                back >= d.min(Duration::from_secs(99_999_999 * 3600)),
+                "{d:?} -> {v:?}"
+            );
+            assert!(v.len() <= 9, "{v:?}");
+        }
+        assert_eq!(encode(Duration::from_millis(1500)), "1500000u");
+        assert_eq!(encode(Duration::ZERO), "1n");
     }
 
     #[test]

@@ -126,7 +126,14 @@ pub(crate) fn broken_connection(
     if !is_transport(e) {
         return None;
     }
-    // The error and its sources, as one line.
+    Some(tonic::Status::unavailable(format!(
+        "connection to {addr} broke during the call: {}",
+        chain(e)
+    )))
+}
+
+/// An error and its sources, as one line (each message once).
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut line = String::new();
     for err in sources(e) {
         let s = err.to_string();
@@ -137,9 +144,7 @@ pub(crate) fn broken_connection(
             line.push_str(&s);
         }
     }
-    Some(tonic::Status::unavailable(format!(
-        "connection to {addr} broke during the call: {line}"
-    )))
+    line
 }
 
 /// Checks an instance's URI (from an `Endpoint`) as [`parse_uri`] does, naming it as `display`.

@@ -31,6 +31,8 @@ pub(crate) struct CallGuard {
     /// Routed while the instance had no connection yet: its latency includes the connection
     /// set-up and says nothing of the service time.
     connecting: bool,
+    /// The instance answered (response headers arrived).
+    answered: bool,
     outcome: Option<Outcome>,
 }
 
@@ -43,6 +45,7 @@ impl CallGuard {
         CallGuard {
             inst,
             connecting,
+            answered: false,
             start: Instant::now(),
             outcome: None,
         }
@@ -55,10 +58,34 @@ impl CallGuard {
 
     /// The response headers arrived: one latency sample.
     #[inline]
-    pub(crate) fn headers_received(&self) {
+    pub(crate) fn headers_received(&mut self) {
+        self.answered = true;
         if !self.connecting {
             let now = Instant::now();
             health::observe_latency(&self.inst, now.saturating_duration_since(self.start), now);
+        }
+    }
+
+    /// What the call's deadline passing says of the instance: a failure only if the instance
+    /// had not answered and had held the call long enough (at least [`DEADLINE_FLOOR`] and
+    /// [`DEADLINE_LATENCY_FACTOR`] times its usual latency) for the silence to mean something:
+    /// a hanging instance is found out, a caller's short deadline ejects nobody.
+    ///
+    /// [`DEADLINE_FLOOR`]: health::DEADLINE_FLOOR
+    /// [`DEADLINE_LATENCY_FACTOR`]: health::DEADLINE_LATENCY_FACTOR
+    pub(crate) fn deadline_outcome(&self) -> Outcome {
+        if self.answered {
+            return Outcome::Cancelled;
+        }
+        let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
+        let held = self.start.elapsed();
+        let enough = health::DEADLINE_FLOOR
+            .as_secs_f64()
+            .max(usual * 1e-9 * health::DEADLINE_LATENCY_FACTOR);
+        if held.as_secs_f64() >= enough {
+            Outcome::Failure
+        } else {
+            Outcome::Cancelled
         }
     }
 
@@ -133,7 +160,8 @@ impl HttpBody for GuardedBody {
         };
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
-                end(&mut this, Outcome::Failure);
+                // The instance had answered (this is its response): nothing against it.
+                end(&mut this, Outcome::Cancelled);
                 return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
             }
         }
@@ -146,8 +174,8 @@ impl HttpBody for GuardedBody {
                     if late && code.is_some_and(|c| c != tonic::Code::Ok) {
                         // The deadline passed as the stream ended with an error (often the
                         // server's own timer, CANCELLED "Timeout expired"): report it as what
-                        // it is.
-                        end(&mut this, Outcome::Failure);
+                        // it is. The instance had answered: nothing against it.
+                        end(&mut this, Outcome::Cancelled);
                         return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
                     }
                     end(&mut this, health::classify_status(code));
@@ -165,8 +193,9 @@ impl HttpBody for GuardedBody {
                 Poll::Ready(Some(Err(broken.unwrap_or(status))))
             }
             Poll::Ready(None) => {
-                // Ended without trailers: says nothing about the instance.
-                end(&mut this, Outcome::Cancelled);
+                // Ended without trailers (a trailers-only response's outcome is set already):
+                // not a gRPC answer.
+                end(&mut this, Outcome::Failure);
                 Poll::Ready(None)
             }
         }

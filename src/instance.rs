@@ -104,6 +104,11 @@ pub(crate) struct Instance {
     /// Time-window counters for the success-rate rule.
     pub(crate) window_ok: AtomicU64,
     pub(crate) window_err: AtomicU64,
+    /// Notified when its connection cannot be opened: calls waiting for it move on.
+    pub(crate) unreachable: Arc<tokio::sync::Notify>,
+    /// Dropped with the instance: its background tasks (reconnect probes, readmission
+    /// timer, health checks) end at once rather than when their timers next fire.
+    pub(crate) closed: crate::shutdown::Closed,
 }
 
 impl Instance {
@@ -136,7 +141,43 @@ impl Instance {
             warm_from: AtomicU64::new(0),
             window_ok: AtomicU64::new(0),
             window_err: AtomicU64::new(0),
+            unreachable: Arc::new(tokio::sync::Notify::new()),
+            closed: crate::shutdown::Closed::new(),
         }
+    }
+
+    /// Spawns a background task of this instance on the channel's runtime; it ends when the
+    /// instance is dropped.
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.closed.spawn(&self.policy.runtime, task);
+    }
+
+    /// Takes the instance out of the set's rotation for good (removed): from whatever state,
+    /// to `Draining`; returns the state it left. Releases its ejection slot if it was ejected,
+    /// in the same atomic step that ends the ejection, so that the readmission timer (which
+    /// releases the slot only by moving it out of `Ejected` itself) can never release it too.
+    pub(crate) fn drain(&self) -> State {
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            if cur == State::Draining as u8 {
+                return State::Draining;
+            }
+            match self.state.compare_exchange(
+                cur,
+                State::Draining as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        let from = State::from_u8(cur);
+        if from == State::Ejected {
+            self.policy.ejected.fetch_sub(1, Ordering::AcqRel);
+        }
+        tracing::debug!(addr = %self.display, from = %from, to = "draining", "instance state changed");
+        from
     }
 
     /// Whether the pick may send calls to it: one load and a compare (`Connecting` and

@@ -77,9 +77,10 @@ mod instance;
 mod pick;
 mod pool;
 mod retry;
+mod shutdown;
 mod stats;
 
-pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT};
+pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use channel::{BalancedChannel, ResponseFuture};
 pub use discover::{Dns, Resolve};
 pub use error::Error;

@@ -64,6 +64,8 @@ pub(crate) struct Pool {
     pub(crate) discovered: tokio::sync::watch::Sender<bool>,
     /// The discovery source's last error, for the UNAVAILABLE message.
     discovery_error: Mutex<Option<String>>,
+    /// Dropped with the pool: discovery and the success-rate sweep end with it.
+    closed: crate::shutdown::Closed,
 }
 
 impl Pool {
@@ -83,7 +85,14 @@ impl Pool {
             discovery_wake: Arc::new(tokio::sync::Notify::new()),
             discovered: tokio::sync::watch::Sender::new(true),
             discovery_error: Mutex::new(None),
+            closed: crate::shutdown::Closed::new(),
         }
+    }
+
+    /// Spawns a background task of the channel on its runtime; it ends when the channel (every
+    /// clone of it) is dropped.
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.closed.spawn(&self.policy.runtime, task);
     }
 
     fn publish(&self, next: Vec<Arc<Instance>>) {
@@ -94,81 +103,99 @@ impl Pool {
     /// Adds an instance; false if one with the same URI is in the set already. An instance of
     /// that URI that is draining is taken back, with its connection.
     pub(crate) fn insert(&self, name: String, endpoint: Endpoint) -> bool {
-        let _w = lock(&self.write);
-        let cur = self.members.load_full();
-        if cur.iter().any(|i| i.uri == *endpoint.uri()) {
-            return false;
-        }
-        let revived = {
-            let mut draining = self.draining_list();
-            let pos = draining
-                .iter()
-                .position(|w| w.upgrade().is_some_and(|i| i.uri == *endpoint.uri()));
-            pos.and_then(|p| draining.swap_remove(p).upgrade())
-        };
-        let inst = match revived {
-            Some(inst) if inst.transition(State::Draining, State::Ready) => {
-                tracing::info!(addr = %inst.display, "instance re-added while draining: reused");
-                inst
-            }
-            _ => {
-                tracing::info!(addr = %name, "instance added");
-                let inst = Arc::new(Instance::new(name, endpoint, self.policy.clone()));
-                if self.warm_new.load(Ordering::Relaxed) {
-                    inst.warm_up();
-                }
-                if let Some(cfg) = &self.policy.health_check {
-                    health::check::spawn(&inst, cfg.clone());
-                }
-                inst
-            }
-        };
-        let mut next = Vec::with_capacity(cur.len() + 1);
-        next.extend(cur.iter().cloned());
-        next.push(inst);
-        self.publish(next);
-        true
+        self.change(vec![(name, endpoint)], |_| false).0 == 1
     }
 
     /// Removes the instance with this URI: no new calls from now on; it finishes the calls it
     /// has, then its connection closes. False if there is none.
     pub(crate) fn remove(&self, uri: &http::Uri) -> bool {
-        let _w = lock(&self.write);
-        let cur = self.members.load_full();
-        let Some(pos) = cur.iter().position(|i| i.uri == *uri) else {
-            return false;
-        };
-        let mut next: Vec<Arc<Instance>> = cur.iter().cloned().collect();
-        let gone = next.remove(pos);
-        self.publish(next);
-        health::forget_ejection(&gone);
-        gone.set_state(State::Draining);
-        tracing::info!(
-            addr = %gone.display,
-            in_flight = gone.in_flight.load(Ordering::Relaxed),
-            "instance removed; draining"
-        );
-        self.draining_list().push(Arc::downgrade(&gone));
-        true
+        self.change(Vec::new(), |i| i.uri == *uri).1 == 1
     }
 
     /// Makes the set the given one: adds what is new, removes (drains) what is gone, leaves the
     /// rest and their connections alone. Returns (added, removed).
     pub(crate) fn sync(&self, want: Vec<(String, Endpoint)>) -> (usize, usize) {
+        let keep: std::collections::HashSet<http::Uri> =
+            want.iter().map(|(_, e)| e.uri().clone()).collect();
+        self.change(want, |i| !keep.contains(&i.uri))
+    }
+
+    /// One membership change: the instances for which `gone` holds leave, the endpoints in
+    /// `add` whose URI is not in the set join (a draining instance of that URI is taken back),
+    /// and the result is published as one snapshot, so that a reader sees the set before the
+    /// change or after it, never a set in between (such as an empty one during a swap).
+    /// Returns (added, removed).
+    fn change(
+        &self,
+        add: Vec<(String, Endpoint)>,
+        gone: impl Fn(&Instance) -> bool,
+    ) -> (usize, usize) {
+        let _w = lock(&self.write);
         let cur = self.members.load_full();
-        let mut removed = 0;
+        let mut next = Vec::with_capacity(cur.len() + add.len());
+        let mut leaving = Vec::new();
         for inst in cur.iter() {
-            if !want.iter().any(|(_, e)| *e.uri() == inst.uri) && self.remove(&inst.uri) {
-                removed += 1;
+            if gone(inst) {
+                leaving.push(inst.clone());
+            } else {
+                next.push(inst.clone());
             }
         }
         let mut added = 0;
-        for (name, endpoint) in want {
-            if self.insert(name, endpoint) {
-                added += 1;
+        for (name, endpoint) in add {
+            if next.iter().any(|i| i.uri == *endpoint.uri()) {
+                continue;
             }
+            let inst = self
+                .revive(endpoint.uri())
+                .unwrap_or_else(|| self.create(name, endpoint));
+            next.push(inst);
+            added += 1;
         }
-        (added, removed)
+        if added == 0 && leaving.is_empty() {
+            return (0, 0);
+        }
+        self.publish(next);
+        for inst in &leaving {
+            inst.drain();
+            tracing::info!(
+                addr = %inst.display,
+                in_flight = inst.in_flight.load(Ordering::Relaxed),
+                "instance removed; draining"
+            );
+        }
+        self.draining_list()
+            .extend(leaving.iter().map(Arc::downgrade));
+        (added, leaving.len())
+    }
+
+    /// The draining instance of this URI, back in rotation (with its connection and its
+    /// background tasks), if there is one.
+    fn revive(&self, uri: &http::Uri) -> Option<Arc<Instance>> {
+        let mut draining = self.draining_list();
+        let pos = draining
+            .iter()
+            .position(|w| w.upgrade().is_some_and(|i| i.uri == *uri))?;
+        let inst = draining.swap_remove(pos).upgrade()?;
+        // Not known to be connected: the next response says so.
+        inst.transition(State::Draining, State::Connecting)
+            .then(|| {
+                tracing::info!(addr = %inst.display, "instance re-added while draining: reused");
+                inst
+            })
+    }
+
+    /// A new instance, with its health checks if they are on.
+    fn create(&self, name: String, endpoint: Endpoint) -> Arc<Instance> {
+        tracing::info!(addr = %name, "instance added");
+        let inst = Arc::new(Instance::new(name, endpoint, self.policy.clone()));
+        if self.warm_new.load(Ordering::Relaxed) {
+            inst.warm_up();
+        }
+        if let Some(cfg) = &self.policy.health_check {
+            health::check::spawn(&inst, cfg.clone());
+        }
+        inst
     }
 
     /// Records the discovery source's state after a lookup.

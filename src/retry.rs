@@ -2,11 +2,21 @@
 //! policy with its budget.
 //!
 //! A call can go to another instance only if its request can be sent again. The request head
-//! is copied when the call is routed; the body is wrapped in a [`ReplayBody`] that either hands
-//! itself back untouched when the connection drops it unread (transparent retry: not one byte
-//! went out), or, with a retry policy, keeps a copy of what it sent up to a size limit.
+//! is copied when the call is routed. The caller's body waits in a slot that the call's
+//! attempts share ([`Replay`]); each attempt gets an [`AttemptBody`] that takes the caller's body
+//! from the slot only when its connection first reads it. So:
+//! - an attempt that never left (its connection could not be opened, was closed before the
+//!   request was written, or is still being opened) leaves the body in the slot, and the next
+//!   attempt takes it: not one byte went out (transparent retry);
+//! - an attempt that the call gave up on while it waited in a connection's queue can never send
+//!   the body later: each new attempt takes the slot over, and a stale attempt that is read
+//!   after that fails its stream instead;
+//! - with a retry policy, the attempt that reads the caller's body keeps a copy of what it sent
+//!   (up to a size limit), and later attempts send that copy; nothing is recorded twice, and
+//!   recording stops (the copy is freed) once the response has started, when no further attempt
+//!   can be made;
+//! - a body that was partly sent and not recorded whole is never sent again.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -173,55 +183,132 @@ impl Budget {
     }
 }
 
-/// What a call keeps of its request body for another attempt.
-#[derive(Default)]
-pub(crate) struct Kept {
-    /// The body, handed back unread.
-    unsent: Option<Body>,
-    /// What was sent, when recording.
+/// The slot that a call's attempts share.
+struct Slot {
+    /// The attempt that may take the body: attempts are numbered from 0, and each new attempt
+    /// takes the slot over.
+    owner: u32,
+    /// Whether the owner's body has been read by its connection (it may have gone out).
+    claimed: bool,
+    /// The caller's body, until an attempt reads it (or after an attempt that yielded nothing
+    /// of it handed it back).
+    body: Option<Body>,
+    /// Keep a copy of what the caller's body yields (retry policy on), up to `limit` bytes.
+    record: bool,
+    limit: usize,
     frames: Vec<Bytes>,
     trailers: Option<http::HeaderMap>,
     len: usize,
+    /// The recording holds the whole body.
     complete: bool,
-    overflow: bool,
+    /// Recording given up: the body was larger than the limit, failed, or the response started.
+    dropped: bool,
+    /// The response has started: no further attempt.
+    committed: bool,
 }
 
-pub(crate) type KeptRef = Arc<Mutex<Kept>>;
+impl Slot {
+    /// Whether another attempt could send the request exactly as the caller sent it.
+    fn replayable(&self) -> bool {
+        !self.committed && (self.body.is_some() || (self.complete && !self.dropped))
+    }
 
-/// A request body that can be had again: see the module docs.
-pub(crate) struct ReplayBody {
-    inner: Body,
-    kept: Option<KeptRef>,
-    /// Keep a copy of what is sent, up to `limit` bytes.
-    record: bool,
-    limit: usize,
-    started: bool,
-}
-
-impl ReplayBody {
-    pub(crate) fn new(inner: Body, kept: KeptRef, record: bool, limit: usize) -> ReplayBody {
-        ReplayBody {
-            inner,
-            kept: Some(kept),
-            record,
-            limit,
-            started: false,
-        }
+    fn stop_recording(&mut self) {
+        self.dropped = true;
+        self.frames = Vec::new();
+        self.trailers = None;
     }
 }
 
-impl Drop for ReplayBody {
+type SlotRef = Arc<Mutex<Slot>>;
+
+/// Where an attempt's body comes from.
+enum Source {
+    /// Not read yet: the caller's body (or the recording) is still in the slot.
+    Unclaimed,
+    /// The caller's body, taken from the slot.
+    Caller {
+        body: Body,
+        /// Recording what it yields into the slot.
+        recording: bool,
+        /// Whether it yielded anything (then it may have gone out, and is never handed back).
+        yielded: bool,
+    },
+    /// The recording of an earlier attempt.
+    Recorded {
+        frames: std::vec::IntoIter<Bytes>,
+        trailers: Option<http::HeaderMap>,
+    },
+    /// Over, or refused.
+    Done,
+}
+
+/// The request body of one attempt: see the module docs.
+pub(crate) struct AttemptBody {
+    slot: SlotRef,
+    attempt: u32,
+    source: Source,
+}
+
+impl AttemptBody {
+    /// Takes the body from the slot; an error if this attempt has been given up on.
+    fn claim(&mut self) -> Result<(), tonic::Status> {
+        let mut slot = lock(&self.slot);
+        if slot.owner != self.attempt {
+            return Err(tonic::Status::cancelled(
+                "tonic-balancer: this attempt was given up on before it was sent",
+            ));
+        }
+        slot.claimed = true;
+        self.source = if let Some(body) = slot.body.take() {
+            Source::Caller {
+                body,
+                recording: slot.record && !slot.dropped && !slot.committed,
+                yielded: false,
+            }
+        } else if slot.complete && !slot.dropped {
+            let source = Source::Recorded {
+                frames: slot.frames.clone().into_iter(),
+                trailers: slot.trailers.clone(),
+            };
+            if slot.committed {
+                // The response started before this attempt was read: the copy is no longer
+                // needed once this attempt has its own.
+                slot.stop_recording();
+            }
+            source
+        } else {
+            // Cannot happen: an attempt is only made when the request can be had again.
+            return Err(tonic::Status::internal(
+                "tonic-balancer: the request body cannot be sent again",
+            ));
+        };
+        Ok(())
+    }
+}
+
+impl Drop for AttemptBody {
     fn drop(&mut self) {
-        if !self.started {
-            if let Some(kept) = self.kept.take() {
-                let body = std::mem::take(&mut self.inner);
-                lock(&kept).unsent = Some(body);
+        // A caller's body that yielded nothing went nowhere: hand it back for the next attempt.
+        if let Source::Caller {
+            yielded: false,
+            body,
+            ..
+        } = &mut self.source
+        {
+            let body = std::mem::take(body);
+            let mut slot = lock(&self.slot);
+            if slot.body.is_none() && !slot.committed {
+                slot.body = Some(body);
+                if slot.owner == self.attempt {
+                    slot.claimed = false;
+                }
             }
         }
     }
 }
 
-impl HttpBody for ReplayBody {
+impl HttpBody for AttemptBody {
     type Data = Bytes;
     type Error = tonic::Status;
 
@@ -230,139 +317,302 @@ impl HttpBody for ReplayBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
         let this = &mut *self;
-        if !this.started {
-            this.started = true;
-            if !this.record {
-                // Transparent retry only: from the first read on the body belongs to this
-                // attempt, and polling takes no lock.
-                this.kept = None;
+        if let Source::Unclaimed = this.source {
+            if let Err(status) = this.claim() {
+                this.source = Source::Done;
+                return Poll::Ready(Some(Err(status)));
             }
         }
-        let res = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Some(kept) = &this.kept {
-            let mut k = lock(kept);
-            match &res {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(data) = frame.data_ref() {
-                        k.len += data.len();
-                        if k.len > this.limit {
-                            k.overflow = true;
-                            k.frames = Vec::new();
-                        } else {
-                            k.frames.push(data.clone());
+        match &mut this.source {
+            Source::Unclaimed | Source::Done => Poll::Ready(None),
+            Source::Recorded { frames, trailers } => match frames.next() {
+                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                None => Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t)))),
+            },
+            Source::Caller {
+                body,
+                recording,
+                yielded,
+            } => {
+                let res = Pin::new(body).poll_frame(cx);
+                if matches!(res, Poll::Ready(Some(Ok(_)))) {
+                    *yielded = true;
+                }
+                if *recording {
+                    let mut slot = lock(&this.slot);
+                    if slot.committed || slot.dropped {
+                        *recording = false;
+                    } else {
+                        match &res {
+                            Poll::Ready(Some(Ok(frame))) => {
+                                if let Some(data) = frame.data_ref() {
+                                    slot.len += data.len();
+                                    if slot.len > slot.limit {
+                                        slot.stop_recording();
+                                        *recording = false;
+                                    } else {
+                                        slot.frames.push(data.clone());
+                                    }
+                                } else if let Some(t) = frame.trailers_ref() {
+                                    slot.trailers = Some(t.clone());
+                                }
+                            }
+                            Poll::Ready(None) => {
+                                slot.complete = true;
+                                *recording = false;
+                            }
+                            Poll::Ready(Some(Err(_))) => {
+                                slot.stop_recording();
+                                *recording = false;
+                            }
+                            Poll::Pending => {}
                         }
-                    } else if let Some(t) = frame.trailers_ref() {
-                        k.trailers = Some(t.clone());
                     }
                 }
-                Poll::Ready(None) => k.complete = true,
-                Poll::Ready(Some(Err(_))) => k.overflow = true,
-                Poll::Pending => {}
-            }
-            let stop = k.overflow || k.complete;
-            drop(k);
-            if stop {
-                this.kept = None;
+                res
             }
         }
-        res
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.source {
+            // Unknown until it is read: the connection reads it to find out.
+            Source::Unclaimed => false,
+            Source::Caller { body, .. } => body.is_end_stream(),
+            Source::Recorded { frames, trailers } => frames.len() == 0 && trailers.is_none(),
+            Source::Done => true,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A recorded body, sent again.
-struct Recorded {
-    frames: VecDeque<Bytes>,
-    trailers: Option<http::HeaderMap>,
-}
-
-impl HttpBody for Recorded {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        if let Some(d) = self.frames.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(d))));
+        match &self.source {
+            Source::Caller { body, .. } => body.size_hint(),
+            _ => SizeHint::default(),
         }
-        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.frames.is_empty() && self.trailers.is_none()
     }
 }
 
-/// The request head and body of a call, for another attempt.
+/// The request of a call, for its attempts: the head, copied, and the body's slot.
 pub(crate) struct Replay {
     method: http::Method,
     uri: http::Uri,
     version: http::Version,
     headers: http::HeaderMap,
     extensions: http::Extensions,
-    kept: KeptRef,
-    record: bool,
-    limit: usize,
+    slot: SlotRef,
 }
 
 impl Replay {
-    /// Wraps the request's body so that it can be had again.
+    /// Moves the request's body into a slot and returns the first attempt's request.
+    /// `record`: keep a copy of what is sent (retry policy), up to `limit` bytes.
     pub(crate) fn wrap(
         req: http::Request<Body>,
         record: bool,
         limit: usize,
     ) -> (http::Request<Body>, Replay) {
         let (parts, body) = req.into_parts();
-        let kept = KeptRef::default();
+        let slot = Arc::new(Mutex::new(Slot {
+            owner: 0,
+            claimed: false,
+            body: Some(body),
+            record,
+            limit,
+            frames: Vec::new(),
+            trailers: None,
+            len: 0,
+            complete: false,
+            dropped: false,
+            committed: false,
+        }));
         let replay = Replay {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
             version: parts.version,
             headers: parts.headers.clone(),
             extensions: parts.extensions.clone(),
-            kept: kept.clone(),
-            record,
-            limit,
+            slot: slot.clone(),
         };
-        let body = Body::new(ReplayBody::new(body, kept, record, limit));
+        let body = Body::new(AttemptBody {
+            slot,
+            attempt: 0,
+            source: Source::Unclaimed,
+        });
         (http::Request::from_parts(parts, body), replay)
     }
 
-    /// The request again: its body handed back unread, or (when recorded) what was sent.
-    /// `None` if neither is to be had.
-    pub(crate) fn request(&self) -> Option<http::Request<Body>> {
-        let (body, record) = {
-            let mut k = lock(&self.kept);
-            if let Some(b) = k.unsent.take() {
-                // Never read: record it on this attempt as on the first.
-                (b, self.record)
-            } else if k.complete && !k.overflow {
-                // Recorded whole: the frames stay in `kept` for any further attempt.
-                let body = Body::new(Recorded {
-                    frames: k.frames.iter().cloned().collect(),
-                    trailers: k.trailers.clone(),
-                });
-                (body, false)
-            } else {
+    /// Whether another attempt could send the request exactly as the caller sent it.
+    pub(crate) fn replayable(&self) -> bool {
+        lock(&self.slot).replayable()
+    }
+
+    /// Whether the current attempt's connection has not read its body yet: nothing of the
+    /// request went out, and the call may give the attempt up and go elsewhere.
+    pub(crate) fn unsent(&self) -> bool {
+        let slot = lock(&self.slot);
+        !slot.claimed && slot.replayable()
+    }
+
+    /// The response has started: no attempt will follow, so stop recording and free the copy.
+    pub(crate) fn commit(&self) {
+        let mut slot = lock(&self.slot);
+        slot.committed = true;
+        // The current attempt may not have read its body yet (a server can answer before it
+        // reads): if that body is the recording, it is freed when the attempt takes it.
+        if slot.claimed || slot.body.is_some() {
+            slot.stop_recording();
+        }
+    }
+
+    /// The request for a new attempt, with `grpc-timeout` set to `time_left` when the call
+    /// has a deadline. The previous attempt can no longer send the body. `None` if the request
+    /// cannot be had again exactly as the caller sent it.
+    pub(crate) fn request(&self, time_left: Option<Duration>) -> Option<http::Request<Body>> {
+        let attempt = {
+            let mut slot = lock(&self.slot);
+            if !slot.replayable() {
                 return None;
             }
+            slot.owner += 1;
+            slot.claimed = false;
+            slot.owner
         };
-        let body = Body::new(ReplayBody::new(body, self.kept.clone(), record, self.limit));
+        let body = Body::new(AttemptBody {
+            slot: self.slot.clone(),
+            attempt,
+            source: Source::Unclaimed,
+        });
         let mut req = http::Request::new(body);
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
         *req.version_mut() = self.version;
         *req.headers_mut() = self.headers.clone();
         *req.extensions_mut() = self.extensions.clone();
+        if let Some(left) = time_left {
+            req.headers_mut().insert(
+                crate::headers::GRPC_TIMEOUT.clone(),
+                crate::deadline::encode(left),
+            );
+        }
         Some(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// A request body of fixed frames.
+    struct Frames(VecDeque<Bytes>);
+
+    impl HttpBody for Frames {
+        type Data = Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+            Poll::Ready(self.0.pop_front().map(|d| Ok(Frame::data(d))))
+        }
+    }
+
+    fn request(frames: &[&'static str]) -> http::Request<Body> {
+        let body = Frames(
+            frames
+                .iter()
+                .map(|f| Bytes::from_static(f.as_bytes()))
+                .collect(),
+        );
+        http::Request::new(Body::new(body))
+    }
+
+    /// Polls one frame: `Some(Ok(data))`, `Some(Err(_))` or `None` at the end.
+    fn next(body: &mut Body) -> Option<Result<Bytes, tonic::Status>> {
+        futures::executor::block_on(std::future::poll_fn(|cx| {
+            Pin::new(&mut *body).poll_frame(cx)
+        }))
+        .map(|r| r.map(|f| f.into_data().unwrap_or_default()))
+    }
+
+    fn read_all(body: &mut Body) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        while let Some(frame) = next(body) {
+            out.push(frame.expect("a frame"));
+        }
+        out
+    }
+
+    #[test]
+    fn every_attempt_sends_the_body_once_as_the_caller_sent_it() {
+        let (req, replay) = Replay::wrap(request(&["a", "b", "c"]), true, 1024);
+        let mut first = req.into_body();
+        assert_eq!(read_all(&mut first), ["a", "b", "c"]);
+        // A policy retry sends the recording; it is not recorded again.
+        let mut second = replay.request(None).unwrap().into_body();
+        assert_eq!(read_all(&mut second), ["a", "b", "c"]);
+        // An attempt that never left (dropped unread), then another one.
+        drop(replay.request(None).unwrap());
+        let mut fourth = replay.request(None).unwrap().into_body();
+        assert_eq!(read_all(&mut fourth), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn an_attempt_given_up_on_cannot_send_the_body_later() {
+        let (req, replay) = Replay::wrap(request(&["a"]), false, 1024);
+        let mut stale = req.into_body();
+        assert!(replay.unsent());
+        let mut next_attempt = replay.request(None).unwrap().into_body();
+        assert!(
+            next(&mut stale).unwrap().is_err(),
+            "the stale attempt must fail"
+        );
+        assert_eq!(read_all(&mut next_attempt), ["a"]);
+    }
+
+    #[test]
+    fn a_partly_sent_body_is_never_sent_again() {
+        let (req, replay) = Replay::wrap(request(&["a", "b"]), false, 1024);
+        let mut body = req.into_body();
+        assert_eq!(next(&mut body).unwrap().unwrap(), "a");
+        assert!(!replay.replayable());
+        assert!(!replay.unsent());
+        assert!(replay.request(None).is_none());
+    }
+
+    #[test]
+    fn a_body_larger_than_the_limit_is_not_recorded() {
+        let (req, replay) = Replay::wrap(request(&["aaaa", "bbbb"]), true, 6);
+        let mut body = req.into_body();
+        assert_eq!(read_all(&mut body).len(), 2);
+        assert!(!replay.replayable());
+    }
+
+    #[test]
+    fn recording_stops_once_the_response_has_started() {
+        let (req, replay) = Replay::wrap(request(&["a", "b", "c"]), true, 1024);
+        let mut body = req.into_body();
+        assert_eq!(next(&mut body).unwrap().unwrap(), "a");
+        replay.commit();
+        assert_eq!(read_all(&mut body), ["b", "c"]);
+        let slot = lock(&replay.slot);
+        assert!(
+            slot.frames.is_empty() && !slot.complete,
+            "recorded after the commit"
+        );
+        drop(slot);
+        assert!(replay.request(None).is_none());
+    }
+
+    #[test]
+    fn a_replayed_attempt_carries_the_time_left() {
+        let (req, replay) = Replay::wrap(request(&["a"]), false, 1024);
+        drop(req);
+        let again = replay.request(Some(Duration::from_millis(250))).unwrap();
+        let timeout = again.headers().get("grpc-timeout").unwrap();
+        assert_eq!(
+            crate::deadline::parse(timeout.as_bytes()),
+            Some(Duration::from_millis(250))
+        );
     }
 }

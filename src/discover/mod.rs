@@ -6,7 +6,9 @@
 //! keeps the last good set (a blip in DNS must not empty a working channel); before the first
 //! good answer the set is empty and calls fail at once with UNAVAILABLE, naming the source and
 //! its last error. The source is asked again every `interval`, and sooner (at most once per
-//! second) when an instance cannot be reached: it may have moved.
+//! second) when an instance cannot be reached: it may have moved. A lookup that takes longer
+//! than the discovery timeout (default 10 s) counts as failed, so that no call waits without
+//! bound on a source that hangs.
 
 mod dns;
 
@@ -67,6 +69,8 @@ pub(crate) type Template = Arc<dyn Fn(http::Uri) -> Endpoint + Send + Sync>;
 pub(crate) struct Discovery {
     pub(crate) source: Arc<dyn Resolve>,
     pub(crate) interval: Duration,
+    /// How long one lookup may take.
+    pub(crate) timeout: Duration,
     pub(crate) scheme: &'static str,
     pub(crate) template: Template,
 }
@@ -82,7 +86,10 @@ pub(crate) async fn run(pool: Weak<Pool>, d: Discovery) {
     let min_gap = Duration::from_secs(1).min(d.interval);
     loop {
         let started = tokio::time::Instant::now();
-        let answer = d.source.resolve().await;
+        let answer = match tokio::time::timeout(d.timeout, d.source.resolve()).await {
+            Ok(answer) => answer,
+            Err(_) => Err(format!("no answer within {:?}", d.timeout).into()),
+        };
         let Some(p) = pool.upgrade() else { return };
         match answer {
             Ok(addrs) if !addrs.is_empty() => {
@@ -129,5 +136,5 @@ pub(crate) async fn run(pool: Weak<Pool>, d: Discovery) {
 
 /// Spawns the discovery task of `pool`.
 pub(crate) fn spawn(pool: &Arc<Pool>, d: Discovery) {
-    pool.policy.runtime.spawn(run(Arc::downgrade(pool), d));
+    pool.spawn(run(Arc::downgrade(pool), d));
 }

@@ -52,9 +52,10 @@ impl HealthCheck {
     }
 }
 
-/// Starts the checks of `inst`; they stop when it is dropped or starts draining.
+/// Starts the checks of `inst`; they pause while it drains (it may be taken back into the set)
+/// and stop when it is dropped.
 pub(crate) fn spawn(inst: &Arc<Instance>, cfg: HealthCheck) {
-    inst.policy.runtime.spawn(run(Arc::downgrade(inst), cfg));
+    inst.spawn(run(Arc::downgrade(inst), cfg));
 }
 
 async fn run(weak: Weak<Instance>, cfg: HealthCheck) {
@@ -64,7 +65,7 @@ async fn run(weak: Weak<Instance>, cfg: HealthCheck) {
         tick.tick().await;
         let Some(inst) = weak.upgrade() else { return };
         if inst.state() == State::Draining {
-            return;
+            continue;
         }
         let mut client = HealthClient::new(inst.channel.clone());
         drop(inst);

@@ -25,7 +25,7 @@ mod outlier;
 pub use backoff::Backoff;
 pub use check::HealthCheck;
 pub use outlier::Ejection;
-pub(crate) use outlier::{eject_check, forget as forget_ejection, success_rate_sweep};
+pub(crate) use outlier::{eject_check, success_rate_sweep};
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -90,21 +90,32 @@ impl Policy {
 }
 
 /// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response);
-/// without one, the call says nothing about the instance.
+/// trailers without one are not gRPC's answer (a proxy's, a broken server's): a failure of the
+/// instance.
 #[inline]
 pub(crate) fn classify_status(code: Option<Code>) -> Outcome {
-    code.map_or(Outcome::Cancelled, classify_code)
+    code.map_or(Outcome::Failure, classify_code)
 }
 
-/// Whether a status code is the instance's fault.
+/// Whether a status code the instance answered with is its fault. DEADLINE_EXCEEDED and
+/// CANCELLED from a server are the caller's deadline or cancellation, propagated: an answer,
+/// which says nothing against the instance (see `CallGuard::deadline_outcome` for a deadline
+/// that passes while the instance has not answered).
 pub(crate) fn classify_code(code: Code) -> Outcome {
     match code {
-        Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded => Outcome::Failure,
+        Code::Unavailable | Code::ResourceExhausted => Outcome::Failure,
         Code::Ok => Outcome::Success,
-        Code::Cancelled => Outcome::Cancelled,
+        Code::Cancelled | Code::DeadlineExceeded => Outcome::Cancelled,
         _ => Outcome::AppError,
     }
 }
+
+/// A deadline counts against an instance that has not answered only if the call had been on
+/// it at least this long...
+pub(crate) const DEADLINE_FLOOR: Duration = Duration::from_millis(10);
+/// ...and at least this many times its usual latency: a deadline short next to what the
+/// instance usually takes is the caller's choice, not a sign of trouble.
+pub(crate) const DEADLINE_LATENCY_FACTOR: f64 = 4.0;
 
 pub(crate) fn observe_latency(inst: &Instance, elapsed: Duration, at: Instant) {
     let policy = &inst.policy;
@@ -119,6 +130,12 @@ pub(crate) fn connected(inst: &Instance) {
     if inst.state() == State::Connecting {
         inst.transition(State::Connecting, State::Ready);
     }
+}
+
+/// The connection of `inst` broke under a call: until a response shows a new one works, calls
+/// routed to it wait for a connection to be opened (and move on if that fails).
+pub(crate) fn disconnected(inst: &Instance) {
+    inst.transition(State::Ready, State::Connecting);
 }
 
 /// Records the outcome of one call of `inst` (from the guard's `Drop`).
@@ -167,12 +184,15 @@ pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error
         return;
     }
     tracing::warn!(addr = %inst.display, error = %error, "cannot connect to instance; reconnecting with backoff");
+    // Calls waiting for this connection move on now rather than each waiting for its own
+    // connect attempt in the connection's queue.
+    inst.unreachable.notify_waiters();
     if let Some(wake) = inst.policy.discovery_wake.get() {
         wake.notify_one();
     }
     let weak = Arc::downgrade(inst);
     let backoff = inst.policy.backoff.clone();
-    inst.policy.runtime.spawn(reconnect(weak, backoff));
+    inst.spawn(reconnect(weak, backoff));
 }
 
 async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {

@@ -141,7 +141,7 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
         "instance ejected"
     );
     let weak = Arc::downgrade(inst);
-    policy.runtime.spawn(async move {
+    inst.spawn(async move {
         tokio::time::sleep(time).await;
         if let Some(inst) = weak.upgrade() {
             readmit(&inst);
@@ -158,13 +158,6 @@ fn readmit(inst: &Instance) {
         inst.probation.store(true, Ordering::Relaxed);
         inst.warm_up();
         tracing::info!(addr = %inst.display, "instance readmitted on probation");
-    }
-}
-
-/// Releases the ejection slot of an instance leaving the set while ejected.
-pub(crate) fn forget(inst: &Instance) {
-    if inst.state() == State::Ejected {
-        inst.policy.ejected.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
