@@ -45,12 +45,20 @@
 //!
 //! - An instance whose connection cannot be opened is marked [`State::Failing`] and gets no
 //!   calls; it is reconnected in the background with gRPC's connection backoff ([`Backoff`]).
-//! - A call whose instance could not be reached before any of its request went out is sent to
-//!   another instance, unseen by the caller (gRPC's transparent retry).
-//! - An instance whose calls fail (UNAVAILABLE, RESOURCE_EXHAUSTED, deadline, transport error)
-//!   several times in a row, or far more often than the others', is ejected for a while and
-//!   readmitted on probation ([`Ejection`]). Application statuses (NOT_FOUND,
-//!   INVALID_ARGUMENT, ...) never count against an instance.
+//! - A call whose instance could not be reached before any of its request went out (the
+//!   connect failed, or the connection closed before the request was written) is sent again,
+//!   unseen by the caller (gRPC's transparent retry); so are the calls that were waiting for
+//!   that connection, at once. A request reaches each attempt exactly as the caller sent it;
+//!   a body that was partly sent is never sent again.
+//! - An instance whose calls fail (UNAVAILABLE, RESOURCE_EXHAUSTED, transport error, an answer
+//!   that is not gRPC's, a deadline it let pass without answering after holding the call for
+//!   4× its usual latency) several times in a row, or far more often than the others', is
+//!   ejected for a while and readmitted on probation ([`Ejection`]). Application statuses
+//!   (NOT_FOUND, INVALID_ARGUMENT, ...) never count against an instance.
+//! - With a [`RetryPolicy`], a failed call is retried on an instance it has not tried; when no
+//!   retry is possible the caller gets the last answer (status, message, trailers) unchanged.
+//! - Membership changes ([`BalancedChannel::replace_all`], discovery) publish the new set in
+//!   one step: no call ever sees a set in between.
 //! - With no usable instance a call fails at once with UNAVAILABLE and a message that says why;
 //!   no call waits without bound. A call's deadline (`grpc-timeout`, from
 //!   `tonic::Request::set_timeout`) bounds the whole call, stream included, and ends it with
