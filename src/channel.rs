@@ -18,7 +18,7 @@ use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
 use crate::instance::Instance;
 use crate::pick::{self, Load, Rng};
-use crate::pool::{Members, Pool};
+use crate::pool::{Members, Pool, Snapshot};
 use crate::retry::Replay;
 use crate::stats::EndpointStats;
 use crate::Strategy;
@@ -259,6 +259,26 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
     }
 }
 
+/// Picks an instance from the current set (excluding `tried`). A pick that finds nothing in a
+/// set that was replaced while it read it (its instances draining by then) is made again on
+/// the new set, so that a membership change never fails a call: only a pick that finds
+/// nothing in the set as it is now does.
+fn pick_now(pool: &Pool, tried: &[Arc<Instance>]) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
+    let mut snap = pool.snapshot();
+    // Each round needs a new publication; a few are plenty even under constant churn.
+    for _ in 0..4 {
+        if let Some(idx) = BalancedChannel::pick(pool, &snap, tried) {
+            return (snap, Some(idx));
+        }
+        let now = pool.snapshot();
+        if Arc::ptr_eq(&snap, &now) {
+            break;
+        }
+        snap = now;
+    }
+    (snap, None)
+}
+
 /// At most this many transparent replays of one call on instances it has tried already (a
 /// connection closed before the request was written: the same instance may take the call on a
 /// fresh connection). Calls whose instance could not be reached move on to untried instances,
@@ -271,8 +291,8 @@ fn route(
     req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
 ) -> ResponseFuture {
-    let snap = pool.snapshot();
-    let Some(idx) = BalancedChannel::pick(pool, &snap, &[]) else {
+    let (snap, picked) = pick_now(pool, &[]);
+    let Some(idx) = picked else {
         if snap.is_empty() && !*pool.discovered.borrow() {
             // Discovery has not answered yet: wait for its first answer (bounded by the
             // lookup's timeout, and by the call's deadline).
@@ -444,9 +464,8 @@ impl ResponseFuture {
     /// is not known to be connected and the call may be sent elsewhere transparently.
     fn watch(&mut self, inst: &Arc<Instance>) {
         let transparent = self.again.as_ref().is_some_and(|a| a.pool.replay);
-        if transparent && inst.state() == crate::State::Connecting {
-            self.unreachable = Some(Box::pin(inst.unreachable.clone().notified_owned()));
-        }
+        self.unreachable = (transparent && inst.state() == crate::State::Connecting)
+            .then(|| Box::pin(inst.unreachable.clone().notified_owned()));
     }
 
     /// Whether the instance the call waits on was found unreachable while the call's request
@@ -491,8 +510,8 @@ impl ResponseFuture {
             return false;
         };
         let pool = again.pool.clone();
-        let snap = pool.snapshot();
-        let Some(idx) = BalancedChannel::pick(&pool, &snap, &again.tried) else {
+        let (snap, picked) = pick_now(&pool, &again.tried);
+        let Some(idx) = picked else {
             tracing::debug!(reason = %why, "no other instance to send the call to");
             return false;
         };
@@ -540,8 +559,7 @@ impl ResponseFuture {
         {
             return None;
         }
-        let snap = again.pool.snapshot();
-        BalancedChannel::pick(&again.pool, &snap, &again.tried)?;
+        pick_now(&again.pool, &again.tried).1?;
         let budget = again.pool.budget.as_ref()?;
         if !budget.withdraw() {
             tracing::debug!("retry budget spent: not retrying");

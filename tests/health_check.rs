@@ -53,7 +53,9 @@ async fn not_serving_takes_an_instance_out_and_serving_brings_it_back() {
     assert!(sick.served() > before, "a healthy instance got no calls");
 }
 
-/// An instance that does not answer health checks in time is taken out too.
+/// An instance that does not answer health checks in time is taken out too, by the check's
+/// timeout (its server is up and its connection open: only the timeout can see it), and comes
+/// back once it answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_answer_takes_an_instance_out() {
     let fleet = Fleet::start(2, Behavior::Ok);
@@ -66,16 +68,28 @@ async fn no_answer_takes_an_instance_out() {
         .health_check(check)
         .uris(fleet.uris());
     let ch = b.build().unwrap();
-    let mut gone = fleet.instances.into_iter();
-    let keep = gone.next().unwrap();
-    let mut dead = gone.next().unwrap();
-    let dead_uri = dead.uri();
-    dead.stop();
-    fleet::wait_until("dead instance out", Duration::from_secs(10), || {
-        !state_of(&ch, &dead_uri).is_usable()
+    let keep = &fleet.instances[0];
+    let mute = &fleet.instances[1];
+    let mute_uri = mute.uri();
+    fleet::wait_until("first health checks", Duration::from_secs(10), || {
+        fleet.instances.iter().all(|i| i.health_checks() > 0)
     })
     .await;
+    assert!(state_of(&ch, &mute_uri).is_usable());
+
+    mute.set_health_hangs(true);
+    let asked = mute.health_checks();
+    fleet::wait_until("silent instance out", Duration::from_secs(10), || {
+        state_of(&ch, &mute_uri) == State::Unhealthy
+    })
+    .await;
+    assert!(
+        mute.health_checks() > asked,
+        "no check reached the silent instance"
+    );
+    assert!(mute.is_running());
     let mut client = FleetClient::new(ch.clone());
+    let served = mute.served();
     for id in 0..50 {
         let r = client
             .unary(Req {
@@ -86,6 +100,15 @@ async fn no_answer_takes_an_instance_out() {
             .unwrap();
         assert_eq!(r.into_inner().instance, keep.name());
     }
+    assert_eq!(mute.served(), served, "an unhealthy instance got calls");
+
+    mute.set_health_hangs(false);
+    fleet::wait_until("instance back in", Duration::from_secs(10), || {
+        state_of(&ch, &mute_uri) == State::Ready
+    })
+    .await;
+    let names = fleet::calls(&mut client, 50).await;
+    assert!(names.iter().any(|n| n == mute.name()), "{names:?}");
 }
 
 #[tokio::test]

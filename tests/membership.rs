@@ -107,45 +107,86 @@ async fn insert_and_remove_under_load() {
 }
 
 /// A removed instance with a call in flight shows as draining and finishes that call;
-/// re-adding it while it drains reuses it.
+/// re-adding it while it drains reuses it (same record: its call in flight and its counters go
+/// on) and it takes calls again; re-adding it once it has drained makes a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_instance_drains_and_can_come_back() {
     let fleet = Fleet::start(2, Behavior::Hold);
     let uris = fleet.uris();
     let ch = BalancedChannel::from_static(&uris).unwrap();
+    let stats_of = |uri: &str| {
+        let listed: Vec<_> = ch
+            .endpoints()
+            .into_iter()
+            .filter(|e| e.uri().trim_end_matches('/') == uri)
+            .collect();
+        assert!(listed.len() <= 1, "listed twice: {listed:?}");
+        listed.into_iter().next()
+    };
     let mut client = FleetClient::new(ch.clone());
     let held = tokio::spawn(async move { client.unary(Req::default()).await });
     fleet::wait_until("call held", Duration::from_secs(10), || fleet.held() == 1).await;
     let busy = fleet.instances.iter().position(|i| i.held() == 1).unwrap();
+    let inst = &fleet.instances[busy];
+    let started = stats_of(&uris[busy]).unwrap().started();
+    assert!(started >= 1);
     assert!(ch.remove(&uris[busy]).unwrap());
-    let stats = ch.endpoints();
-    let draining = stats
-        .iter()
-        .find(|e| e.uri() == uris[busy])
-        .expect("draining instance listed");
+    let draining = stats_of(&uris[busy]).expect("draining instance listed");
     assert_eq!(draining.state(), State::Draining);
     assert_eq!(draining.in_flight(), 1);
-    fleet.instances[busy].release(1);
+
+    // Re-added while its held call keeps it draining: the same instance comes back.
+    assert!(ch
+        .insert(Endpoint::from_shared(uris[busy].clone()).unwrap())
+        .unwrap());
+    let back = stats_of(&uris[busy]).expect("re-added instance listed");
+    assert!(back.state().is_usable(), "{back}");
+    assert_eq!(back.in_flight(), 1, "not the same instance: {back}");
+    assert_eq!(back.started(), started, "not the same instance: {back}");
+    assert_eq!(ch.endpoints().len(), 2, "{:?}", ch.endpoints());
+    inst.release(1);
     let reply = held
         .await
         .unwrap()
         .expect("a draining instance finishes its call");
-    assert_eq!(reply.into_inner().instance, fleet.instances[busy].name());
+    assert_eq!(reply.into_inner().instance, inst.name());
+    // Its call over, it stays in the set and takes calls again.
+    for i in &fleet.instances {
+        i.set(Behavior::Ok);
+    }
+    let names = fleet::calls(&mut FleetClient::new(ch.clone()), 40).await;
+    assert!(names.iter().any(|n| n == inst.name()), "{names:?}");
+    let again = stats_of(&uris[busy]).expect("still listed");
+    assert!(again.started() > started, "{again}");
+    assert_eq!(again.in_flight(), 0, "{again}");
+
+    // Removed again, and re-added only once it has drained: a new instance.
+    assert!(ch.remove(&uris[busy]).unwrap());
     fleet::wait_until("drained", Duration::from_secs(10), || {
-        ch.endpoints().iter().all(|e| e.state() != State::Draining)
+        stats_of(&uris[busy]).is_none()
     })
     .await;
-
-    // Put back, then replace_all with the other one only.
     assert!(ch
         .insert(Endpoint::from_shared(uris[busy].clone()).unwrap())
         .unwrap());
+    let fresh = stats_of(&uris[busy]).expect("re-added instance listed");
+    assert_eq!(fresh.started(), 0, "a drained instance came back: {fresh}");
+    assert_eq!(fresh.state(), State::Connecting, "{fresh}");
+    let served = inst.served();
+    let names = fleet::calls(&mut FleetClient::new(ch.clone()), 40).await;
+    assert!(names.iter().any(|n| n == inst.name()), "{names:?}");
+    assert!(inst.served() > served);
+
+    // Then replace_all with the other one only.
     assert_eq!(ch.endpoints().len(), 2);
     let (added, removed) = ch
         .replace_all([Endpoint::from_shared(uris[1 - busy].clone()).unwrap()])
         .unwrap();
     assert_eq!((added, removed), (0, 1));
-    assert_eq!(ch.endpoints().len(), 1);
+    fleet::wait_until("replaced", Duration::from_secs(10), || {
+        ch.endpoints().len() == 1
+    })
+    .await;
 }
 
 /// The channel follows the records: adds, removes; a failing lookup keeps the last set.

@@ -96,35 +96,66 @@ async fn budget_stops_retries_when_everything_fails() {
     );
 }
 
-/// A retry never outlives the call's deadline: with every instance failing and a long backoff,
-/// the call ends by its deadline with the last status it got.
+/// A retry never outlives the call's deadline: with every instance failing, a backoff that
+/// cannot fit in the deadline means no retry (exactly one attempt per call, and the call ends
+/// at once with the status it got, not by its deadline); a backoff that fits means every
+/// attempt is made.
 #[tokio::test]
 async fn retries_respect_the_deadline() {
     let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
-    let policy = RetryPolicy {
-        max_attempts: 5,
-        initial_backoff: Duration::from_secs(5),
-        max_backoff: Duration::from_secs(5),
-        ..RetryPolicy::default()
+    // Ejection off: every call reaches a server, so the attempts can be counted exactly.
+    let ejection = Ejection {
+        max_ejected_percent: 0,
+        ..Ejection::default()
     };
-    let ch = retrying(fleet.uris(), policy, Ejection::default());
-    let mut client = FleetClient::new(ch);
-    for id in 0..20 {
-        let mut req = tonic::Request::new(Req {
-            id,
-            ..Default::default()
-        });
-        req.set_timeout(Duration::from_millis(300));
-        let start = Instant::now();
-        let err = client.unary(req).await.unwrap_err();
-        assert!(
-            matches!(err.code(), Code::Unavailable | Code::DeadlineExceeded),
-            "{err:?}"
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "call outlived its deadline"
-        );
+    // (backoff cap, deadline, attempts per call). The backoff is drawn between 0 and its cap:
+    // a cap of a day leaves a chance of one in 300,000 per call that it fits in 300 ms; a cap
+    // of 10 ms always fits in 5 s, so each call makes its 3 attempts.
+    let cases = [
+        (Duration::from_secs(86_400), Duration::from_millis(300), 1),
+        (Duration::from_millis(10), Duration::from_secs(5), 3),
+    ];
+    for (backoff, deadline, attempts) in cases {
+        let policy = RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: backoff,
+            max_backoff: backoff,
+            // The budget never stops a retry here.
+            budget_ratio: 10.0,
+            ..RetryPolicy::default()
+        };
+        let ch = retrying(fleet.uris(), policy, ejection.clone());
+        let mut client = FleetClient::new(ch);
+        for id in 0..20 {
+            let mut req = tonic::Request::new(Req {
+                id,
+                ..Default::default()
+            });
+            req.set_timeout(deadline);
+            let before: u64 = fleet.served().iter().sum();
+            let start = Instant::now();
+            let err = client.unary(req).await.unwrap_err();
+            let seen = fleet.served().iter().sum::<u64>() - before;
+            // UNAVAILABLE from a server: a call that waited for a backoff past its deadline
+            // would end with DEADLINE_EXCEEDED instead.
+            assert_eq!(
+                err.code(),
+                Code::Unavailable,
+                "backoff {backoff:?}: {err:?}"
+            );
+            assert!(
+                err.message().contains("scripted to fail"),
+                "backoff {backoff:?}: not a server's status: {err:?}"
+            );
+            assert_eq!(
+                seen, attempts,
+                "backoff {backoff:?}, deadline {deadline:?}: call {id} made {seen} attempts"
+            );
+            assert!(
+                start.elapsed() < deadline + Duration::from_secs(2),
+                "call outlived its deadline"
+            );
+        }
     }
 }
 

@@ -39,6 +39,18 @@ pub enum Behavior {
     Hang,
     /// Service time grows with the calls it is serving: `base + per_call × (in flight - 1)`.
     Overload { base: Duration, per_call: Duration },
+    /// Answers at once with this status, message and one trailer metadata entry (`key`:
+    /// `value`), as a server that says why it refuses.
+    FailWith {
+        code: Code,
+        message: String,
+        key: &'static str,
+        value: String,
+    },
+    /// Reads the whole request stream, then answers with this status before any response
+    /// message: a trailers-only answer for every kind of call, bidi included (where `Fail`
+    /// answers each message first).
+    FailAfterInput(Code),
 }
 
 /// The shared state of one instance: survives a stop and a restart.
@@ -57,6 +69,8 @@ pub struct Shared {
     pub serving: std::sync::atomic::AtomicBool,
     /// Health checks answered.
     pub health_checks: AtomicU64,
+    /// When set, health checks get no answer (the check pends until the caller gives up).
+    pub health_hang: std::sync::atomic::AtomicBool,
 }
 
 /// The standard health service, answering from [`Shared::serving`].
@@ -70,6 +84,9 @@ impl tonic_health::pb::health_server::Health for HealthSvc {
     ) -> Result<Response<tonic_health::pb::HealthCheckResponse>, Status> {
         use tonic_health::pb::health_check_response::ServingStatus;
         self.0.health_checks.fetch_add(1, Ordering::SeqCst);
+        if self.0.health_hang.load(Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
         let status = if self.0.serving.load(Ordering::SeqCst) {
             ServingStatus::Serving
         } else {
@@ -132,8 +149,18 @@ impl Shared {
                     .forget();
                 Ok(())
             }
-            Behavior::Fail(code) => {
+            Behavior::Fail(code) | Behavior::FailAfterInput(code) => {
                 Err(Status::new(code, format!("{} scripted to fail", self.name)))
+            }
+            Behavior::FailWith {
+                code,
+                message,
+                key,
+                value,
+            } => {
+                let mut md = tonic::metadata::MetadataMap::new();
+                md.insert(key, value.parse().expect("ASCII metadata value"));
+                Err(Status::with_metadata(code, message, md))
             }
             Behavior::Hang => std::future::pending().await,
             Behavior::Overload { base, per_call } => {
@@ -206,6 +233,15 @@ impl FleetService for Svc {
     async fn bidi(&self, req: Request<Streaming<Req>>) -> Result<Response<ReplyStream>, Status> {
         let shared = self.0.clone();
         let mut input = req.into_inner();
+        let scripted = shared.behavior.lock().unwrap().clone();
+        if let Behavior::FailAfterInput(_) = scripted {
+            // Every message read, then the status instead of a response (trailers-only).
+            let _a = shared.enter();
+            while input.message().await?.is_some() {}
+            shared.behave().await?;
+            // The behaviour changed meanwhile to one that answers: no message to answer.
+            return Ok(Response::new(Box::pin(futures::stream::empty())));
+        }
         let s = async_stream(move |tx| async move {
             let _a = shared.enter();
             let mut seq = 0;
@@ -288,6 +324,7 @@ impl Instance {
             held: AtomicUsize::new(0),
             serving: std::sync::atomic::AtomicBool::new(true),
             health_checks: AtomicU64::new(0),
+            health_hang: std::sync::atomic::AtomicBool::new(false),
         });
         let listener = std::net::TcpListener::bind(at).unwrap_or_else(|e| panic!("bind {at}: {e}"));
         let addr = listener.local_addr().unwrap();
@@ -361,6 +398,11 @@ impl Instance {
     /// Sets what the instance answers to health checks.
     pub fn set_serving(&self, serving: bool) {
         self.shared.serving.store(serving, Ordering::SeqCst);
+    }
+
+    /// Makes health checks hang (no answer, the connection stays up) or answer again.
+    pub fn set_health_hangs(&self, hang: bool) {
+        self.shared.health_hang.store(hang, Ordering::SeqCst);
     }
 
     pub fn health_checks(&self) -> u64 {
