@@ -632,66 +632,69 @@ impl ResponseFuture {
         }
         let guard = self.guard.take().expect("guard held until the response");
         let inst = guard.instance().clone();
-        // Transparent: only while the attempt never read its body (nothing of it went out).
-        let replay = self
-            .again
-            .as_ref()
-            .is_some_and(|a| a.pool.replay && a.replay.unsent());
-        if let ErrorKind::Unsent { connect } = kind {
-            if connect {
-                health::connect_failed(&inst, &*e);
+        let connect = matches!(kind, ErrorKind::Unsent { connect: true });
+        if connect {
+            health::connect_failed(&inst, &*e);
+        } else if crate::error::is_transport(&*e) {
+            health::disconnected(&inst);
+        }
+        // The connection failed the attempt before it read any of the request's body (a
+        // connect error, a connection closed or refused by a GOAWAY before the request was
+        // written, a stream refused): the server cannot have seen the call, so it is sent
+        // again unseen by the caller (gRPC's transparent retry) and says nothing of the
+        // instance beyond its connection.
+        // So is a call the server refused before processing it (a stream its GOAWAY did not
+        // include, REFUSED_STREAM), if the request can be had again whole.
+        let unsent = matches!(kind, ErrorKind::Unsent { .. }) || crate::error::is_transport(&*e);
+        let refused = crate::error::refused_by_server(&*e);
+        let transparent = self.again.as_ref().is_some_and(|a| {
+            a.pool.replay && ((unsent && a.replay.unsent()) || (refused && a.replay.replayable()))
+        });
+        if transparent {
+            let again = self.again.as_mut().expect("checked above");
+            if connect || again.replays >= MAX_SAME_INSTANCE_REPLAYS {
+                again.tried.push(inst.clone());
+            } else {
+                // The same instance may take it again, on a fresh connection.
+                again.replays += 1;
             }
-            if replay {
-                let again = self.again.as_mut().expect("replay needs again");
-                if connect || again.replays >= MAX_SAME_INSTANCE_REPLAYS {
-                    again.tried.push(inst.clone());
-                } else {
-                    // The connection closed before the request was written (a server
-                    // rotating its connections): the same instance may take it again.
-                    again.replays += 1;
-                }
-                if self.reroute(&e) {
-                    // Released without an outcome: a connect failure is recorded above, and
-                    // a connection closed under a request that never left says nothing.
-                    drop(guard);
-                    return None;
-                }
-                let status = if connect {
-                    as_unavailable(e, &inst.display)
-                } else {
-                    unsent_unavailable(&inst.display, &*e).into()
-                };
-                self.guard = Some(guard);
-                let outcome = if connect {
-                    Outcome::Failure
-                } else {
-                    Outcome::Cancelled
-                };
-                return match self.fail(outcome, status) {
-                    Poll::Ready(r) => Some(r),
-                    Poll::Pending => None,
-                };
+            if self.reroute(&e) {
+                // Released without an outcome: a connect failure is recorded above.
+                drop(guard);
+                return None;
             }
+            let (status, outcome) = if connect {
+                (as_unavailable(e, &inst.display), Outcome::Failure)
+            } else {
+                (not_processed(&inst.display, &*e).into(), Outcome::Cancelled)
+            };
+            self.guard = Some(guard);
+            return match self.fail(outcome, status) {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => None,
+            };
         }
         // A failure of the attempt on its instance (or, with transparent retry off, a
         // connection that could not be used): the retry policy may send it again.
-        if crate::error::is_transport(&*e) {
-            health::disconnected(&inst);
-        }
         self.tried(&inst);
-        let e = match kind {
-            ErrorKind::Unsent { connect: false } => unsent_unavailable(&inst.display, &*e).into(),
-            _ => as_unavailable(e, &inst.display),
+        // A call the server did not process says nothing against it; a broken connection
+        // counts once, whatever number of calls it broke.
+        let (e, outcome) = if refused || matches!(kind, ErrorKind::Unsent { connect: false }) {
+            (not_processed(&inst.display, &*e).into(), Outcome::Cancelled)
+        } else if crate::error::is_transport(&*e) && !guard.first_to_see_break() {
+            (as_unavailable(e, &inst.display), Outcome::Cancelled)
+        } else {
+            (as_unavailable(e, &inst.display), Outcome::Failure)
         };
+        let mut guard = guard;
         if let Some(delay) = self.retry_after(tonic::Code::Unavailable) {
-            let mut guard = guard;
-            guard.finish(Outcome::Failure);
+            guard.finish(outcome);
             drop(guard);
             self.backoff(delay, Err(e));
             return None;
         }
         self.guard = Some(guard);
-        match self.fail(Outcome::Failure, e) {
+        match self.fail(outcome, e) {
             Poll::Ready(r) => Some(r),
             Poll::Pending => None,
         }
@@ -811,12 +814,12 @@ fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
     }
 }
 
-/// UNAVAILABLE for a call whose connection closed before its request was written (hyper
-/// reports it as canceled, which tonic would turn into CANCELLED: the caller cancelled
-/// nothing).
-fn unsent_unavailable(addr: &str, e: &(dyn std::error::Error + 'static)) -> tonic::Status {
+/// UNAVAILABLE for a call that the instance did not process: its connection closed before the
+/// request was written (hyper reports it as canceled, which tonic would turn into CANCELLED: the
+/// caller cancelled nothing), or the server refused it (GOAWAY, REFUSED_STREAM).
+fn not_processed(addr: &str, e: &(dyn std::error::Error + 'static)) -> tonic::Status {
     unavailable(format!(
-        "tonic-balancer: the connection to {addr} closed before the call was sent: {}",
+        "tonic-balancer: {addr} did not process the call (its connection closed or refused it): {}",
         crate::error::chain(e)
     ))
 }

@@ -33,6 +33,8 @@ pub(crate) struct CallGuard {
     connecting: bool,
     /// The instance answered (response headers arrived).
     answered: bool,
+    /// The instance's count of connection breaks when the call was routed.
+    breaks_at: u32,
     outcome: Option<Outcome>,
 }
 
@@ -42,7 +44,9 @@ impl CallGuard {
         inst.in_flight.fetch_add(1, Ordering::Relaxed);
         inst.started.fetch_add(1, Ordering::Relaxed);
         let connecting = inst.state() == crate::instance::State::Connecting;
+        let breaks_at = inst.breaks.load(Ordering::Relaxed);
         CallGuard {
+            breaks_at,
             inst,
             connecting,
             answered: false,
@@ -87,6 +91,21 @@ impl CallGuard {
         } else {
             Outcome::Cancelled
         }
+    }
+
+    /// The connection broke under this call: whether this call is the first to report that
+    /// break (no other break was reported since the call was routed). One break fails every
+    /// call on the connection; it counts against the instance once.
+    pub(crate) fn first_to_see_break(&self) -> bool {
+        self.inst
+            .breaks
+            .compare_exchange(
+                self.breaks_at,
+                self.breaks_at.wrapping_add(1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
     }
 
     /// The call is over with this outcome; the count is released when the guard drops.
@@ -189,7 +208,13 @@ impl HttpBody for GuardedBody {
                     }
                     _ => None,
                 };
-                end(&mut this, Outcome::Failure);
+                // A broken connection counts once, whatever number of calls it broke.
+                let outcome = if broken.is_some() && !guard.first_to_see_break() {
+                    Outcome::Cancelled
+                } else {
+                    Outcome::Failure
+                };
+                end(&mut this, outcome);
                 Poll::Ready(Some(Err(broken.unwrap_or(status))))
             }
             Poll::Ready(None) => {

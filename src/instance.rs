@@ -74,6 +74,9 @@ impl std::fmt::Display for State {
 pub(crate) struct Instance {
     pub(crate) in_flight: AtomicUsize,
     state: AtomicU8,
+    /// Connection breaks seen under calls: the calls that were on a connection when it broke
+    /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
+    pub(crate) breaks: AtomicU32,
     /// Peak-sensitive moving average of the time to response headers, in nanoseconds
     /// (`f64` bits; 0 before the first sample).
     pub(crate) latency_ns: AtomicU64,
@@ -123,6 +126,7 @@ impl Instance {
         Instance {
             in_flight: AtomicUsize::new(0),
             state: AtomicU8::new(State::Connecting as u8),
+            breaks: AtomicU32::new(0),
             latency_ns: AtomicU64::new(0),
             steady_ns: AtomicU64::new(0),
             latency_at: AtomicU64::new(now_ns),
