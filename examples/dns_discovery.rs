@@ -8,7 +8,7 @@
 //! It starts a tiny DNS server on 127.0.0.1 (UDP) that answers for `greeter.local.`, and three
 //! gRPC servers from the test fleet on 127.0.0.2, 127.0.0.3 and 127.0.0.4, all on one port, as
 //! the pods behind a Kubernetes headless Service. The channel is built with
-//! `dns_with_config("greeter.local.:PORT", ..)` pointed at that DNS server and asks it again
+//! `dns_with("greeter.local.:PORT", ..)` pointed at that DNS server and asks it again
 //! every 500 ms. The example then changes the records (adds the third instance, removes the
 //! first, makes DNS fail) and, after each change, waits until the channel has seen it, sends
 //! calls and prints which instances answered and what `endpoints()` shows. It talks only to
@@ -73,10 +73,10 @@ async fn main() -> Result<(), BoxError> {
         list(&dns.records())
     );
 
-    let (config, opts) = resolver_for(&dns);
+    let settings = resolver_for(&dns);
     let target = format!("{NAME}:{port}");
     let channel = BalancedChannel::builder()
-        .dns_with_config(&target, config, opts)
+        .dns_with(&target, settings)
         .discovery_interval(INTERVAL)
         .build()?;
     let client = FleetClient::new(channel.clone());

@@ -9,11 +9,12 @@ use tonic::transport::Endpoint;
 
 use crate::discover::{Dns, Resolve, Template};
 use crate::error::{check_endpoint, parse_uri, Error};
-use crate::health::{Backoff, Ejection, HealthCheck, Policy};
+#[cfg(feature = "health-check")]
+use crate::health::HealthCheck;
+use crate::health::{Backoff, Ejection, Policy};
 use crate::pool::Pool;
 use crate::retry::{Budget, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 use crate::{BalancedChannel, Strategy};
-use hickory_resolver::config::{ResolverConfig, ResolverOpts};
 
 /// The connect timeout that [`Builder::uri`] and [`BalancedChannel::from_static`] give each
 /// instance (tonic has none by default, and a silent address would hold calls for minutes).
@@ -53,6 +54,7 @@ pub struct Builder {
     ejection: Ejection,
     transparent_retry: bool,
     retry: Option<RetryPolicy>,
+    #[cfg(feature = "health-check")]
     health_check: Option<HealthCheck>,
     max_replay_body: usize,
     latency_expiry: Duration,
@@ -69,7 +71,8 @@ pub struct Builder {
 enum Source {
     Dns {
         target: String,
-        config: Option<Box<(ResolverConfig, ResolverOpts)>>,
+        #[cfg(feature = "hickory-dns")]
+        settings: Option<crate::DnsSettings>,
     },
     Custom(Arc<dyn Resolve>),
 }
@@ -113,6 +116,7 @@ impl Builder {
             ejection: Ejection::default(),
             transparent_retry: true,
             retry: None,
+            #[cfg(feature = "health-check")]
             health_check: None,
             max_replay_body: DEFAULT_MAX_REPLAY_BODY,
             latency_expiry: Duration::from_secs(5),
@@ -127,29 +131,40 @@ impl Builder {
 
     /// Discovers the instances in DNS: `target` is `host:port` (such as
     /// `my-service.default.svc.cluster.local:50051`, the name of a Kubernetes headless
-    /// Service), resolved with the system's DNS configuration into one instance per A or AAAA
-    /// record, again every [`discovery_interval`](Builder::discovery_interval). Instances
+    /// Service), resolved by the system's resolver into one instance per address (A and AAAA
+    /// records), again every [`discovery_interval`](Builder::discovery_interval). Instances
     /// given with [`endpoint`](Builder::endpoint) or [`uri`](Builder::uri) are replaced by the
     /// first answer. See the [`discover`](crate::discover) module for the behaviour on failures.
     pub fn dns(mut self, target: &str) -> Builder {
         self.discovery = Some(Source::Dns {
             target: target.to_owned(),
-            config: None,
+            #[cfg(feature = "hickory-dns")]
+            settings: None,
         });
         self
     }
 
-    /// As [`dns`](Builder::dns), with the resolver's configuration given (name servers and
-    /// options), for tests and unusual networks.
-    pub fn dns_with_config(
-        mut self,
-        target: &str,
-        config: ResolverConfig,
-        options: ResolverOpts,
-    ) -> Builder {
+    /// As [`dns`](Builder::dns), asking the name servers of `settings` (feature
+    /// `hickory-dns`): your own name servers, timeout and attempts.
+    ///
+    /// ```
+    /// use tonic_balancer::{BalancedChannel, DnsSettings};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tonic_balancer::Error> {
+    /// let channel = BalancedChannel::builder()
+    ///     .dns_with(
+    ///         "my-service.internal:50051",
+    ///         DnsSettings::name_servers(["10.0.0.10:53".parse().unwrap()]),
+    ///     )
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    #[cfg(feature = "hickory-dns")]
+    pub fn dns_with(mut self, target: &str, settings: crate::DnsSettings) -> Builder {
         self.discovery = Some(Source::Dns {
             target: target.to_owned(),
-            config: Some(Box::new((config, options))),
+            settings: Some(settings),
         });
         self
     }
@@ -261,8 +276,9 @@ impl Builder {
         self
     }
 
-    /// Checks each instance with the standard `grpc.health.v1` protocol (default: off). See
-    /// [`HealthCheck`].
+    /// Checks each instance with the standard `grpc.health.v1` protocol (default: off; feature
+    /// `health-check`). See [`HealthCheck`].
+    #[cfg(feature = "health-check")]
     pub fn health_check(mut self, check: HealthCheck) -> Builder {
         self.health_check = Some(check);
         self
@@ -325,6 +341,7 @@ impl Builder {
         if let Some(r) = &self.retry {
             r.validate()?;
         }
+        #[cfg(feature = "health-check")]
         if let Some(h) = &self.health_check {
             h.validate()?;
         }
@@ -364,7 +381,11 @@ impl Builder {
         let discovery = match self.discovery.clone() {
             None => None,
             Some(Source::Custom(r)) => Some((r, "http")),
-            Some(Source::Dns { target, config }) => {
+            Some(Source::Dns {
+                target,
+                #[cfg(feature = "hickory-dns")]
+                settings,
+            }) => {
                 let (scheme, rest) = match target.split_once("://") {
                     Some(("http", rest)) => ("http", rest),
                     Some(("https", rest)) => ("https", rest),
@@ -383,13 +404,13 @@ impl Builder {
                     },
                     other => other,
                 })?;
-                let dns = match config {
-                    Some(b) => {
-                        let (c, o) = *b;
-                        Dns::with_config(&host, port, c, o)?
-                    }
+                #[cfg(feature = "hickory-dns")]
+                let dns = match settings {
+                    Some(s) => Dns::with_settings(&host, port, s)?,
                     None => Dns::system(&host, port)?,
                 };
+                #[cfg(not(feature = "hickory-dns"))]
+                let dns = Dns::system(&host, port)?;
                 let source: Arc<dyn Resolve> = Arc::new(dns);
                 Some((source, scheme))
             }
@@ -405,6 +426,7 @@ impl Builder {
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
             backoff: self.backoff,
             ejection: self.ejection,
+            #[cfg(feature = "health-check")]
             health_check: self.health_check,
             discovery_wake: std::sync::OnceLock::new(),
             ejected: AtomicUsize::new(0),

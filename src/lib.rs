@@ -90,11 +90,13 @@ mod stats;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use channel::{BalancedChannel, ResponseFuture};
+#[cfg(feature = "hickory-dns")]
+pub use discover::DnsSettings;
 pub use discover::{Dns, Resolve};
 pub use error::Error;
-pub use health::{Backoff, Ejection, HealthCheck};
-/// hickory-resolver's configuration types, for [`Builder::dns_with_config`].
-pub use hickory_resolver::config as dns_config;
+#[cfg(feature = "health-check")]
+pub use health::HealthCheck;
+pub use health::{Backoff, Ejection};
 pub use instance::State;
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 pub use stats::EndpointStats;

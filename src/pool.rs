@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use arc_swap::ArcSwap;
 use tonic::transport::Endpoint;
 
-use crate::health::{self, Policy};
+use crate::health::Policy;
 use crate::instance::{Instance, State};
 use crate::retry::{Budget, RetryPolicy};
 use crate::{lock, Strategy};
@@ -192,8 +192,9 @@ impl Pool {
         if self.warm_new.load(Ordering::Relaxed) {
             inst.warm_up();
         }
+        #[cfg(feature = "health-check")]
         if let Some(cfg) = &self.policy.health_check {
-            health::check::spawn(&inst, cfg.clone());
+            crate::health::check::spawn(&inst, cfg.clone());
         }
         inst
     }

@@ -11,7 +11,9 @@ use fleet::pb::{fleet_client::FleetClient, Reply, Req};
 use fleet::{Behavior, Fleet, Instance};
 use tonic::transport::Endpoint;
 use tonic::Code;
-use tonic_balancer::{BalancedChannel, Ejection, HealthCheck, RetryPolicy, State, Strategy};
+use tonic_balancer::{BalancedChannel, Ejection, RetryPolicy, Strategy};
+#[cfg(feature = "health-check")]
+use tonic_balancer::{HealthCheck, State};
 
 /// A retry policy that retries at once and is never stopped by its budget.
 fn eager_retry() -> RetryPolicy {
@@ -37,6 +39,7 @@ fn same_uri(a: &str, b: &str) -> bool {
 }
 
 /// The state of the instance with this URI that is in the set (a draining one otherwise).
+#[cfg(feature = "health-check")]
 fn state_of(ch: &BalancedChannel, uri: &str) -> Option<State> {
     let listed = ch.endpoints();
     let mine = || listed.iter().filter(|e| same_uri(e.uri(), uri));
@@ -320,6 +323,7 @@ async fn retry_with_nowhere_to_go_returns_the_servers_answer() {
 
 /// A removed instance that is re-added while it drains keeps its health checks: once back in
 /// the set, answering NOT_SERVING still takes it out.
+#[cfg(feature = "health-check")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revived_instance_keeps_its_health_checks() {
     let fleet = Fleet::start(2, Behavior::Hold);

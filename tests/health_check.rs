@@ -1,4 +1,5 @@
 //! Active health checks (grpc.health.v1) take an instance out and bring it back.
+#![cfg(feature = "health-check")]
 mod fleet;
 
 use std::time::Duration;

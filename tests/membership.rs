@@ -2,11 +2,13 @@
 //! discovery against a real DNS server on loopback whose records the test changes.
 mod fleet;
 
+#[cfg(feature = "hickory-dns")]
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "hickory-dns")]
 use fleet::dns::{resolver_for, DnsServer};
 use fleet::pb::{fleet_client::FleetClient, Req};
 use fleet::{Behavior, Fleet};
@@ -192,6 +194,7 @@ async fn removed_instance_drains_and_can_come_back() {
 /// The channel follows the records: adds, removes; a failing lookup keeps the last set.
 /// Every instance is on its own loopback address (127.0.0.x) with one shared port, as pods
 /// behind a headless Service.
+#[cfg(feature = "hickory-dns")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_discovery_follows_the_records() {
     let port = {
@@ -212,9 +215,9 @@ async fn dns_discovery_follows_the_records() {
         .collect();
     let dns = DnsServer::start("fleet.test.").await;
     dns.set(&ips[..2]);
-    let (config, opts) = resolver_for(&dns);
+    let settings = resolver_for(&dns);
     let ch = BalancedChannel::builder()
-        .dns_with_config(&format!("fleet.test.:{port}"), config, opts)
+        .dns_with(&format!("fleet.test.:{port}"), settings)
         .discovery_interval(Duration::from_millis(100))
         .build()
         .unwrap();
@@ -276,14 +279,36 @@ async fn dns_discovery_follows_the_records() {
     client.unary(Req::default()).await.unwrap();
 }
 
+/// Without settings of its own, DNS discovery asks the system's resolver (getaddrinfo, which
+/// reads /etc/hosts): `localhost` becomes the instance on 127.0.0.1 (and [::1] where the host
+/// maps it, which refuses here and is routed around), and calls reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_through_the_system_resolver() {
+    let fleet = Fleet::start(1, Behavior::Ok);
+    let port = fleet.instances[0].addr.port();
+    let ch = BalancedChannel::builder()
+        .dns(&format!("localhost:{port}"))
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let names = fleet::calls(&mut client, 20).await;
+    assert!(names.iter().all(|n| n == "i0"), "{names:?}");
+    let uris: Vec<String> = ch.endpoints().iter().map(|e| e.uri().to_owned()).collect();
+    assert!(
+        uris.contains(&format!("http://127.0.0.1:{port}")),
+        "localhost did not become 127.0.0.1:{port}: {uris:?}"
+    );
+}
+
 /// A name that never resolves: the set stays empty and calls fail with UNAVAILABLE, naming
 /// the DNS name, once the first lookup has answered.
+#[cfg(feature = "hickory-dns")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_name_without_answer_fails_calls_with_unavailable() {
     let dns = DnsServer::start("other.test.").await;
-    let (config, opts) = resolver_for(&dns);
+    let settings = resolver_for(&dns);
     let ch = BalancedChannel::builder()
-        .dns_with_config("missing.test.:50051", config, opts)
+        .dns_with("missing.test.:50051", settings)
         .discovery_interval(Duration::from_millis(200))
         .build()
         .unwrap();
@@ -394,6 +419,7 @@ async fn insert_from_a_thread_outside_the_runtime() {
 }
 
 /// A and AAAA records both become instances: one on 127.0.0.2, one on [::1], same port.
+#[cfg(feature = "hickory-dns")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_discovery_takes_a_and_aaaa_records() {
     use std::net::{IpAddr, Ipv6Addr};
@@ -409,9 +435,9 @@ async fn dns_discovery_takes_a_and_aaaa_records() {
     ];
     let dns = DnsServer::start("dual.test.").await;
     dns.set_ips(&[v4, v6]);
-    let (config, opts) = resolver_for(&dns);
+    let settings = resolver_for(&dns);
     let ch = BalancedChannel::builder()
-        .dns_with_config(&format!("dual.test.:{port}"), config, opts)
+        .dns_with(&format!("dual.test.:{port}"), settings)
         .build()
         .unwrap();
     let mut client = FleetClient::new(ch.clone());

@@ -22,7 +22,9 @@ use futures::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 use tonic::{Code, Request, Status};
-use tonic_balancer::{Backoff, BalancedChannel, Ejection, HealthCheck, RetryPolicy};
+#[cfg(feature = "health-check")]
+use tonic_balancer::HealthCheck;
+use tonic_balancer::{Backoff, BalancedChannel, Ejection, RetryPolicy};
 
 type Client = FleetClient<BalancedChannel>;
 
@@ -720,7 +722,7 @@ async fn soak() {
         .unwrap();
     let ch = {
         let _in = channel_rt.enter();
-        BalancedChannel::builder()
+        let builder = BalancedChannel::builder()
             .endpoints(anchor_uris.iter().chain(&churned_uris).map(|u| endpoint(u)))
             .retry(RetryPolicy {
                 initial_backoff: Duration::from_millis(2),
@@ -741,16 +743,16 @@ async fn soak() {
             })
             // A slow spell is forgotten fast, so that the churned instances keep getting
             // calls after one.
-            .latency_expiry(Duration::from_millis(250))
-            // Health checks whose interval is longer than the bound on invariant 5: a checker
-            // that outlived the channel until its next tick would be caught.
-            .health_check(HealthCheck {
-                interval: Duration::from_secs(3),
-                timeout: Duration::from_millis(500),
-                ..HealthCheck::default()
-            })
-            .build()
-            .expect("valid channel")
+            .latency_expiry(Duration::from_millis(250));
+        // Health checks whose interval is longer than the bound on invariant 5: a checker
+        // that outlived the channel until its next tick would be caught.
+        #[cfg(feature = "health-check")]
+        let builder = builder.health_check(HealthCheck {
+            interval: Duration::from_secs(3),
+            timeout: Duration::from_millis(500),
+            ..HealthCheck::default()
+        });
+        builder.build().expect("valid channel")
     };
     let client = FleetClient::new(ch.clone());
 

@@ -14,6 +14,8 @@ mod dns;
 
 pub(crate) use dns::split_target;
 pub use dns::Dns;
+#[cfg(feature = "hickory-dns")]
+pub use dns::DnsSettings;
 
 use std::future::Future;
 use std::net::SocketAddr;

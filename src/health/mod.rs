@@ -19,10 +19,12 @@
 //!   (NOT_FOUND, INVALID_ARGUMENT, ...) are the service's answers and count as successes here.
 
 mod backoff;
+#[cfg(feature = "health-check")]
 pub(crate) mod check;
 mod outlier;
 
 pub use backoff::Backoff;
+#[cfg(feature = "health-check")]
 pub use check::HealthCheck;
 pub use outlier::Ejection;
 pub(crate) use outlier::{eject_check, success_rate_sweep};
@@ -75,6 +77,7 @@ pub(crate) struct Policy {
     /// Wakes the discovery task, if there is one.
     pub(crate) discovery_wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     /// Active health checks, if on.
+    #[cfg(feature = "health-check")]
     pub(crate) health_check: Option<HealthCheck>,
     /// Instances ejected now.
     pub(crate) ejected: AtomicUsize,

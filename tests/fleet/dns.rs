@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tonic_balancer::dns_config::{NameServerConfig, ResolverConfig, ResolverOpts};
+use tonic_balancer::DnsSettings;
 
 /// A DNS server on 127.0.0.1 (UDP) that answers A and AAAA queries for one name from a list
 /// the test changes, or with SERVFAIL when told to fail. Answers have a TTL of 0; other names get
@@ -108,15 +108,9 @@ impl DnsServer {
     }
 }
 
-/// A resolver configuration that asks only `server`, once, with a short timeout.
-pub fn resolver_for(server: &DnsServer) -> (ResolverConfig, ResolverOpts) {
-    let mut ns = NameServerConfig::udp(server.addr.ip());
-    for c in &mut ns.connections {
-        c.port = server.addr.port();
-    }
-    let config = ResolverConfig::from_parts(None, vec![], vec![ns]);
-    let mut opts = ResolverOpts::default();
-    opts.timeout = Duration::from_millis(500);
-    opts.attempts = 1;
-    (config, opts)
+/// Resolver settings that ask only `server`, once, with a short timeout.
+pub fn resolver_for(server: &DnsServer) -> DnsSettings {
+    DnsSettings::name_servers([server.addr])
+        .timeout(Duration::from_millis(500))
+        .attempts(1)
 }

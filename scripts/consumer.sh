@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# What a crate that depends on tonic-balancer compiles, against a crate that uses tonic's own
+# Channel (tonic with `channel` and `codegen` only), in fresh consumer crates that each make one
+# call. Every consumer sends the same raw gRPC request through its channel, so the difference
+# is the channel's own cost.
+#
+#   scripts/consumer.sh           crates compiled by each consumer (cargo tree), and a check
+#   scripts/consumer.sh --time    the same, plus clean debug build times, interleaved (slow)
+#
+# The check (run by CI) fails if a protobuf compiler or tonic's or hyper's server side is in
+# what a consumer of the library compiles.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=${CONSUMER_DIR:-$(mktemp -d)}
+time_builds=${1:-}
+
+consumer() { # name, dependency line
+  mkdir -p "$work/$1/src"
+  cat > "$work/$1/Cargo.toml" <<EOF
+[package]
+name = "$1"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[workspace]
+
+[dependencies]
+http = "1"
+tokio = { version = "1", features = ["rt-multi-thread", "macros"] }
+tower = { version = "0.5", default-features = false }
+$2
+EOF
+  # Share the library's lock file so that both sides build the same versions.
+  cp "$root/Cargo.lock" "$work/$1/Cargo.lock"
+}
+
+consumer tonic-channel 'tonic = { version = "0.14", default-features = false, features = ["channel", "codegen"] }'
+consumer balancer-default "tonic-balancer = { path = \"$root\" }
+tonic = { version = \"0.14\", default-features = false }"
+consumer balancer-minimal "tonic-balancer = { path = \"$root\", default-features = false }
+tonic = { version = \"0.14\", default-features = false }"
+consumer balancer-all "tonic-balancer = { path = \"$root\", features = [\"hickory-dns\", \"health-check\"] }
+tonic = { version = \"0.14\", default-features = false }"
+
+call='    let req = http::Request::builder()
+        .method("POST")
+        .uri("http://127.0.0.1:1/pkg.Service/Method")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::empty())
+        .unwrap();
+    let result = tower::ServiceExt::oneshot(channel, req).await;
+    println!("{:?}", result.map(|r| r.status()));'
+cat > "$work/tonic-channel/src/main.rs" <<EOF
+#[tokio::main]
+async fn main() {
+    let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+$call
+}
+EOF
+for c in balancer-default balancer-minimal balancer-all; do
+  cat > "$work/$c/src/main.rs" <<EOF
+#[tokio::main]
+async fn main() {
+    let channel = tonic_balancer::BalancedChannel::from_static(["http://127.0.0.1:1"]).unwrap();
+$call
+}
+EOF
+done
+
+crates() { # the packages a consumer compiles (normal and build dependencies), itself excluded
+  (cd "$work/$1" && cargo tree -q -e normal,build --prefix none --format '{p}' \
+    | sed 's/ (.*//' | sort -u | grep -v "^$1 " | wc -l)
+}
+
+status=0
+base=$(crates tonic-channel)
+printf '%-18s %7s %8s\n' consumer crates ratio
+printf '%-18s %7d %8s\n' tonic-channel "$base" 1.00
+for c in balancer-default balancer-minimal balancer-all; do
+  n=$(crates "$c")
+  printf '%-18s %7d %8.2f\n' "$c" "$n" "$(echo "$n / $base" | bc -l)"
+  tree=$(cd "$work/$c" && cargo tree -q -e normal,build,features --prefix none)
+  for bad in 'protox ' 'prost-reflect ' 'tonic-prost-build ' 'axum ' 'tonic feature "server"' \
+             'tonic feature "router"' 'hyper feature "server"' 'hyper-util feature "server'; do
+    if grep -q "^$bad" <<<"$tree"; then
+      echo "FAIL: $c compiles ${bad% }, which the library must not bring" >&2
+      status=1
+    fi
+  done
+done
+
+if [ "$time_builds" = "--time" ]; then
+  # Clean debug builds (the crates from scratch, downloads excluded: fetched first), interleaved
+  # so that the machine's load falls on every side alike; two rounds.
+  for c in tonic-channel balancer-default balancer-minimal; do (cd "$work/$c" && cargo fetch -q); done
+  for round in 1 2; do
+    for c in tonic-channel balancer-default balancer-minimal; do
+      rm -rf "$work/target-$c"
+      start=$(date +%s.%N)
+      (cd "$work/$c" && CARGO_TARGET_DIR="$work/target-$c" cargo build -q 2>/dev/null)
+      end=$(date +%s.%N)
+      printf 'round %d %-18s clean build %6.1f s\n' "$round" "$c" "$(echo "$end - $start" | bc -l)"
+    done
+  done
+fi
+exit $status
