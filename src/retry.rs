@@ -36,43 +36,38 @@ pub const DEFAULT_MAX_REPLAY_BODY: usize = 64 * 1024;
 /// Retries of calls that failed with given statuses, on other instances (opt-in, see
 /// [`Builder::retry`](crate::Builder::retry)).
 ///
-/// A call is retried when it ends, before any response message, with one of `codes` (or a
-/// transport error, which is UNAVAILABLE), while: it has attempts left; some instance it has
-/// not tried is usable; its request body was kept (at most
+/// A call is retried when it ends, before any response message, with one of the
+/// [`codes`](RetryPolicy::codes) (or a transport error, which is UNAVAILABLE), while: it has
+/// attempts left; some instance it has not tried is usable; its request body was kept (at most
 /// [`max_replay_body`](crate::Builder::max_replay_body) bytes); its deadline leaves room for
 /// the backoff; and the [retry budget](RetryPolicy::budget_ratio) allows it. A call whose
 /// response has started (headers with messages) is never retried.
+///
+/// Built from [`RetryPolicy::default`] with one setter per setting:
 ///
 /// ```
 /// use std::time::Duration;
 /// use tonic::Code;
 /// use tonic_balancer::RetryPolicy;
 ///
-/// let policy = RetryPolicy {
-///     max_attempts: 3,
-///     codes: vec![Code::Unavailable, Code::ResourceExhausted],
-///     initial_backoff: Duration::from_millis(10),
-///     ..RetryPolicy::default()
-/// };
+/// let policy = RetryPolicy::default()
+///     .max_attempts(3)
+///     .codes([Code::Unavailable, Code::ResourceExhausted])
+///     .initial_backoff(Duration::from_millis(10));
 /// # let _ = policy;
 /// ```
+///
+/// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
+/// refuses a policy out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
-    /// Attempts in all, the first included (2 to 10).
-    pub max_attempts: u32,
-    /// The statuses that are retried (default: UNAVAILABLE, RESOURCE_EXHAUSTED).
-    pub codes: Vec<Code>,
-    /// Backoff before the first retry; each next one is `multiplier` times longer, up to
-    /// `max_backoff`, each drawn at random between zero and that value (gRPC's retry design).
-    pub initial_backoff: Duration,
-    /// Cap on the backoff.
-    pub max_backoff: Duration,
-    /// Growth of the backoff per retry.
-    pub multiplier: f64,
-    /// Retries may add at most this share of the calls (0.2: one retry per five calls)...
-    pub budget_ratio: f64,
-    /// ...plus this many retries per second, so that a quiet channel can still retry.
-    pub budget_min_per_sec: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) codes: Vec<Code>,
+    pub(crate) initial_backoff: Duration,
+    pub(crate) max_backoff: Duration,
+    pub(crate) multiplier: f64,
+    pub(crate) budget_ratio: f64,
+    pub(crate) budget_min_per_sec: u32,
 }
 
 impl Default for RetryPolicy {
@@ -90,6 +85,60 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// Attempts in all, the first included: 2 to 10 (default 3).
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// The statuses that are retried: at least one, and not OK (default UNAVAILABLE,
+    /// RESOURCE_EXHAUSTED). A transport error counts as UNAVAILABLE.
+    #[must_use]
+    pub fn codes(mut self, codes: impl IntoIterator<Item = Code>) -> Self {
+        self.codes = codes.into_iter().collect();
+        self
+    }
+
+    /// Backoff before the first retry (default 25 ms); each next one is
+    /// [`multiplier`](Self::multiplier) times longer, up to [`max_backoff`](Self::max_backoff),
+    /// each drawn at random between zero and that value (gRPC's retry design).
+    #[must_use]
+    pub fn initial_backoff(mut self, d: Duration) -> Self {
+        self.initial_backoff = d;
+        self
+    }
+
+    /// Cap on the backoff: at least [`initial_backoff`](Self::initial_backoff) (default 1 s).
+    #[must_use]
+    pub fn max_backoff(mut self, d: Duration) -> Self {
+        self.max_backoff = d;
+        self
+    }
+
+    /// Growth of the backoff per retry: a finite number of at least 1 (default 2).
+    #[must_use]
+    pub fn multiplier(mut self, m: f64) -> Self {
+        self.multiplier = m;
+        self
+    }
+
+    /// Retries may add at most this share of the calls (0.2: one retry per five calls), 0 to
+    /// 10 (default 0.2), plus [`budget_min_per_sec`](Self::budget_min_per_sec).
+    #[must_use]
+    pub fn budget_ratio(mut self, ratio: f64) -> Self {
+        self.budget_ratio = ratio;
+        self
+    }
+
+    /// Retries allowed per second on top of [`budget_ratio`](Self::budget_ratio), so that a
+    /// quiet channel can still retry (default 10).
+    #[must_use]
+    pub fn budget_min_per_sec(mut self, n: u32) -> Self {
+        self.budget_min_per_sec = n;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
         let bad = |reason: &str| crate::Error::InvalidSetting {
             name: "retry",

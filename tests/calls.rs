@@ -47,10 +47,7 @@ fn stats_of(ch: &BalancedChannel, inst: &fleet::Instance) -> EndpointStats {
 /// A channel over `fleet` with ejection off, for tests whose instances fail on purpose.
 fn no_ejection(fleet: &Fleet) -> BalancedChannel {
     let b = BalancedChannel::builder()
-        .ejection(Ejection {
-            max_ejected_percent: 0,
-            ..Ejection::default()
-        })
+        .ejection(Ejection::disabled())
         .uris(fleet.uris());
     b.build().unwrap()
 }

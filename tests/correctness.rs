@@ -17,20 +17,15 @@ use tonic_balancer::{HealthCheck, State};
 
 /// A retry policy that retries at once and is never stopped by its budget.
 fn eager_retry() -> RetryPolicy {
-    RetryPolicy {
-        initial_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(1),
-        budget_ratio: 10.0,
-        ..RetryPolicy::default()
-    }
+    RetryPolicy::default()
+        .initial_backoff(Duration::from_millis(1))
+        .max_backoff(Duration::from_millis(1))
+        .budget_ratio(10.0)
 }
 
 /// Ejection off: these tests are about where each attempt goes, not about ejection.
 fn no_ejection() -> Ejection {
-    Ejection {
-        max_ejected_percent: 0,
-        ..Ejection::default()
-    }
+    Ejection::disabled()
 }
 
 /// URIs compare equal with or without the path `/` that `Endpoint` adds.
@@ -275,11 +270,9 @@ fn assert_is_the_refusal(err: &tonic::Status, what: &str) {
 /// RESOURCE_EXHAUSTED, the retry policy retries it with attempts to spare.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_with_nowhere_to_go_returns_the_servers_answer() {
-    let policy = RetryPolicy {
-        max_attempts: 5,
-        codes: vec![Code::Unavailable, Code::ResourceExhausted],
-        ..eager_retry()
-    };
+    let policy = eager_retry()
+        .max_attempts(5)
+        .codes([Code::Unavailable, Code::ResourceExhausted]);
     // One instance: nothing to retry on.
     let one = Fleet::start(1, refusal());
     let ch = BalancedChannel::builder()
@@ -327,11 +320,9 @@ async fn retry_with_nowhere_to_go_returns_the_servers_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revived_instance_keeps_its_health_checks() {
     let fleet = Fleet::start(2, Behavior::Hold);
-    let check = HealthCheck {
-        interval: Duration::from_millis(50),
-        timeout: Duration::from_millis(500),
-        ..HealthCheck::default()
-    };
+    let check = HealthCheck::default()
+        .interval(Duration::from_millis(50))
+        .timeout(Duration::from_millis(500));
     let ch = BalancedChannel::builder()
         .health_check(check)
         .uris(fleet.uris())
@@ -361,9 +352,12 @@ async fn revived_instance_keeps_its_health_checks() {
             (last, since) = (now, Instant::now());
         }
     }
-    assert!(ch
-        .insert(Endpoint::from_shared(x_uri.clone()).unwrap())
-        .unwrap());
+    // The set named again with X in it (as a discovery answer would): X is taken back.
+    let everyone = fleet
+        .uris()
+        .into_iter()
+        .map(|u| Endpoint::from_shared(u).unwrap());
+    assert_eq!(ch.replace_all(everyone).unwrap(), (1, 0));
     assert!(
         state_of(&ch, &x_uri).is_some_and(|s| s.is_usable()),
         "re-added instance not usable: {:?}",

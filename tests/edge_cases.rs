@@ -184,11 +184,9 @@ async fn calls_queued_on_a_rotated_connection_are_never_cancelled() {
 // 7. Deadlines: the caller's own, or the instance's fault.
 
 fn no_success_rate(consecutive_failures: u32) -> Ejection {
-    Ejection {
-        consecutive_failures,
-        success_rate_interval: None,
-        ..Ejection::default()
-    }
+    Ejection::default()
+        .consecutive_failures(consecutive_failures)
+        .success_rate_interval(None)
 }
 
 /// A caller's own deadline must not eject a healthy instance (gRPC's interop case
@@ -236,11 +234,14 @@ async fn short_deadlines_on_a_sleeping_server_eject_nothing() {
 
 /// The other side of the rule above: an instance that hangs is still ejected by deadlines.
 /// After fast calls, one instance of two hangs; calls with a 300 ms deadline eject it after 5
-/// of them went to it, while the other answers every call.
+/// of them went to it, while the other answers every call. Round robin, so that the calls keep
+/// going to it whatever its latency estimate says (this is about the deadline rule, not the
+/// pick).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_on_a_hanging_instance_still_eject_it() {
     let fleet = Fleet::start(2, Behavior::Ok);
     let ch = BalancedChannel::builder()
+        .strategy(tonic_balancer::Strategy::RoundRobin)
         .uris(fleet.uris())
         .ejection(no_success_rate(5))
         .build()
@@ -318,14 +319,12 @@ async fn ejected_count_survives_removals_racing_readmissions() {
         .map(|i| Instance::start(&format!("x{i}"), Behavior::Fail(Code::Unavailable)))
         .collect();
     let xs: Vec<String> = failing.iter().map(Instance::uri).collect();
-    let ejection = Ejection {
-        consecutive_failures: 1,
-        base_time: Duration::from_millis(1),
-        max_time: Duration::from_millis(20),
-        max_ejected_percent: 75,
-        success_rate_interval: None,
-        ..Ejection::default()
-    };
+    let ejection = Ejection::default()
+        .consecutive_failures(1)
+        .base_time(Duration::from_millis(1))
+        .max_time(Duration::from_millis(20))
+        .max_ejected_percent(75)
+        .success_rate_interval(None);
     let ch = BalancedChannel::builder()
         .uri(&good.uri())
         .uris(&xs)
@@ -561,13 +560,13 @@ async fn a_retried_attempt_carries_the_time_left() {
     let ch = BalancedChannel::builder()
         .uri(&a)
         .uri(&b)
-        .retry(RetryPolicy {
-            max_attempts: 2,
-            codes: vec![Code::Unavailable],
-            initial_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_millis(50),
-            ..RetryPolicy::default()
-        })
+        .retry(
+            RetryPolicy::default()
+                .max_attempts(2)
+                .codes([Code::Unavailable])
+                .initial_backoff(Duration::from_millis(50))
+                .max_backoff(Duration::from_millis(50)),
+        )
         .build()
         .unwrap();
     let mut client = FleetClient::new(ch.clone());
@@ -655,10 +654,7 @@ async fn transparent_retry_off_holds_with_a_retry_policy() {
         // The unreachable instance (first in the set) gets the first call.
         .strategy(Strategy::RoundRobin)
         .transparent_retry(false)
-        .retry(RetryPolicy {
-            codes: vec![Code::ResourceExhausted],
-            ..RetryPolicy::default()
-        })
+        .retry(RetryPolicy::default().codes([Code::ResourceExhausted]))
         .build()
         .unwrap();
     let mut client = FleetClient::new(ch.clone());
@@ -859,12 +855,12 @@ fn calls_from_another_executor_work() {
             .uri(&fleet.instances[0].uri())
             // The failing instance (first in the set) gets the first attempt.
             .strategy(Strategy::RoundRobin)
-            .retry(RetryPolicy {
-                max_attempts: 2,
-                initial_backoff: Duration::from_millis(10),
-                max_backoff: Duration::from_millis(10),
-                ..RetryPolicy::default()
-            })
+            .retry(
+                RetryPolicy::default()
+                    .max_attempts(2)
+                    .initial_backoff(Duration::from_millis(10))
+                    .max_backoff(Duration::from_millis(10)),
+            )
             .build()
             .unwrap();
         (plain, retrying)

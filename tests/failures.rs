@@ -290,10 +290,7 @@ async fn killed_instance_costs_only_its_calls_in_flight_and_comes_back() {
     const TASKS: usize = 8;
     let mut fleet = Fleet::start(5, Behavior::Delay(Duration::from_millis(5)));
     let victim_uri = fleet.instances[2].uri();
-    let backoff = Backoff {
-        initial: Duration::from_millis(200),
-        ..Default::default()
-    };
+    let backoff = Backoff::default().initial(Duration::from_millis(200));
     let ch = channel(&fleet.uris(), backoff, Ejection::default());
     let client = FleetClient::new(ch.clone());
 
@@ -484,12 +481,10 @@ async fn ejected_then_readmitted_on_probation() {
     let bad = &fleet.instances[1];
     let uri = bad.uri();
     bad.set(Behavior::Fail(Code::Unavailable));
-    let ejection = Ejection {
-        consecutive_failures: 3,
-        base_time: base,
-        success_rate_interval: None,
-        ..Default::default()
-    };
+    let ejection = Ejection::default()
+        .consecutive_failures(3)
+        .base_time(base)
+        .success_rate_interval(None);
     let ch = channel(&fleet.uris(), Backoff::default(), ejection);
     let mut client = FleetClient::new(ch.clone());
 
@@ -577,15 +572,13 @@ async fn ejection_cap_keeps_half_in() {
     for i in &fleet.instances[1..] {
         i.set(Behavior::Fail(Code::Unavailable));
     }
-    let ejection = Ejection {
-        consecutive_failures: 3,
+    let ejection = Ejection::default()
+        .consecutive_failures(3)
         // Long: nothing is readmitted while the test runs.
-        base_time: Duration::from_secs(60),
-        max_time: Duration::from_secs(60),
-        max_ejected_percent: 50,
-        success_rate_interval: None,
-        ..Default::default()
-    };
+        .base_time(Duration::from_secs(60))
+        .max_time(Duration::from_secs(60))
+        .max_ejected_percent(50)
+        .success_rate_interval(None);
     let ch = channel(&fleet.uris(), Backoff::default(), ejection);
     let client = FleetClient::new(ch.clone());
 
@@ -690,11 +683,9 @@ async fn application_errors_leave_instance_in_rotation() {
     let fleet = Fleet::start(4, Behavior::Ok);
     let bad = &fleet.instances[3];
     let uri = bad.uri();
-    let ejection = Ejection {
+    let ejection = Ejection::default()
         // The success-rate rule runs several times during the test.
-        success_rate_interval: Some(Duration::from_millis(100)),
-        ..Default::default()
-    };
+        .success_rate_interval(Some(Duration::from_millis(100)));
     let ch = channel(&fleet.uris(), Backoff::default(), ejection);
     let mut client = FleetClient::new(ch.clone());
 
@@ -737,14 +728,12 @@ async fn low_success_rate_ejects_without_consecutive_failures() {
     let fleet = Fleet::start(5, Behavior::Ok);
     let bad = &fleet.instances[4];
     let uri = bad.uri();
-    let ejection = Ejection {
-        consecutive_failures: 5,
-        base_time: Duration::from_secs(60),
-        max_time: Duration::from_secs(60),
-        success_rate_interval: Some(Duration::from_secs(1)),
-        success_rate_min_calls: 20,
-        ..Default::default()
-    };
+    let ejection = Ejection::default()
+        .consecutive_failures(5)
+        .base_time(Duration::from_secs(60))
+        .max_time(Duration::from_secs(60))
+        .success_rate_interval(Some(Duration::from_secs(1)))
+        .success_rate_min_calls(20);
     // Round robin, so that every instance gets its fifth of the calls in each interval: least
     // pending with sequential calls sends most of them to the fastest instance, and the rule
     // judges only instances with `success_rate_min_calls` calls in the interval. (With five

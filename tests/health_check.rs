@@ -19,11 +19,9 @@ fn state_of(ch: &BalancedChannel, uri: &str) -> State {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_serving_takes_an_instance_out_and_serving_brings_it_back() {
     let fleet = Fleet::start(3, Behavior::Ok);
-    let check = HealthCheck {
-        interval: Duration::from_millis(50),
-        timeout: Duration::from_millis(500),
-        ..HealthCheck::default()
-    };
+    let check = HealthCheck::default()
+        .interval(Duration::from_millis(50))
+        .timeout(Duration::from_millis(500));
     let b = BalancedChannel::builder()
         .health_check(check)
         .uris(fleet.uris());
@@ -60,11 +58,9 @@ async fn not_serving_takes_an_instance_out_and_serving_brings_it_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_answer_takes_an_instance_out() {
     let fleet = Fleet::start(2, Behavior::Ok);
-    let check = HealthCheck {
-        interval: Duration::from_millis(50),
-        timeout: Duration::from_millis(200),
-        ..HealthCheck::default()
-    };
+    let check = HealthCheck::default()
+        .interval(Duration::from_millis(50))
+        .timeout(Duration::from_millis(200));
     let b = BalancedChannel::builder()
         .health_check(check)
         .uris(fleet.uris());
@@ -116,10 +112,7 @@ async fn no_answer_takes_an_instance_out() {
 async fn bad_health_check_settings_are_refused() {
     let err = BalancedChannel::builder()
         .uri("http://127.0.0.1:1")
-        .health_check(HealthCheck {
-            interval: Duration::ZERO,
-            ..HealthCheck::default()
-        })
+        .health_check(HealthCheck::default().interval(Duration::ZERO))
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("health_check"), "{err}");

@@ -108,9 +108,10 @@ async fn insert_and_remove_under_load() {
     );
 }
 
-/// A removed instance with a call in flight shows as draining and finishes that call;
-/// re-adding it while it drains reuses it (same record: its call in flight and its counters go
-/// on) and it takes calls again; re-adding it once it has drained makes a new one.
+/// A removed instance with a call in flight shows as draining and finishes that call; named
+/// again by `replace_all` (a discovery answer) while it drains, it is reused (same record: its
+/// call in flight and its counters go on) and takes calls again; inserted once it has drained,
+/// it is a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_instance_drains_and_can_come_back() {
     let fleet = Fleet::start(2, Behavior::Hold);
@@ -137,10 +138,12 @@ async fn removed_instance_drains_and_can_come_back() {
     assert_eq!(draining.state(), State::Draining);
     assert_eq!(draining.in_flight(), 1);
 
-    // Re-added while its held call keeps it draining: the same instance comes back.
-    assert!(ch
-        .insert(Endpoint::from_shared(uris[busy].clone()).unwrap())
-        .unwrap());
+    // Named again while its held call keeps it draining (the set replaced, as a discovery
+    // answer does): the same instance comes back, with its connection.
+    let everyone = uris
+        .iter()
+        .map(|u| Endpoint::from_shared(u.clone()).unwrap());
+    assert_eq!(ch.replace_all(everyone).unwrap(), (1, 0));
     let back = stats_of(&uris[busy]).expect("re-added instance listed");
     assert!(back.state().is_usable(), "{back}");
     assert_eq!(back.in_flight(), 1, "not the same instance: {back}");

@@ -56,17 +56,12 @@ async fn retry_policy_hides_a_failing_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budget_stops_retries_when_everything_fails() {
     let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
-    let policy = RetryPolicy {
-        max_attempts: 3,
-        initial_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(2),
-        ..RetryPolicy::default()
-    };
+    let policy = RetryPolicy::default()
+        .max_attempts(3)
+        .initial_backoff(Duration::from_millis(1))
+        .max_backoff(Duration::from_millis(2));
     // Ejection off: this test is about the budget alone.
-    let ejection = Ejection {
-        max_ejected_percent: 0,
-        ..Ejection::default()
-    };
+    let ejection = Ejection::disabled();
     let ch = retrying(fleet.uris(), policy, ejection);
     let mut client = FleetClient::new(ch);
     let start = Instant::now();
@@ -104,10 +99,7 @@ async fn budget_stops_retries_when_everything_fails() {
 async fn retries_respect_the_deadline() {
     let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
     // Ejection off: every call reaches a server, so the attempts can be counted exactly.
-    let ejection = Ejection {
-        max_ejected_percent: 0,
-        ..Ejection::default()
-    };
+    let ejection = Ejection::disabled();
     // (backoff cap, deadline, attempts per call). The backoff is drawn between 0 and its cap:
     // a cap of a day leaves a chance of one in 300,000 per call that it fits in 300 ms; a cap
     // of 10 ms always fits in 5 s, so each call makes its 3 attempts.
@@ -116,14 +108,12 @@ async fn retries_respect_the_deadline() {
         (Duration::from_millis(10), Duration::from_secs(5), 3),
     ];
     for (backoff, deadline, attempts) in cases {
-        let policy = RetryPolicy {
-            max_attempts: 3,
-            initial_backoff: backoff,
-            max_backoff: backoff,
+        let policy = RetryPolicy::default()
+            .max_attempts(3)
+            .initial_backoff(backoff)
+            .max_backoff(backoff)
             // The budget never stops a retry here.
-            budget_ratio: 10.0,
-            ..RetryPolicy::default()
-        };
+            .budget_ratio(10.0);
         let ch = retrying(fleet.uris(), policy, ejection.clone());
         let mut client = FleetClient::new(ch);
         for id in 0..20 {
@@ -165,16 +155,11 @@ async fn retries_respect_the_deadline() {
 async fn attempts_go_to_untried_instances() {
     let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
     fleet.instances[1].set(Behavior::Ok);
-    let ejection = Ejection {
-        max_ejected_percent: 0,
-        ..Ejection::default()
-    };
-    let policy = RetryPolicy {
-        initial_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(1),
-        budget_ratio: 10.0,
-        ..RetryPolicy::default()
-    };
+    let ejection = Ejection::disabled();
+    let policy = RetryPolicy::default()
+        .initial_backoff(Duration::from_millis(1))
+        .max_backoff(Duration::from_millis(1))
+        .budget_ratio(10.0);
     let ch = retrying(fleet.uris(), policy, ejection);
     let mut client = FleetClient::new(ch);
     let names = fleet::calls(&mut client, 100).await;
@@ -185,22 +170,10 @@ async fn attempts_go_to_untried_instances() {
 #[tokio::test]
 async fn bad_retry_settings_are_refused() {
     for bad in [
-        RetryPolicy {
-            max_attempts: 1,
-            ..RetryPolicy::default()
-        },
-        RetryPolicy {
-            codes: vec![],
-            ..RetryPolicy::default()
-        },
-        RetryPolicy {
-            multiplier: 0.1,
-            ..RetryPolicy::default()
-        },
-        RetryPolicy {
-            max_backoff: Duration::ZERO,
-            ..RetryPolicy::default()
-        },
+        RetryPolicy::default().max_attempts(1),
+        RetryPolicy::default().codes([]),
+        RetryPolicy::default().multiplier(0.1),
+        RetryPolicy::default().max_backoff(Duration::ZERO),
     ] {
         let err = BalancedChannel::builder()
             .uri("http://127.0.0.1:1")

@@ -462,51 +462,36 @@ async fn bad_settings_are_refused_by_name() {
 
     let cases: Vec<(tonic_balancer::Builder, &str, &str)> = vec![
         (
-            base().backoff(Backoff {
-                multiplier: 0.5,
-                ..Backoff::default()
-            }),
+            base().backoff(Backoff::default().multiplier(0.5)),
             "backoff",
             "multiplier",
         ),
         (
-            base().backoff(Backoff {
-                jitter: 1.5,
-                ..Backoff::default()
-            }),
+            base().backoff(Backoff::default().jitter(1.5)),
             "backoff",
             "jitter",
         ),
         (
-            base().backoff(Backoff {
-                initial: Duration::ZERO,
-                ..Backoff::default()
-            }),
+            base().backoff(Backoff::default().initial(Duration::ZERO)),
             "backoff",
             "initial",
         ),
         (
-            base().ejection(Ejection {
-                consecutive_failures: 0,
-                ..Ejection::default()
-            }),
+            base().ejection(Ejection::default().consecutive_failures(0)),
             "ejection",
             "consecutive_failures",
         ),
         (
-            base().ejection(Ejection {
-                max_ejected_percent: 101,
-                ..Ejection::default()
-            }),
+            base().ejection(Ejection::default().max_ejected_percent(101)),
             "ejection",
             "max_ejected_percent",
         ),
         (
-            base().ejection(Ejection {
-                base_time: Duration::from_secs(10),
-                max_time: Duration::from_secs(1),
-                ..Ejection::default()
-            }),
+            base().ejection(
+                Ejection::default()
+                    .base_time(Duration::from_secs(10))
+                    .max_time(Duration::from_secs(1)),
+            ),
             "ejection",
             "max_time",
         ),

@@ -724,34 +724,34 @@ async fn soak() {
         let _in = channel_rt.enter();
         let builder = BalancedChannel::builder()
             .endpoints(anchor_uris.iter().chain(&churned_uris).map(|u| endpoint(u)))
-            .retry(RetryPolicy {
-                initial_backoff: Duration::from_millis(2),
-                max_backoff: Duration::from_millis(20),
-                ..RetryPolicy::default()
-            })
-            .backoff(Backoff {
-                initial: Duration::from_millis(50),
-                max: Duration::from_millis(500),
-                min_connect_timeout: Duration::from_millis(500),
-                ..Backoff::default()
-            })
-            .ejection(Ejection {
-                base_time: Duration::from_millis(200),
-                max_time: Duration::from_secs(1),
-                success_rate_interval: Some(Duration::from_secs(1)),
-                ..Ejection::default()
-            })
+            .retry(
+                RetryPolicy::default()
+                    .initial_backoff(Duration::from_millis(2))
+                    .max_backoff(Duration::from_millis(20)),
+            )
+            .backoff(
+                Backoff::default()
+                    .initial(Duration::from_millis(50))
+                    .max(Duration::from_millis(500))
+                    .min_connect_timeout(Duration::from_millis(500)),
+            )
+            .ejection(
+                Ejection::default()
+                    .base_time(Duration::from_millis(200))
+                    .max_time(Duration::from_secs(1))
+                    .success_rate_interval(Some(Duration::from_secs(1))),
+            )
             // A slow spell is forgotten fast, so that the churned instances keep getting
             // calls after one.
             .latency_expiry(Duration::from_millis(250));
         // Health checks whose interval is longer than the bound on invariant 5: a checker
         // that outlived the channel until its next tick would be caught.
         #[cfg(feature = "health-check")]
-        let builder = builder.health_check(HealthCheck {
-            interval: Duration::from_secs(3),
-            timeout: Duration::from_millis(500),
-            ..HealthCheck::default()
-        });
+        let builder = builder.health_check(
+            HealthCheck::default()
+                .interval(Duration::from_secs(3))
+                .timeout(Duration::from_millis(500)),
+        );
         builder.build().expect("valid channel")
     };
     let client = FleetClient::new(ch.clone());

@@ -4,21 +4,31 @@
 
 use std::time::Duration;
 
-/// Reconnect backoff for an instance whose connection could not be opened.
+/// Reconnect backoff for an instance whose connection could not be opened (see
+/// [`Builder::backoff`](crate::Builder::backoff)).
 ///
 /// Defaults are gRPC's: 1 s first, ×1.6, ±20% jitter, 120 s cap, 20 s minimum connect timeout.
+/// Built from [`Backoff::default`] with one setter per setting:
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_balancer::Backoff;
+///
+/// let backoff = Backoff::default()
+///     .initial(Duration::from_millis(200))
+///     .max(Duration::from_secs(10));
+/// # let _ = backoff;
+/// ```
+///
+/// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
+/// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Backoff {
-    /// Delay before the first reconnect attempt.
-    pub initial: Duration,
-    /// Growth of the delay per failed attempt.
-    pub multiplier: f64,
-    /// Randomisation of each delay, as a fraction (0.2 = ±20%).
-    pub jitter: f64,
-    /// Cap on the delay.
-    pub max: Duration,
-    /// How long one reconnect attempt may take.
-    pub min_connect_timeout: Duration,
+    pub(crate) initial: Duration,
+    pub(crate) multiplier: f64,
+    pub(crate) jitter: f64,
+    pub(crate) max: Duration,
+    pub(crate) min_connect_timeout: Duration,
 }
 
 impl Default for Backoff {
@@ -43,8 +53,39 @@ impl Backoff {
         Duration::from_secs_f64(jittered.max(0.0))
     }
 
-    pub(crate) fn min_connect_timeout(&self) -> Duration {
-        self.min_connect_timeout
+    /// Delay before the first reconnect attempt: above zero (default 1 s).
+    #[must_use]
+    pub fn initial(mut self, d: Duration) -> Self {
+        self.initial = d;
+        self
+    }
+
+    /// Growth of the delay per failed attempt: a finite number of at least 1 (default 1.6).
+    #[must_use]
+    pub fn multiplier(mut self, m: f64) -> Self {
+        self.multiplier = m;
+        self
+    }
+
+    /// Randomisation of each delay, as a fraction from 0 to 1 (default 0.2, that is ±20%).
+    #[must_use]
+    pub fn jitter(mut self, j: f64) -> Self {
+        self.jitter = j;
+        self
+    }
+
+    /// Cap on the delay: at least [`initial`](Self::initial) (default 120 s).
+    #[must_use]
+    pub fn max(mut self, d: Duration) -> Self {
+        self.max = d;
+        self
+    }
+
+    /// How long one reconnect attempt may take: above zero (default 20 s).
+    #[must_use]
+    pub fn min_connect_timeout(mut self, d: Duration) -> Self {
+        self.min_connect_timeout = d;
+        self
     }
 
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
@@ -92,20 +133,11 @@ mod tests {
 
     #[test]
     fn refuses_bad_values() {
-        let b = Backoff {
-            multiplier: 0.5,
-            ..Backoff::default()
-        };
+        let b = Backoff::default().multiplier(0.5);
         assert!(b.validate().unwrap_err().to_string().contains("multiplier"));
-        let b = Backoff {
-            jitter: 1.5,
-            ..Backoff::default()
-        };
+        let b = Backoff::default().jitter(1.5);
         assert!(b.validate().unwrap_err().to_string().contains("jitter"));
-        let b = Backoff {
-            initial: Duration::ZERO,
-            ..Backoff::default()
-        };
+        let b = Backoff::default().initial(Duration::ZERO);
         assert!(b.validate().unwrap_err().to_string().contains("backoff"));
     }
 }

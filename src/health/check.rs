@@ -16,14 +16,26 @@ use crate::instance::{Instance, State};
 /// own connection. An answer other than `SERVING`, an error, or no answer within `timeout` takes
 /// the instance out ([`State::Unhealthy`](crate::State::Unhealthy)) until it answers `SERVING`
 /// again. The first check runs as soon as the instance joins.
+///
+/// Built from [`HealthCheck::default`] with one setter per setting:
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_balancer::HealthCheck;
+///
+/// let check = HealthCheck::default()
+///     .interval(Duration::from_secs(2))
+///     .service("helloworld.Greeter");
+/// # let _ = check;
+/// ```
+///
+/// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
+/// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthCheck {
-    /// Time between two checks of one instance (default 5 s).
-    pub interval: Duration,
-    /// How long a check may take (default 1 s).
-    pub timeout: Duration,
-    /// The service name to ask about; empty for the server as a whole (the default).
-    pub service: String,
+    pub(crate) interval: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) service: String,
 }
 
 impl Default for HealthCheck {
@@ -37,6 +49,27 @@ impl Default for HealthCheck {
 }
 
 impl HealthCheck {
+    /// Time between two checks of one instance: above zero (default 5 s).
+    #[must_use]
+    pub fn interval(mut self, d: Duration) -> Self {
+        self.interval = d;
+        self
+    }
+
+    /// How long a check may take: above zero (default 1 s).
+    #[must_use]
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = d;
+        self
+    }
+
+    /// The service name to ask about; empty for the server as a whole (the default).
+    #[must_use]
+    pub fn service(mut self, name: impl Into<String>) -> Self {
+        self.service = name.into();
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
         let bad = |reason: &str| crate::Error::InvalidSetting {
             name: "health_check",

@@ -210,7 +210,7 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
         let endpoint = inst.endpoint.clone();
         let name = inst.display.clone();
         drop(inst);
-        let result = tokio::time::timeout(backoff.min_connect_timeout(), endpoint.connect()).await;
+        let result = tokio::time::timeout(backoff.min_connect_timeout, endpoint.connect()).await;
         let Some(inst) = weak.upgrade() else { return };
         match result {
             Ok(Ok(_probe)) => {

@@ -8,33 +8,37 @@ use std::time::Duration;
 
 use crate::instance::{Instance, State};
 
-/// Outlier ejection settings.
+/// Outlier ejection settings (see [`Builder::ejection`](crate::Builder::ejection)).
 ///
 /// Defaults: 5 failures in a row eject; 30 s the first time, doubling up to 300 s; at most half
 /// of the instances ejected at once; the success-rate rule on (every 10 s, instances with at
 /// least 20 calls in the interval whose success rate is below 1.9 standard deviations under the
-/// mean, and under 95%).
+/// mean, and under 95%). Built from [`Ejection::default`] with one setter per setting, or
+/// [`Ejection::disabled`]:
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_balancer::Ejection;
+///
+/// let ejection = Ejection::default()
+///     .consecutive_failures(3)
+///     .base_time(Duration::from_secs(10))
+///     .success_rate_interval(None);
+/// # let _ = ejection;
+/// ```
+///
+/// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
+/// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ejection {
-    /// Failures in a row that eject an instance.
-    pub consecutive_failures: u32,
-    /// How long the first ejection lasts.
-    pub base_time: Duration,
-    /// Cap on the ejection time.
-    pub max_time: Duration,
-    /// At most this share of the instances (in percent) is ejected at once; 0 turns ejection
-    /// off. Above 0, one instance may always be ejected when there are two or more, and one is
-    /// always left in.
-    pub max_ejected_percent: u32,
-    /// Interval of the success-rate rule; `None` turns the rule off.
-    pub success_rate_interval: Option<Duration>,
-    /// Calls an instance needs in one interval for the success-rate rule to judge it.
-    pub success_rate_min_calls: u64,
-    /// An instance more than this many standard deviations below the mean success rate is
-    /// ejected...
-    pub success_rate_stdev_factor: f64,
-    /// ...provided its success rate is also below this (0..=1).
-    pub success_rate_threshold: f64,
+    pub(crate) consecutive_failures: u32,
+    pub(crate) base_time: Duration,
+    pub(crate) max_time: Duration,
+    pub(crate) max_ejected_percent: u32,
+    pub(crate) success_rate_interval: Option<Duration>,
+    pub(crate) success_rate_min_calls: u64,
+    pub(crate) success_rate_stdev_factor: f64,
+    pub(crate) success_rate_threshold: f64,
 }
 
 impl Default for Ejection {
@@ -53,6 +57,81 @@ impl Default for Ejection {
 }
 
 impl Ejection {
+    /// No ejection at all: [`max_ejected_percent`](Self::max_ejected_percent) 0, and the
+    /// success-rate rule off ([`success_rate_interval`](Self::success_rate_interval) `None`).
+    /// Failing instances are still kept out by their connection state and, if enabled, their
+    /// health checks.
+    #[must_use]
+    pub fn disabled() -> Self {
+        Ejection::default()
+            .max_ejected_percent(0)
+            .success_rate_interval(None)
+    }
+
+    /// Failures in a row that eject an instance: at least 1 (default 5).
+    #[must_use]
+    pub fn consecutive_failures(mut self, n: u32) -> Self {
+        self.consecutive_failures = n;
+        self
+    }
+
+    /// How long the first ejection lasts: above zero (default 30 s). Each next ejection in a
+    /// streak lasts twice as long, up to [`max_time`](Self::max_time).
+    #[must_use]
+    pub fn base_time(mut self, d: Duration) -> Self {
+        self.base_time = d;
+        self
+    }
+
+    /// Cap on the ejection time: at least [`base_time`](Self::base_time) (default 300 s).
+    #[must_use]
+    pub fn max_time(mut self, d: Duration) -> Self {
+        self.max_time = d;
+        self
+    }
+
+    /// At most this share of the instances (in percent, 0 to 100) is ejected at once; 0 turns
+    /// ejection off (default 50). Above 0, one instance may always be ejected when there are
+    /// two or more, and one is always left in.
+    #[must_use]
+    pub fn max_ejected_percent(mut self, percent: u32) -> Self {
+        self.max_ejected_percent = percent;
+        self
+    }
+
+    /// Interval of the success-rate rule, above zero; `None` turns the rule off (default
+    /// `Some(10 s)`).
+    #[must_use]
+    pub fn success_rate_interval(mut self, every: Option<Duration>) -> Self {
+        self.success_rate_interval = every;
+        self
+    }
+
+    /// Calls an instance needs in one interval for the success-rate rule to judge it (default
+    /// 20).
+    #[must_use]
+    pub fn success_rate_min_calls(mut self, n: u64) -> Self {
+        self.success_rate_min_calls = n;
+        self
+    }
+
+    /// An instance more than this many standard deviations below the mean success rate is
+    /// ejected (at least 0, default 1.9), provided its success rate is also below
+    /// [`success_rate_threshold`](Self::success_rate_threshold).
+    #[must_use]
+    pub fn success_rate_stdev_factor(mut self, factor: f64) -> Self {
+        self.success_rate_stdev_factor = factor;
+        self
+    }
+
+    /// The success rate (0 to 1) below which an instance far under the mean is ejected
+    /// (default 0.95).
+    #[must_use]
+    pub fn success_rate_threshold(mut self, rate: f64) -> Self {
+        self.success_rate_threshold = rate;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
         let bad = |reason: &str| crate::Error::InvalidSetting {
             name: "ejection",
@@ -203,15 +282,10 @@ mod tests {
         assert_eq!(e.cap(2), 1);
         assert_eq!(e.cap(5), 2);
         assert_eq!(e.cap(20), 10);
-        let all = Ejection {
-            max_ejected_percent: 100,
-            ..Ejection::default()
-        };
+        let all = Ejection::default().max_ejected_percent(100);
         assert_eq!(all.cap(4), 3);
-        let none = Ejection {
-            max_ejected_percent: 0,
-            ..Ejection::default()
-        };
+        let none = Ejection::default().max_ejected_percent(0);
         assert_eq!(none.cap(4), 0);
+        assert_eq!(Ejection::disabled().cap(4), 0);
     }
 }
