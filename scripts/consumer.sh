@@ -40,6 +40,10 @@ consumer balancer-default "tonic-balancer = { path = \"$root\" }
 tonic = { version = \"0.14\", default-features = false }"
 consumer balancer-minimal "tonic-balancer = { path = \"$root\", default-features = false }
 tonic = { version = \"0.14\", default-features = false }"
+consumer balancer-hickory "tonic-balancer = { path = \"$root\", features = [\"hickory-dns\"] }
+tonic = { version = \"0.14\", default-features = false }"
+consumer balancer-health "tonic-balancer = { path = \"$root\", features = [\"health-check\"] }
+tonic = { version = \"0.14\", default-features = false }"
 consumer balancer-all "tonic-balancer = { path = \"$root\", features = [\"hickory-dns\", \"health-check\"] }
 tonic = { version = \"0.14\", default-features = false }"
 
@@ -59,7 +63,7 @@ async fn main() {
 $call
 }
 EOF
-for c in balancer-default balancer-minimal balancer-all; do
+for c in balancer-default balancer-minimal balancer-hickory balancer-health balancer-all; do
   cat > "$work/$c/src/main.rs" <<EOF
 #[tokio::main]
 async fn main() {
@@ -78,7 +82,7 @@ status=0
 base=$(crates tonic-channel)
 printf '%-18s %7s %8s\n' consumer crates ratio
 printf '%-18s %7d %8s\n' tonic-channel "$base" 1.00
-for c in balancer-default balancer-minimal balancer-all; do
+for c in balancer-default balancer-minimal balancer-hickory balancer-health balancer-all; do
   n=$(crates "$c")
   printf '%-18s %7d %8.2f\n' "$c" "$n" "$(echo "$n / $base" | bc -l)"
   tree=$(cd "$work/$c" && cargo tree -q -e normal,build,features --prefix none)

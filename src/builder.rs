@@ -75,13 +75,25 @@ enum Source {
         settings: Option<crate::DnsSettings>,
     },
     Custom(Arc<dyn Resolve>),
+    /// A stream of changes (taken by the first `build()`: a stream cannot be cloned).
+    Push(Arc<std::sync::Mutex<Option<PushTask>>>),
 }
+
+/// Starts the task that applies a stream of changes to a pool.
+type PushTask = Box<
+    dyn FnOnce(
+            Weak<Pool>,
+            Duration,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send,
+>;
 
 impl std::fmt::Debug for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Source::Dns { target, .. } => write!(f, "Dns({target})"),
             Source::Custom(r) => write!(f, "Custom({})", r.name()),
+            Source::Push(_) => f.write_str("Push"),
         }
     }
 }
@@ -172,6 +184,70 @@ impl Builder {
     /// Discovers the instances with a source of your own (a registry, a control plane).
     pub fn resolver(mut self, source: impl Resolve) -> Builder {
         self.discovery = Some(Source::Custom(Arc::new(source)));
+        self
+    }
+
+    /// Follows a source that pushes changes (tower's `Discover` shape: any `TryStream` of
+    /// [`Change`](tower::discover::Change)`<K, Endpoint>`), as service registries with watches
+    /// deliver them (Consul, Kubernetes EndpointSlices, etcd): each `Insert(key, endpoint)`
+    /// adds the instance with its own settings (replacing an instance of the same URI, and the
+    /// URI the key had before); each `Remove(key)` drains the key's instance. Until the first
+    /// change arrives, calls wait for it, for at most the
+    /// [`discovery_timeout`](Builder::discovery_timeout). An error of the source is logged and
+    /// the set kept; when the source ends, the set stays as it is.
+    ///
+    /// ```
+    /// use tonic::transport::Endpoint;
+    /// use tower::discover::Change;
+    /// use tonic_balancer::BalancedChannel;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tonic_balancer::Error> {
+    /// let (tx, rx) = tokio::sync::mpsc::channel::<Change<&str, Endpoint>>(16);
+    /// // Any stream of Result<Change<K, Endpoint>, E>: here, an mpsc receiver's.
+    /// let changes = futures::stream::unfold(rx, |mut rx| async move {
+    ///     rx.recv().await.map(|c| (Ok::<_, std::convert::Infallible>(c), rx))
+    /// });
+    /// let channel = BalancedChannel::builder().discover(changes).build()?;
+    /// tx.send(Change::Insert("pod-a", Endpoint::from_static("http://10.0.0.7:50051"))).await.ok();
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn discover<D, K>(self, source: D) -> Builder
+    where
+        D: tower::discover::Discover<Key = K, Service = Endpoint> + Send + 'static,
+        D::Error: Into<tower::BoxError>,
+        K: std::hash::Hash + Eq + Clone + Send + 'static,
+    {
+        let mut source = Box::pin(source);
+        self.push(
+            Box::new(move |cx| {
+                source
+                    .as_mut()
+                    .poll_discover(cx)
+                    .map(|item| item.map(|r| r.map_err(Into::into)))
+            }),
+            "discovery stream",
+        )
+    }
+
+    /// Follows the changes that `next` yields (see [`discover`](Builder::discover)).
+    pub(crate) fn push<K>(
+        mut self,
+        next: crate::discover::push::Next<K>,
+        name: &'static str,
+    ) -> Builder
+    where
+        K: std::hash::Hash + Eq + Clone + Send + 'static,
+    {
+        let task: PushTask = Box::new(move |pool, first_within| {
+            Box::pin(crate::discover::push::run(
+                pool,
+                next,
+                name.to_owned(),
+                first_within,
+            ))
+        });
+        self.discovery = Some(Source::Push(Arc::new(std::sync::Mutex::new(Some(task)))));
         self
     }
 
@@ -378,8 +454,16 @@ impl Builder {
                 reason: "must be above zero".to_owned(),
             });
         }
+        let mut push = None;
         let discovery = match self.discovery.clone() {
             None => None,
+            Some(Source::Push(task)) => {
+                push = Some(crate::lock(&task).take().ok_or(Error::InvalidSetting {
+                    name: "discover",
+                    reason: "the stream was taken by an earlier build() of this builder".into(),
+                })?);
+                None
+            }
             Some(Source::Custom(r)) => Some((r, "http")),
             Some(Source::Dns {
                 target,
@@ -465,6 +549,12 @@ impl Builder {
                     template,
                 },
             );
+        }
+        if let Some(task) = push {
+            if pool.snapshot().is_empty() {
+                pool.discovered.send_replace(false);
+            }
+            pool.spawn(task(Arc::downgrade(&pool), self.discovery_timeout));
         }
         if let Some(every) = policy.ejection.success_rate_interval {
             pool.spawn(success_rate_task(Arc::downgrade(&pool), every));

@@ -12,7 +12,7 @@ use tonic::body::Body;
 use tonic::transport::Channel;
 use tower::BoxError;
 
-use crate::error::{broken_connection, deadline_exceeded, sources, unavailable};
+use crate::error::{deadline_exceeded, is_transport, no_usable_instance, sources, unavailable};
 use crate::guard::{CallGuard, GuardedBody};
 use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
@@ -69,6 +69,75 @@ impl BalancedChannel {
         BalancedChannel::builder().uris(uris).build()
     }
 
+    /// A channel over these endpoints, each with its own settings: the shape of tonic's
+    /// `Channel::balance_list`, so that moving from it is one line.
+    ///
+    /// ```no_run
+    /// use tonic::transport::Endpoint;
+    /// use tonic_balancer::BalancedChannel;
+    ///
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// let endpoints = ["http://10.0.0.7:50051", "http://10.0.0.8:50051"]
+    ///     .into_iter()
+    ///     .map(Endpoint::from_static);
+    /// // Before: let channel = Channel::balance_list(endpoints);
+    /// let channel = BalancedChannel::balance_list(endpoints)?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn balance_list(
+        endpoints: impl IntoIterator<Item = tonic::transport::Endpoint>,
+    ) -> Result<BalancedChannel, crate::Error> {
+        BalancedChannel::builder().endpoints(endpoints).build()
+    }
+
+    /// A channel whose instances come and go through the returned sender: the shape of tonic's
+    /// `Channel::balance_channel`. Send `Change::Insert(key, endpoint)` to add an instance
+    /// (replacing one of the same URI) and `Change::Remove(key)` to drain it; see
+    /// [`Builder::discover`](crate::Builder::discover). Calls made before the first insert
+    /// wait for it (at most 10 s, the default
+    /// [`discovery_timeout`](crate::Builder::discovery_timeout)).
+    ///
+    /// ```no_run
+    /// use tonic::transport::Endpoint;
+    /// use tower::discover::Change;
+    /// use tonic_balancer::BalancedChannel;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Before: let (channel, tx) = Channel::balance_channel(1024);
+    /// let (channel, tx) = BalancedChannel::balance_channel(1024)?;
+    /// tx.send(Change::Insert("a", Endpoint::from_static("http://10.0.0.7:50051"))).await?;
+    /// tx.send(Change::Remove("a")).await?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    #[allow(clippy::type_complexity)]
+    pub fn balance_channel<K>(
+        capacity: usize,
+    ) -> Result<
+        (
+            BalancedChannel,
+            tokio::sync::mpsc::Sender<tower::discover::Change<K, tonic::transport::Endpoint>>,
+        ),
+        crate::Error,
+    >
+    where
+        K: std::hash::Hash + Eq + Clone + Send + 'static,
+    {
+        if capacity == 0 {
+            return Err(crate::Error::InvalidSetting {
+                name: "balance_channel",
+                reason: "the capacity must be above zero".into(),
+            });
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::channel(capacity);
+        let channel = BalancedChannel::builder()
+            .push(
+                Box::new(move |cx| rx.poll_recv(cx).map(|c| c.map(Ok))),
+                "balance_channel",
+            )
+            .build()?;
+        Ok((channel, tx))
+    }
+
     /// A [`Builder`](crate::Builder) for the instances' `Endpoint`s, the strategy and the
     /// failure-handling settings.
     pub fn builder() -> crate::Builder {
@@ -91,9 +160,11 @@ impl BalancedChannel {
         self.pool.strategy
     }
 
-    /// Adds an instance while calls flow; its connection opens on its first call. Returns
-    /// `Ok(false)` if an instance with this URI is in the set already. An instance of this URI
-    /// that is draining is taken back with its connection.
+    /// Adds an instance while calls flow; its connection opens on its first call. An instance
+    /// with the same URI in the set is replaced by this one, with its settings (a rotated
+    /// certificate, a new timeout): the old one drains (its calls finish on its connection).
+    /// Returns `Ok(true)` if the URI was not in the set, `Ok(false)` if an instance was
+    /// replaced.
     pub fn insert(&self, endpoint: tonic::transport::Endpoint) -> Result<bool, crate::Error> {
         let name = endpoint.uri().to_string();
         crate::error::check_endpoint(&name, endpoint.uri())?;
@@ -314,7 +385,7 @@ fn route(
         }
         let msg = no_instance_message(pool, &snap);
         tracing::debug!(reason = %msg, "call refused");
-        return ResponseFuture::failed(unavailable(msg));
+        return ResponseFuture::failed(no_usable_instance(msg));
     };
     let inst = &snap[idx];
     tracing::trace!(addr = %inst.display, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
@@ -493,10 +564,14 @@ impl ResponseFuture {
             // Released without an outcome: the connect failure is recorded already.
             drop(guard);
         } else {
-            let status = unavailable(format!(
-                "tonic-balancer: {} could not be reached and no other instance is usable",
-                guard.instance().display
-            ));
+            let addr = &guard.instance().display;
+            let status = unavailable(
+                addr,
+                format!(
+                    "tonic-balancer: {addr} could not be reached and no other instance is usable"
+                ),
+                None,
+            );
             drop(guard);
             self.state = CallState::Failed(Some(status));
         }
@@ -582,8 +657,10 @@ impl ResponseFuture {
     }
 
     /// The response head arrived.
-    fn answered(&mut self, resp: http::Response<Body>) -> Option<CallResult> {
+    fn answered(&mut self, mut resp: http::Response<Body>) -> Option<CallResult> {
         let mut guard = self.guard.take().expect("guard held until the response");
+        resp.extensions_mut()
+            .insert(guard.instance().served_by.clone());
         self.unreachable = None;
         guard.headers_received();
         if self
@@ -666,7 +743,7 @@ impl ResponseFuture {
             let (status, outcome) = if connect {
                 (as_unavailable(e, &inst.display), Outcome::Failure)
             } else {
-                (not_processed(&inst.display, &*e).into(), Outcome::Cancelled)
+                (not_processed(&inst.display, e).into(), Outcome::Cancelled)
             };
             self.guard = Some(guard);
             return match self.fail(outcome, status) {
@@ -680,7 +757,7 @@ impl ResponseFuture {
         // A call the server did not process says nothing against it; a broken connection
         // counts once, whatever number of calls it broke.
         let (e, outcome) = if refused || matches!(kind, ErrorKind::Unsent { connect: false }) {
-            (not_processed(&inst.display, &*e).into(), Outcome::Cancelled)
+            (not_processed(&inst.display, e).into(), Outcome::Cancelled)
         } else if crate::error::is_transport(&*e) && !guard.first_to_see_break() {
             (as_unavailable(e, &inst.display), Outcome::Cancelled)
         } else {
@@ -805,23 +882,25 @@ fn from_http_status(status: http::StatusCode) -> tonic::Code {
 /// A connection that broke under a call is UNAVAILABLE (see [`broken_connection`]); errors
 /// that carry a status keep it.
 fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
-    if sources(&*e).any(|err| err.is::<tonic::Status>()) {
+    if sources(&*e).any(|err| err.is::<tonic::Status>()) || !is_transport(&*e) {
         return e;
     }
-    match broken_connection(addr, &*e) {
-        Some(status) => status.into(),
-        None => e,
-    }
+    let reason = format!(
+        "connection to {addr} broke during the call: {}",
+        crate::error::chain(&*e)
+    );
+    unavailable(addr, reason, Some(Arc::from(e))).into()
 }
 
 /// UNAVAILABLE for a call that the instance did not process: its connection closed before the
 /// request was written (hyper reports it as canceled, which tonic would turn into CANCELLED: the
 /// caller cancelled nothing), or the server refused it (GOAWAY, REFUSED_STREAM).
-fn not_processed(addr: &str, e: &(dyn std::error::Error + 'static)) -> tonic::Status {
-    unavailable(format!(
+fn not_processed(addr: &str, e: BoxError) -> tonic::Status {
+    let reason = format!(
         "tonic-balancer: {addr} did not process the call (its connection closed or refused it): {}",
-        crate::error::chain(e)
-    ))
+        crate::error::chain(&*e)
+    );
+    unavailable(addr, reason, Some(Arc::from(e)))
 }
 
 enum ErrorKind {

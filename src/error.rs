@@ -2,12 +2,26 @@
 //! the gRPC statuses the channel itself produces for a call.
 
 use std::fmt;
+use std::sync::Arc;
 
-/// Why a [`BalancedChannel`](crate::BalancedChannel) could not be built.
+/// Why a [`BalancedChannel`](crate::BalancedChannel) could not be built, or why the channel
+/// itself ended a call.
 ///
-/// Every variant names the input it refuses, so that the message points at the line of
-/// configuration to fix.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Every build-time variant names the input it refuses, so that the message points at the
+/// line of configuration to fix. A status that the channel makes itself (rather than one an
+/// instance answered) carries one of the call-time variants as its source, so that a caller
+/// can tell them apart:
+///
+/// ```
+/// # fn handle(status: tonic::Status) {
+/// use std::error::Error as _;
+/// if let Some(e) = status.source().and_then(|s| s.downcast_ref::<tonic_balancer::Error>()) {
+///     // Made by the balancer: no usable instance, the deadline, a connection that failed.
+///     eprintln!("tonic-balancer ended the call: {e}");
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error {
     /// No instance was given: a channel needs at least one address.
@@ -34,7 +48,57 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A call found no instance to go to: none in the set, none usable, or none left that it
+    /// had not tried. The call was not sent. (Status UNAVAILABLE.)
+    NoUsableInstance {
+        /// Why, with the count of instances per state.
+        reason: String,
+    },
+    /// A call's deadline (its `grpc-timeout`) passed before the call was over. (Status
+    /// DEADLINE_EXCEEDED.)
+    DeadlineExceeded,
+    /// The connection to an instance failed under a call (it could not be opened, broke, or
+    /// was closed before the call was written), and the call could not be sent elsewhere.
+    /// (Status UNAVAILABLE.)
+    Unavailable {
+        /// The instance.
+        uri: String,
+        /// What happened.
+        reason: String,
+        /// The transport's error, if there was one.
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
 }
+
+/// Compares everything but a transport error's source (which has no equality).
+impl PartialEq for Error {
+    fn eq(&self, other: &Error) -> bool {
+        use Error::*;
+        match (self, other) {
+            (NoInstances, NoInstances) | (NoRuntime, NoRuntime) => true,
+            (DeadlineExceeded, DeadlineExceeded) => true,
+            (InvalidUri { uri: a, reason: b }, InvalidUri { uri: c, reason: d }) => {
+                a == c && b == d
+            }
+            (DuplicateUri { uri: a }, DuplicateUri { uri: b }) => a == b,
+            (InvalidSetting { name: a, reason: b }, InvalidSetting { name: c, reason: d }) => {
+                a == c && b == d
+            }
+            (NoUsableInstance { reason: a }, NoUsableInstance { reason: b }) => a == b,
+            (
+                Unavailable {
+                    uri: a, reason: b, ..
+                },
+                Unavailable {
+                    uri: c, reason: d, ..
+                },
+            ) => a == c && b == d,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Error {}
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -52,11 +116,37 @@ impl fmt::Display for Error {
             Error::InvalidSetting { name, reason } => {
                 write!(f, "invalid setting `{name}`: {reason}")
             }
+            Error::NoUsableInstance { reason } | Error::Unavailable { reason, .. } => {
+                f.write_str(reason)
+            }
+            Error::DeadlineExceeded => {
+                f.write_str("deadline exceeded: the call's grpc-timeout ran out")
+            }
         }
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Unavailable {
+                source: Some(s), ..
+            } => Some(&**s),
+            _ => None,
+        }
+    }
+}
+
+/// The status for an error the channel ends a call with, carrying it as its source.
+pub(crate) fn status(error: Error) -> tonic::Status {
+    let code = match error {
+        Error::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+        _ => tonic::Code::Unavailable,
+    };
+    let mut status = tonic::Status::new(code, error.to_string());
+    status.set_source(Arc::new(error));
+    status
+}
 
 /// Checks that `s` is an absolute `http://` or `https://` URI with a host, and parses it.
 pub(crate) fn parse_uri(s: &str) -> Result<http::Uri, Error> {
@@ -91,14 +181,29 @@ pub(crate) fn check_uri(uri: &http::Uri) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// UNAVAILABLE, for a call the channel cannot route.
-pub(crate) fn unavailable(message: impl Into<String>) -> tonic::Status {
-    tonic::Status::unavailable(message)
+/// UNAVAILABLE, for a call the channel found no instance for.
+pub(crate) fn no_usable_instance(reason: impl Into<String>) -> tonic::Status {
+    status(Error::NoUsableInstance {
+        reason: reason.into(),
+    })
+}
+
+/// UNAVAILABLE, for a call whose instance's connection failed under it.
+pub(crate) fn unavailable(
+    uri: &str,
+    reason: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+) -> tonic::Status {
+    status(Error::Unavailable {
+        uri: uri.to_owned(),
+        reason,
+        source,
+    })
 }
 
 /// DEADLINE_EXCEEDED, for a call whose `grpc-timeout` ran out.
 pub(crate) fn deadline_exceeded() -> tonic::Status {
-    tonic::Status::deadline_exceeded("deadline exceeded: the call's grpc-timeout ran out")
+    status(Error::DeadlineExceeded)
 }
 
 /// An error and its sources, outermost first.
@@ -137,11 +242,24 @@ pub(crate) fn broken_connection(
     if !is_transport(e) {
         return None;
     }
-    Some(tonic::Status::unavailable(format!(
-        "connection to {addr} broke during the call: {}",
-        chain(e)
-    )))
+    Some(unavailable(
+        addr,
+        format!("connection to {addr} broke during the call: {}", chain(e)),
+        Some(Arc::new(Message(chain(e)))),
+    ))
 }
+
+/// An error's text, standing for an error that cannot be kept itself (it is borrowed).
+#[derive(Debug)]
+struct Message(String);
+
+impl fmt::Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Message {}
 
 /// An error and its sources, as one line (each message once).
 pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {

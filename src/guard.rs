@@ -78,19 +78,25 @@ impl CallGuard {
     /// [`DEADLINE_FLOOR`]: health::DEADLINE_FLOOR
     /// [`DEADLINE_LATENCY_FACTOR`]: health::DEADLINE_LATENCY_FACTOR
     pub(crate) fn deadline_outcome(&self) -> Outcome {
+        if self.held_in_silence().is_some() {
+            Outcome::Failure
+        } else {
+            Outcome::Cancelled
+        }
+    }
+
+    /// How long the instance has held the call without answering, if that is long enough to
+    /// say something of it (see [`deadline_outcome`](Self::deadline_outcome)).
+    fn held_in_silence(&self) -> Option<std::time::Duration> {
         if self.answered {
-            return Outcome::Cancelled;
+            return None;
         }
         let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
         let held = self.start.elapsed();
         let enough = health::DEADLINE_FLOOR
             .as_secs_f64()
             .max(usual * 1e-9 * health::DEADLINE_LATENCY_FACTOR);
-        if held.as_secs_f64() >= enough {
-            Outcome::Failure
-        } else {
-            Outcome::Cancelled
-        }
+        (held.as_secs_f64() >= enough).then_some(held)
     }
 
     /// The connection broke under this call: whether this call is the first to report that
@@ -121,6 +127,15 @@ impl Drop for CallGuard {
     #[inline]
     fn drop(&mut self) {
         self.inst.in_flight.fetch_sub(1, Ordering::Release);
+        if self.outcome.is_none() && !self.answered && !self.connecting {
+            // Dropped by the caller (a timeout of its own, a tower `Timeout`) while the
+            // instance had not answered: not a failure of the instance, but the call took at
+            // least this long there. Without this sample, an instance that hangs would keep
+            // its old fast estimate and win every tie while callers give up on it.
+            if let Some(held) = self.held_in_silence() {
+                health::observe_latency(&self.inst, held, Instant::now());
+            }
+        }
         health::record(&self.inst, self.outcome.unwrap_or(Outcome::Cancelled));
     }
 }

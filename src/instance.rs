@@ -88,6 +88,8 @@ pub(crate) struct Instance {
     pub(crate) latency_at: AtomicU64,
     pub(crate) uri: http::Uri,
     pub(crate) display: String,
+    /// The extension that names it in the responses it serves.
+    pub(crate) served_by: crate::stats::ServedBy,
     pub(crate) endpoint: Endpoint,
     pub(crate) channel: Channel,
     pub(crate) policy: Arc<Policy>,
@@ -131,6 +133,7 @@ impl Instance {
             steady_ns: AtomicU64::new(0),
             latency_at: AtomicU64::new(now_ns),
             uri: endpoint.uri().clone(),
+            served_by: crate::stats::ServedBy::new(&display),
             display,
             endpoint,
             channel,

@@ -99,7 +99,7 @@ pub use health::HealthCheck;
 pub use health::{Backoff, Ejection};
 pub use instance::State;
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
-pub use stats::EndpointStats;
+pub use stats::{EndpointStats, ServedBy};
 
 /// Locks a mutex of the channel's rare paths (membership, discovery, replay), going on past a
 /// panic in another holder: what they guard stays consistent at every step.

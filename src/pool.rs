@@ -36,6 +36,15 @@ impl std::ops::Deref for Members {
 
 pub(crate) type Snapshot = Arc<Members>;
 
+/// Whether a membership change takes back a draining instance of a URI it adds.
+#[derive(Clone, Copy)]
+enum Reuse {
+    /// Yes, with its connection and settings (a discovery answer naming it again).
+    Draining,
+    /// No: a new instance with the settings given (an explicit insert).
+    No,
+}
+
 /// The instances of one channel and its clones.
 pub(crate) struct Pool {
     /// The instances that get calls; readers `load()` it without a lock.
@@ -100,24 +109,28 @@ impl Pool {
         self.members.store(Arc::new(Members::new(next)));
     }
 
-    /// Adds an instance; false if one with the same URI is in the set already. An instance of
-    /// that URI that is draining is taken back, with its connection.
+    /// Adds an instance with these settings: an instance of the same URI in the set is
+    /// replaced (it drains: its calls finish on its connection, with its old settings). True if
+    /// the URI was not in the set, false if an instance was replaced.
     pub(crate) fn insert(&self, name: String, endpoint: Endpoint) -> bool {
-        self.change(vec![(name, endpoint)], |_| false).0 == 1
+        let uri = endpoint.uri().clone();
+        let (_, replaced) = self.change(vec![(name, endpoint)], |i| i.uri == uri, Reuse::No);
+        replaced == 0
     }
 
     /// Removes the instance with this URI: no new calls from now on; it finishes the calls it
     /// has, then its connection closes. False if there is none.
     pub(crate) fn remove(&self, uri: &http::Uri) -> bool {
-        self.change(Vec::new(), |i| i.uri == *uri).1 == 1
+        self.change(Vec::new(), |i| i.uri == *uri, Reuse::No).1 == 1
     }
 
-    /// Makes the set the given one: adds what is new, removes (drains) what is gone, leaves the
-    /// rest and their connections alone. Returns (added, removed).
+    /// Makes the set the given one: adds what is new (taking back a draining instance of the
+    /// URI, with its connection), removes (drains) what is gone, leaves the rest and their
+    /// connections alone. Returns (added, removed).
     pub(crate) fn sync(&self, want: Vec<(String, Endpoint)>) -> (usize, usize) {
         let keep: std::collections::HashSet<http::Uri> =
             want.iter().map(|(_, e)| e.uri().clone()).collect();
-        self.change(want, |i| !keep.contains(&i.uri))
+        self.change(want, |i| !keep.contains(&i.uri), Reuse::Draining)
     }
 
     /// One membership change: the instances for which `gone` holds leave, the endpoints in
@@ -129,6 +142,7 @@ impl Pool {
         &self,
         add: Vec<(String, Endpoint)>,
         gone: impl Fn(&Instance) -> bool,
+        reuse: Reuse,
     ) -> (usize, usize) {
         let _w = lock(&self.write);
         let cur = self.members.load_full();
@@ -146,9 +160,11 @@ impl Pool {
             if next.iter().any(|i| i.uri == *endpoint.uri()) {
                 continue;
             }
-            let inst = self
-                .revive(endpoint.uri())
-                .unwrap_or_else(|| self.create(name, endpoint));
+            let revived = match reuse {
+                Reuse::Draining => self.revive(endpoint.uri()),
+                Reuse::No => None,
+            };
+            let inst = revived.unwrap_or_else(|| self.create(name, endpoint));
             next.push(inst);
             added += 1;
         }
@@ -173,10 +189,11 @@ impl Pool {
     /// background tasks), if there is one.
     fn revive(&self, uri: &http::Uri) -> Option<Arc<Instance>> {
         let mut draining = self.draining_list();
+        // The latest to drain: an instance replaced by one with new settings drained before it.
         let pos = draining
             .iter()
-            .position(|w| w.upgrade().is_some_and(|i| i.uri == *uri))?;
-        let inst = draining.swap_remove(pos).upgrade()?;
+            .rposition(|w| w.upgrade().is_some_and(|i| i.uri == *uri))?;
+        let inst = draining.remove(pos).upgrade()?;
         // Not known to be connected: the next response says so.
         inst.transition(State::Draining, State::Connecting)
             .then(|| {

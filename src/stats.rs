@@ -5,6 +5,38 @@ use std::time::Duration;
 
 use crate::instance::{Instance, State};
 
+/// Which instance answered a call: in the extensions of every response the channel returns
+/// (for a generated stub, `response.extensions().get::<ServedBy>()`, on unary and streaming
+/// responses alike).
+///
+/// ```no_run
+/// # async fn demo(mut client: tonic::client::Grpc<tonic_balancer::BalancedChannel>) {
+/// # let response: tonic::Response<()> = todo!();
+/// if let Some(served_by) = response.extensions().get::<tonic_balancer::ServedBy>() {
+///     println!("answered by {}", served_by.uri());
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServedBy(std::sync::Arc<str>);
+
+impl ServedBy {
+    pub(crate) fn new(uri: &str) -> ServedBy {
+        ServedBy(uri.into())
+    }
+
+    /// The instance's URI, as in [`EndpointStats::uri`].
+    pub fn uri(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ServedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A snapshot of one instance, from [`BalancedChannel::endpoints`](crate::BalancedChannel::endpoints).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndpointStats {

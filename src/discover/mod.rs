@@ -11,6 +11,7 @@
 //! bound on a source that hangs.
 
 mod dns;
+pub(crate) mod push;
 
 pub(crate) use dns::split_target;
 pub use dns::Dns;

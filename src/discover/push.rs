@@ -1,0 +1,90 @@
+//! Discovery that pushes: a stream of [`Change`]s (tower's `Discover` shape, as service
+//! registries with watches deliver them: Consul, Kubernetes EndpointSlices, etcd), each
+//! `Insert` carrying the instance's own `Endpoint`.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Weak;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tonic::transport::Endpoint;
+use tower::discover::Change;
+use tower::BoxError;
+
+use crate::pool::Pool;
+
+/// The next change of a source, polled.
+pub(crate) type Next<K> =
+    Box<dyn FnMut(&mut Context<'_>) -> Poll<Option<Result<Change<K, Endpoint>, BoxError>>> + Send>;
+
+/// Applies the changes of `next` to the pool until the source ends or the pool is dropped.
+/// Keys map to instances: an `Insert` of a key adds its endpoint (replacing an instance of the
+/// same URI, so that new settings take effect) and drops the URI the key had before; a `Remove`
+/// drains the key's instance (unless another key still names its URI). Until the first change,
+/// calls wait for it, for at most `first_within`.
+pub(crate) async fn run<K>(
+    pool: Weak<Pool>,
+    mut next: Next<K>,
+    name: String,
+    first_within: Duration,
+) where
+    K: Hash + Eq + Clone + Send + 'static,
+{
+    let mut keys: HashMap<K, http::Uri> = HashMap::new();
+    let first_by = tokio::time::Instant::now() + first_within;
+    let mut waiting = pool.upgrade().is_some_and(|p| !*p.discovered.borrow());
+    loop {
+        let item = if waiting {
+            tokio::select! {
+                item = std::future::poll_fn(&mut next) => item,
+                _ = tokio::time::sleep_until(first_by) => {
+                    waiting = false;
+                    let Some(p) = pool.upgrade() else { return };
+                    tracing::warn!(source = %name, "no instance announced in time");
+                    p.discovery_status(Some(format!(
+                        "{name}: no instance announced within {first_within:?}"
+                    )));
+                    continue;
+                }
+            }
+        } else {
+            std::future::poll_fn(&mut next).await
+        };
+        let Some(p) = pool.upgrade() else { return };
+        match item {
+            None => {
+                tracing::warn!(source = %name, instances = p.snapshot().len(), "discovery stream ended; keeping the last set");
+                p.discovery_status(Some(format!("{name}: the stream ended")));
+                return;
+            }
+            Some(Err(e)) => {
+                tracing::warn!(source = %name, error = %e, "discovery error; keeping the set");
+                p.discovery_status(Some(format!("{name}: {e}")));
+            }
+            Some(Ok(Change::Insert(key, endpoint))) => {
+                let uri = endpoint.uri().clone();
+                let display = uri.to_string();
+                if let Err(e) = crate::error::check_endpoint(&display, &uri) {
+                    tracing::warn!(source = %name, error = %e, "unusable endpoint ignored");
+                    continue;
+                }
+                if let Some(old) = keys.insert(key, uri.clone()) {
+                    if old != uri && !keys.values().any(|u| *u == old) {
+                        p.remove(&old);
+                    }
+                }
+                p.insert(display, endpoint);
+                waiting = false;
+                p.discovery_status(None);
+            }
+            Some(Ok(Change::Remove(key))) => {
+                if let Some(uri) = keys.remove(&key) {
+                    if !keys.values().any(|u| *u == uri) {
+                        p.remove(&uri);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The shapes tonic users move from: `Channel::balance_list`, `Channel::balance_channel` (a
+//! sender of `tower::discover::Change`), any pushed stream of changes, and an insert that
+//! brings new settings for an address already in the set.
+mod fleet;
+
+use std::time::Duration;
+
+use fleet::pb::{fleet_client::FleetClient, Req};
+use fleet::{Behavior, Fleet, Instance};
+use tonic::transport::Endpoint;
+use tonic_balancer::{BalancedChannel, State};
+use tower::discover::Change;
+
+fn endpoint(uri: &str) -> Endpoint {
+    Endpoint::from_shared(uri.to_owned()).unwrap()
+}
+
+/// The instances of the channel as (URI without a trailing slash, state, calls in flight).
+fn members(ch: &BalancedChannel) -> Vec<(String, State, usize)> {
+    ch.endpoints()
+        .iter()
+        .map(|e| {
+            (
+                e.uri().trim_end_matches('/').to_owned(),
+                e.state(),
+                e.in_flight(),
+            )
+        })
+        .collect()
+}
+
+/// `balance_list` takes tonic's `Endpoint`s, as tonic's does, and spreads the calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balance_list_spreads_calls_over_its_endpoints() {
+    let fleet = Fleet::start(3, Behavior::Ok);
+    let ch = BalancedChannel::balance_list(fleet.uris().iter().map(|u| endpoint(u))).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    fleet::calls(&mut client, 60).await;
+    assert!(
+        fleet.served().iter().all(|&n| n > 0),
+        "{:?}",
+        fleet.served()
+    );
+    assert_eq!(fleet::total_in_flight(&ch), 0);
+}
+
+/// `balance_channel`: calls made before the first insert wait for it; inserts add, removes
+/// drain, and a key inserted again with another address moves to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balance_channel_follows_its_changes() {
+    let fleet = Fleet::start(3, Behavior::Ok);
+    let [a, b, c] = [0, 1, 2].map(|i| fleet.instances[i].uri());
+    let (ch, tx) = BalancedChannel::balance_channel::<&'static str>(16).unwrap();
+    let mut early = FleetClient::new(ch.clone());
+    let waiting = tokio::spawn(async move { fleet::calls(&mut early, 1).await });
+    // The call waits for the first instance rather than failing at once.
+    tokio::task::yield_now().await;
+    tx.send(Change::Insert("a", endpoint(&a))).await.unwrap();
+    assert_eq!(waiting.await.unwrap(), ["i0"]);
+
+    tx.send(Change::Insert("b", endpoint(&b))).await.unwrap();
+    fleet::wait_until("two instances", Duration::from_secs(10), || {
+        ch.endpoints().len() == 2
+    })
+    .await;
+    let mut client = FleetClient::new(ch.clone());
+    let names = fleet::calls(&mut client, 40).await;
+    assert!(names.iter().any(|n| n == "i0") && names.iter().any(|n| n == "i1"));
+
+    tx.send(Change::Remove("a")).await.unwrap();
+    fleet::wait_until("a removed", Duration::from_secs(10), || {
+        members(&ch).iter().all(|(u, _, _)| *u != a)
+    })
+    .await;
+    let names = fleet::calls(&mut client, 20).await;
+    assert!(names.iter().all(|n| n == "i1"), "{names:?}");
+
+    // Key b now names c: b's old address leaves, c joins.
+    tx.send(Change::Insert("b", endpoint(&c))).await.unwrap();
+    fleet::wait_until("b moved to c", Duration::from_secs(10), || {
+        let m = members(&ch);
+        m.len() == 1 && m[0].0 == c
+    })
+    .await;
+    let names = fleet::calls(&mut client, 20).await;
+    assert!(names.iter().all(|n| n == "i2"), "{names:?}");
+}
+
+/// Any stream of changes can drive the set (tower's `Discover` shape); before its first
+/// change, calls wait at most the discovery timeout and then fail with UNAVAILABLE saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_stream_of_changes_drives_the_set() {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Change<u32, Endpoint>, std::io::Error>>(8);
+    let ch = BalancedChannel::builder()
+        .discover(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .discovery_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let started = std::time::Instant::now();
+    let err = client
+        .unary(Req::default())
+        .await
+        .expect_err("no instance was ever announced");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("no instance announced"), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "waited {:?}",
+        started.elapsed()
+    );
+
+    let one = Instance::start("one", Behavior::Ok);
+    tx.send(Ok(Change::Insert(1, endpoint(&one.uri()))))
+        .await
+        .unwrap();
+    fleet::wait_until("the instance announced", Duration::from_secs(10), || {
+        ch.endpoints().len() == 1
+    })
+    .await;
+    assert_eq!(fleet::calls(&mut client, 5).await, ["one"; 5]);
+    // An error of the source keeps the set.
+    tx.send(Err(std::io::Error::other("registry hiccup")))
+        .await
+        .unwrap();
+    assert_eq!(fleet::calls(&mut client, 5).await, ["one"; 5]);
+}
+
+/// Inserting an address that is in the set already, with new settings, replaces its instance:
+/// the old one drains (its call in flight finishes on its connection), new calls go to the new
+/// one, and `insert` says it replaced (`Ok(false)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserting_an_address_again_replaces_its_instance() {
+    let x = Instance::start("x", Behavior::Hold);
+    let ch = BalancedChannel::builder().uri(&x.uri()).build().unwrap();
+    let mut held = FleetClient::new(ch.clone());
+    let held_call = tokio::spawn(async move { held.unary(Req::default()).await });
+    fleet::wait_until("a call held on x", Duration::from_secs(10), || {
+        x.held() == 1
+    })
+    .await;
+
+    let renewed = endpoint(&x.uri()).timeout(Duration::from_secs(30));
+    assert!(!ch.insert(renewed).unwrap(), "insert must say it replaced");
+    let m = members(&ch);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(
+        m.iter().any(|(_, s, n)| *s == State::Draining && *n == 1),
+        "the old instance drains with its call: {m:?}"
+    );
+    assert!(
+        m.iter().any(|(_, s, n)| s.is_usable() && *n == 0),
+        "the new instance is in: {m:?}"
+    );
+    x.set(Behavior::Ok);
+    let mut client = FleetClient::new(ch.clone());
+    fleet::calls(&mut client, 5).await;
+    let started_on_new: u64 = ch
+        .endpoints()
+        .iter()
+        .filter(|e| e.state() != State::Draining)
+        .map(|e| e.started())
+        .sum();
+    assert_eq!(started_on_new, 5, "new calls go to the new instance");
+    x.release(1);
+    held_call
+        .await
+        .unwrap()
+        .expect("the held call finishes on the old connection");
+    fleet::wait_until("the old instance gone", Duration::from_secs(10), || {
+        ch.endpoints().len() == 1
+    })
+    .await;
+}
