@@ -18,9 +18,7 @@ use fleet::pb::fleet_server::{Fleet as FleetService, FleetServer};
 use fleet::pb::{fleet_client::FleetClient, Reply, Req};
 use fleet::{Behavior, Fleet, Instance, ServerOptions};
 use tonic::{Code, Request, Response, Status, Streaming};
-use tonic_balancer::{
-    BalancedChannel, Ejection, EndpointStats, Resolve, RetryPolicy, State, Strategy,
-};
+use tonic_balancer::{BalancedChannel, Ejection, Resolve, RetryPolicy, State, Strategy};
 
 /// Generous: the machine may be loaded.
 const LIMIT: Duration = Duration::from_secs(20);
@@ -41,25 +39,7 @@ fn with_timeout(id: u64, timeout: Duration) -> Request<Req> {
     r
 }
 
-fn stats(ch: &BalancedChannel, uri: &str) -> EndpointStats {
-    ch.endpoints()
-        .into_iter()
-        .find(|e| e.uri().trim_end_matches('/') == uri.trim_end_matches('/'))
-        .unwrap_or_else(|| panic!("no endpoint {uri} in {}", dump(ch)))
-}
-
-fn dump(ch: &BalancedChannel) -> String {
-    ch.endpoints()
-        .iter()
-        .map(|e| {
-            format!(
-                "\n  {e} consecutive_failures={} latency={:?}",
-                e.consecutive_failures(),
-                e.latency()
-            )
-        })
-        .collect()
-}
+use fleet::{dump, stats};
 
 /// The value of a `grpc-timeout` header (digits and a unit), as the gRPC spec writes it.
 fn parse_grpc_timeout(v: &str) -> Option<Duration> {

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use fleet::pb::{fleet_client::FleetClient, Reply, Req};
 use fleet::{Behavior, Fleet};
 use tonic::{Code, Status};
-use tonic_balancer::{Backoff, BalancedChannel, Builder, Ejection, EndpointStats, State, Strategy};
+use tonic_balancer::{Backoff, BalancedChannel, Builder, Ejection, State, Strategy};
 
 /// Limit for conditions that should hold within a few hundred milliseconds on an idle machine.
 const LIMIT: Duration = Duration::from_secs(20);
@@ -58,28 +58,10 @@ fn channel(uris: &[String], backoff: Backoff, ejection: Ejection) -> BalancedCha
         .expect("valid channel")
 }
 
-fn stats(ch: &BalancedChannel, uri: &str) -> EndpointStats {
-    ch.endpoints()
-        .into_iter()
-        .find(|e| e.uri() == uri)
-        .unwrap_or_else(|| panic!("no endpoint {uri} in {:?}", ch.endpoints()))
-}
+use fleet::{dump, stats};
 
 fn state(ch: &BalancedChannel, uri: &str) -> State {
     stats(ch, uri).state()
-}
-
-fn dump(ch: &BalancedChannel) -> String {
-    ch.endpoints()
-        .iter()
-        .map(|e| {
-            format!(
-                "\n  {e} consecutive_failures={} latency={:?}",
-                e.consecutive_failures(),
-                e.latency()
-            )
-        })
-        .collect()
 }
 
 /// Sequential calls until `cond` holds (checked after each call), for at most `LIMIT`;

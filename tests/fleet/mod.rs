@@ -555,6 +555,29 @@ pub async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> b
     }
 }
 
+/// The channel's record of the instance at `uri` (a trailing `/` on either side ignored:
+/// `Endpoint::from_shared` adds one); panics, listing the instances, if there is none.
+pub fn stats(ch: &tonic_balancer::BalancedChannel, uri: &str) -> tonic_balancer::EndpointStats {
+    ch.endpoints()
+        .into_iter()
+        .find(|e| e.uri().trim_end_matches('/') == uri.trim_end_matches('/'))
+        .unwrap_or_else(|| panic!("no endpoint {uri} in {}", dump(ch)))
+}
+
+/// Every instance of the channel, one per line, for assertion messages.
+pub fn dump(ch: &tonic_balancer::BalancedChannel) -> String {
+    ch.endpoints()
+        .iter()
+        .map(|e| {
+            format!(
+                "\n  {e} consecutive_failures={} latency={:?}",
+                e.consecutive_failures(),
+                e.latency()
+            )
+        })
+        .collect()
+}
+
 /// The sum of the channel's in-flight counts.
 pub fn total_in_flight(ch: &tonic_balancer::BalancedChannel) -> usize {
     ch.endpoints().iter().map(|e| e.in_flight()).sum()
