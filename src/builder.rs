@@ -395,6 +395,89 @@ impl Builder {
     /// [`Error::DuplicateUri`] naming the address, [`Error::InvalidSetting`] naming the
     /// setting, [`Error::NoRuntime`] outside a tokio runtime.
     pub fn build(self) -> Result<BalancedChannel, Error> {
+        self.build_with(std::collections::HashMap::new())
+    }
+
+    /// Builds the channel and opens a connection to each of its instances now, as tonic's
+    /// `Endpoint::connect` does for one: returns once they have all answered or failed, with
+    /// the connected ones ready and the others reconnecting in the background ([`Backoff`]).
+    /// Fails if none could be reached, naming each instance and why. Each attempt is bounded
+    /// by the endpoint's `connect_timeout` (5 s with [`uri`](Builder::uri)) and by
+    /// [`Backoff::min_connect_timeout`]. With discovery, waits for the source's first answer
+    /// instead (the instances it names connect on their first calls).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .uri("http://10.0.0.7:50051")
+    ///     .uri("http://10.0.0.8:50051")
+    ///     .connect()
+    ///     .await?; // Err if neither answers
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub async fn connect(self) -> Result<BalancedChannel, Error> {
+        let bound = self.backoff.min_connect_timeout;
+        let mut attempts = tokio::task::JoinSet::new();
+        for (_, endpoint) in &self.endpoints {
+            let endpoint = endpoint.clone();
+            attempts.spawn(async move {
+                let result = match tokio::time::timeout(bound, endpoint.connect()).await {
+                    Ok(Ok(channel)) => Ok(channel),
+                    Ok(Err(e)) => Err(crate::error::chain(&e)),
+                    Err(_) => Err(format!("no connection within {bound:?}")),
+                };
+                (endpoint.uri().clone(), result)
+            });
+        }
+        let mut connected = std::collections::HashMap::new();
+        let mut failed = Vec::new();
+        while let Some(done) = attempts.join_next().await {
+            match done {
+                Ok((uri, Ok(channel))) => {
+                    connected.insert(uri, channel);
+                }
+                Ok((uri, Err(why))) => failed.push((uri, why)),
+                Err(e) => failed.push((http::Uri::default(), e.to_string())),
+            }
+        }
+        let discovery = self.discovery.is_some();
+        let statics = self.endpoints.len();
+        let channel = self.build_with(connected)?;
+        let pool = &channel.pool;
+        for (uri, why) in &failed {
+            if let Some(inst) = pool.snapshot().iter().find(|i| i.uri == *uri) {
+                crate::health::connect_failed(inst, &crate::error::Message(why.clone()));
+            }
+        }
+        if discovery {
+            let mut rx = pool.discovered.subscribe();
+            let _ = rx.wait_for(|done| *done).await;
+            if pool.snapshot().is_empty() {
+                let why = pool.discovery_error().unwrap_or_default();
+                return Err(Error::NoUsableInstance {
+                    reason: format!("tonic-balancer: discovery found no instance: {why}"),
+                });
+            }
+        } else if statics > 0 && failed.len() == statics {
+            let each: Vec<String> = failed
+                .iter()
+                .map(|(u, why)| format!("{u}: {why}"))
+                .collect();
+            return Err(Error::NoUsableInstance {
+                reason: format!(
+                    "tonic-balancer: none of the {statics} instances could be reached ({})",
+                    each.join("; ")
+                ),
+            });
+        }
+        Ok(channel)
+    }
+
+    /// Builds the channel, with connections opened already to some of its instances.
+    fn build_with(
+        self,
+        mut connected: std::collections::HashMap<http::Uri, tonic::transport::Channel>,
+    ) -> Result<BalancedChannel, Error> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -523,7 +606,8 @@ impl Builder {
         pool.max_replay_body = self.max_replay_body;
         let pool = Arc::new(pool);
         for (display, endpoint) in self.endpoints {
-            pool.insert(display, endpoint);
+            let channel = connected.remove(endpoint.uri());
+            pool.insert_with(display, endpoint, channel);
         }
         pool.warm_new
             .store(true, std::sync::atomic::Ordering::Relaxed);

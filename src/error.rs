@@ -251,7 +251,7 @@ pub(crate) fn broken_connection(
 
 /// An error's text, standing for an error that cannot be kept itself (it is borrowed).
 #[derive(Debug)]
-struct Message(String);
+pub(crate) struct Message(pub(crate) String);
 
 impl fmt::Display for Message {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -118,16 +118,27 @@ pub(crate) struct Instance {
 
 impl Instance {
     /// Creates an instance whose channel connects on its first call. Needs a tokio runtime.
-    pub(crate) fn new(display: String, endpoint: Endpoint, policy: Arc<Policy>) -> Instance {
+    /// `connected`: a connection opened already (`Builder::connect`); the instance starts
+    /// `Ready` with it.
+    pub(crate) fn new(
+        display: String,
+        endpoint: Endpoint,
+        policy: Arc<Policy>,
+        connected: Option<Channel>,
+    ) -> Instance {
+        let state = match connected {
+            Some(_) => State::Ready,
+            None => State::Connecting,
+        };
         // The connection's task is spawned on the channel's runtime, whichever thread this is.
-        let channel = {
+        let channel = connected.unwrap_or_else(|| {
             let _in_runtime = policy.runtime.enter();
             endpoint.connect_lazy()
-        };
+        });
         let now_ns = policy.now_ns();
         Instance {
             in_flight: AtomicUsize::new(0),
-            state: AtomicU8::new(State::Connecting as u8),
+            state: AtomicU8::new(state as u8),
             breaks: AtomicU32::new(0),
             latency_ns: AtomicU64::new(0),
             steady_ns: AtomicU64::new(0),

@@ -36,6 +36,14 @@ impl std::ops::Deref for Members {
 
 pub(crate) type Snapshot = Arc<Members>;
 
+/// An instance a membership change adds.
+struct Joining {
+    name: String,
+    endpoint: Endpoint,
+    /// A connection opened already, if any.
+    connected: Option<tonic::transport::Channel>,
+}
+
 /// Whether a membership change takes back a draining instance of a URI it adds.
 #[derive(Clone, Copy)]
 enum Reuse {
@@ -113,8 +121,23 @@ impl Pool {
     /// replaced (it drains: its calls finish on its connection, with its old settings). True if
     /// the URI was not in the set, false if an instance was replaced.
     pub(crate) fn insert(&self, name: String, endpoint: Endpoint) -> bool {
+        self.insert_with(name, endpoint, None)
+    }
+
+    /// As [`insert`](Self::insert), with a connection to the instance opened already.
+    pub(crate) fn insert_with(
+        &self,
+        name: String,
+        endpoint: Endpoint,
+        connected: Option<tonic::transport::Channel>,
+    ) -> bool {
         let uri = endpoint.uri().clone();
-        let (_, replaced) = self.change(vec![(name, endpoint)], |i| i.uri == uri, Reuse::No);
+        let joining = Joining {
+            name,
+            endpoint,
+            connected,
+        };
+        let (_, replaced) = self.change(vec![joining], |i| i.uri == uri, Reuse::No);
         replaced == 0
     }
 
@@ -130,6 +153,14 @@ impl Pool {
     pub(crate) fn sync(&self, want: Vec<(String, Endpoint)>) -> (usize, usize) {
         let keep: std::collections::HashSet<http::Uri> =
             want.iter().map(|(_, e)| e.uri().clone()).collect();
+        let want = want
+            .into_iter()
+            .map(|(name, endpoint)| Joining {
+                name,
+                endpoint,
+                connected: None,
+            })
+            .collect();
         self.change(want, |i| !keep.contains(&i.uri), Reuse::Draining)
     }
 
@@ -140,7 +171,7 @@ impl Pool {
     /// Returns (added, removed).
     fn change(
         &self,
-        add: Vec<(String, Endpoint)>,
+        add: Vec<Joining>,
         gone: impl Fn(&Instance) -> bool,
         reuse: Reuse,
     ) -> (usize, usize) {
@@ -156,15 +187,16 @@ impl Pool {
             }
         }
         let mut added = 0;
-        for (name, endpoint) in add {
-            if next.iter().any(|i| i.uri == *endpoint.uri()) {
+        for joining in add {
+            let uri = joining.endpoint.uri();
+            if next.iter().any(|i| i.uri == *uri) {
                 continue;
             }
             let revived = match reuse {
-                Reuse::Draining => self.revive(endpoint.uri()),
+                Reuse::Draining => self.revive(uri),
                 Reuse::No => None,
             };
-            let inst = revived.unwrap_or_else(|| self.create(name, endpoint));
+            let inst = revived.unwrap_or_else(|| self.create(joining));
             next.push(inst);
             added += 1;
         }
@@ -203,9 +235,19 @@ impl Pool {
     }
 
     /// A new instance, with its health checks if they are on.
-    fn create(&self, name: String, endpoint: Endpoint) -> Arc<Instance> {
+    fn create(&self, joining: Joining) -> Arc<Instance> {
+        let Joining {
+            name,
+            endpoint,
+            connected,
+        } = joining;
         tracing::info!(addr = %name, "instance added");
-        let inst = Arc::new(Instance::new(name, endpoint, self.policy.clone()));
+        let inst = Arc::new(Instance::new(
+            name,
+            endpoint,
+            self.policy.clone(),
+            connected,
+        ));
         if self.warm_new.load(Ordering::Relaxed) {
             inst.warm_up();
         }

@@ -172,3 +172,57 @@ async fn inserting_an_address_again_replaces_its_instance() {
     })
     .await;
 }
+
+/// `Builder::connect().await` opens the connections now, as tonic's `Endpoint::connect`: the
+/// instances that answer are ready before the first call, one that cannot be reached is out
+/// (reconnecting), and when none answers it fails naming each one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_opens_the_connections_now() {
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let dead = fleet::unreachable_uri();
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .uri(&dead)
+        .connect()
+        .await
+        .unwrap();
+    for i in &fleet.instances {
+        assert_eq!(fleet::stats(&ch, &i.uri()).state(), State::Ready);
+    }
+    assert_eq!(fleet::stats(&ch, &dead).state(), State::Failing);
+    let mut client = FleetClient::new(ch.clone());
+    fleet::calls(&mut client, 20).await;
+    assert_eq!(
+        fleet::stats(&ch, &dead).started(),
+        0,
+        "{}",
+        fleet::dump(&ch)
+    );
+
+    let (a, b) = (fleet::unreachable_uri(), fleet::unreachable_uri());
+    let err = BalancedChannel::builder()
+        .uri(&a)
+        .uri(&b)
+        .connect()
+        .await
+        .expect_err("nothing could be reached");
+    let msg = err.to_string();
+    assert!(
+        matches!(err, tonic_balancer::Error::NoUsableInstance { .. }),
+        "{err:?}"
+    );
+    assert!(msg.contains(a.trim_start_matches("http://")), "{msg}");
+    assert!(msg.contains(b.trim_start_matches("http://")), "{msg}");
+
+    // Bad input is refused as build() refuses it.
+    let err = BalancedChannel::builder()
+        .uri(&a)
+        .uri(&a)
+        .connect()
+        .await
+        .expect_err("a duplicate");
+    assert!(
+        matches!(err, tonic_balancer::Error::DuplicateUri { .. }),
+        "{err:?}"
+    );
+}
