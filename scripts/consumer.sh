@@ -96,17 +96,24 @@ for c in balancer-default balancer-minimal balancer-hickory balancer-health bala
 done
 
 if [ "$time_builds" = "--time" ]; then
-  # Clean debug builds (the crates from scratch, downloads excluded: fetched first), interleaved
-  # so that the machine's load falls on every side alike; two rounds.
-  for c in tonic-channel balancer-default balancer-minimal; do (cd "$work/$c" && cargo fetch -q); done
-  for round in 1 2; do
-    for c in tonic-channel balancer-default balancer-minimal; do
+  # Clean debug builds (the crates from scratch; downloads fetched first), interleaved so that
+  # the machine's load falls on both sides alike; three rounds, and the median of each.
+  # (No default features: the default consumer is also the minimal one.)
+  sides="tonic-channel balancer-default"
+  for c in $sides; do (cd "$work/$c" && cargo fetch -q); rm -f "$work/times-$c"; done
+  for round in 1 2 3; do
+    for c in $sides; do
       rm -rf "$work/target-$c"
       start=$(date +%s.%N)
-      (cd "$work/$c" && CARGO_TARGET_DIR="$work/target-$c" cargo build -q 2>/dev/null)
+      (cd "$work/$c" && CARGO_TARGET_DIR="$work/target-$c" cargo build -q)
       end=$(date +%s.%N)
-      printf 'round %d %-18s clean build %6.1f s\n' "$round" "$c" "$(echo "$end - $start" | bc -l)"
+      t=$(echo "$end - $start" | bc -l)
+      echo "$t" >> "$work/times-$c"
+      printf 'round %d %-18s clean build %6.1f s\n' "$round" "$c" "$t"
     done
   done
+  median() { sort -n "$work/times-$1" | sed -n 2p; }
+  a=$(median tonic-channel); b=$(median balancer-default)
+  printf 'median: tonic-channel %.1f s, balancer-default %.1f s, ratio %.2f\n' "$a" "$b" "$(echo "$b / $a" | bc -l)"
 fi
 exit $status
