@@ -459,7 +459,7 @@ impl Replay {
         record: bool,
         limit: usize,
     ) -> (http::Request<Body>, Replay) {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let slot = Arc::new(Mutex::new(Slot {
             owner: 0,
             claimed: false,
@@ -478,7 +478,10 @@ impl Replay {
             uri: parts.uri.clone(),
             version: parts.version,
             headers: parts.headers.clone(),
-            extensions: parts.extensions.clone(),
+            // Taken rather than copied: nothing below tonic's `Channel` reads a request's
+            // extensions (the stub's layers, above this channel, have seen them), so the first
+            // attempt goes without them and later attempts get copies of them.
+            extensions: std::mem::take(&mut parts.extensions),
             slot: slot.clone(),
         };
         let body = Body::new(AttemptBody {
