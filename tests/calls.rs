@@ -15,12 +15,7 @@ use tonic_balancer::{BalancedChannel, Ejection, EndpointStats, State};
 /// Generous: the machine may be loaded.
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn req(id: u64) -> Req {
-    Req {
-        id,
-        ..Default::default()
-    }
-}
+use fleet::req;
 
 fn stream_req(id: u64, count: u32) -> Req {
     Req {

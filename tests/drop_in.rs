@@ -21,12 +21,7 @@ use tower::{BoxError, ServiceBuilder};
 /// Generous: the machine may be loaded.
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn req(id: u64) -> Req {
-    Req {
-        id,
-        ..Default::default()
-    }
-}
+use fleet::req;
 
 // ---------------------------------------------------------------------------------------------
 // 1. The bounds a drop-in replacement must meet, checked by the compiler.

@@ -25,12 +25,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 type Client = FleetClient<BalancedChannel>;
 
-fn req(id: u64) -> Req {
-    Req {
-        id,
-        ..Default::default()
-    }
-}
+use fleet::req;
 
 /// A request with a deadline (`grpc-timeout`).
 fn with_timeout(id: u64, timeout: Duration) -> Request<Req> {

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fleet::pb::{fleet_client::FleetClient, Reply, Req};
+use fleet::pb::{fleet_client::FleetClient, Reply};
 use fleet::{Behavior, Fleet};
 use tonic::{Code, Status};
 use tonic_balancer::{Backoff, BalancedChannel, Builder, Ejection, State, Strategy};
@@ -26,12 +26,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 type Client = FleetClient<BalancedChannel>;
 
-fn req(id: u64) -> Req {
-    Req {
-        id,
-        ..Default::default()
-    }
-}
+use fleet::req;
 
 async fn unary(client: &mut Client, id: u64) -> Result<Reply, Status> {
     client.unary(req(id)).await.map(|r| r.into_inner())

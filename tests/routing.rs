@@ -6,7 +6,7 @@ mod fleet;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use fleet::pb::{fleet_client::FleetClient, Req};
+use fleet::pb::fleet_client::FleetClient;
 use fleet::{total_in_flight, wait_until, Behavior, Fleet};
 use tonic::transport::Endpoint;
 use tonic::Code;
@@ -15,12 +15,7 @@ use tonic_balancer::{Backoff, BalancedChannel, Ejection, Error, State};
 /// Generous: the machine may be loaded.
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn req(id: u64) -> Req {
-    Req {
-        id,
-        ..Default::default()
-    }
-}
+use fleet::req;
 
 /// The channel's in-flight count of each fleet instance, in fleet order.
 fn in_flight(ch: &BalancedChannel, fleet: &Fleet) -> Vec<usize> {

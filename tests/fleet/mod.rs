@@ -583,6 +583,14 @@ pub fn total_in_flight(ch: &tonic_balancer::BalancedChannel) -> usize {
     ch.endpoints().iter().map(|e| e.in_flight()).sum()
 }
 
+/// A unary request with this id.
+pub fn req(id: u64) -> pb::Req {
+    pb::Req {
+        id,
+        ..Default::default()
+    }
+}
+
 /// Sends `n` unary calls one after the other; each must succeed with its own reply. Returns
 /// the names of the instances that answered, in order.
 pub async fn calls(
