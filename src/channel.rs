@@ -20,7 +20,7 @@ use crate::instance::Instance;
 use crate::pick::{self, Load, Rng};
 use crate::pool::{Members, Pool, Snapshot};
 use crate::retry::Replay;
-use crate::stats::EndpointStats;
+use crate::stats::{EndpointStats, ServedBy};
 use crate::Strategy;
 
 /// A tonic channel that spreads calls over a set of instances, sending each call to the one
@@ -659,8 +659,6 @@ impl ResponseFuture {
     /// The response head arrived.
     fn answered(&mut self, mut resp: http::Response<Body>) -> Option<CallResult> {
         let mut guard = self.guard.take().expect("guard held until the response");
-        resp.extensions_mut()
-            .insert(guard.instance().served_by.clone());
         self.unreachable = None;
         guard.headers_received();
         if self
@@ -675,6 +673,8 @@ impl ResponseFuture {
             return Some(Err(deadline_exceeded().into()));
         }
         health::connected(guard.instance());
+        resp.extensions_mut()
+            .insert(ServedBy::new(guard.instance().display.clone()));
         if let Some((code, outcome)) = head_status(&resp) {
             guard.finish(outcome);
             if code != tonic::Code::Ok {

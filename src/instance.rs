@@ -87,9 +87,9 @@ pub(crate) struct Instance {
     /// When the estimates were last updated, in nanoseconds since the pool's epoch.
     pub(crate) latency_at: AtomicU64,
     pub(crate) uri: http::Uri,
-    pub(crate) display: String,
-    /// The extension that names it in the responses it serves.
-    pub(crate) served_by: crate::stats::ServedBy,
+    /// Its URI as configured: in logs, errors, `EndpointStats` and (shared, not copied) the
+    /// `ServedBy` of the responses it serves.
+    pub(crate) display: Arc<str>,
     pub(crate) endpoint: Endpoint,
     pub(crate) channel: Channel,
     pub(crate) policy: Arc<Policy>,
@@ -144,8 +144,7 @@ impl Instance {
             steady_ns: AtomicU64::new(0),
             latency_at: AtomicU64::new(now_ns),
             uri: endpoint.uri().clone(),
-            served_by: crate::stats::ServedBy::new(&display),
-            display,
+            display: display.into(),
             endpoint,
             channel,
             policy,

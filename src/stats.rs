@@ -21,8 +21,8 @@ use crate::instance::{Instance, State};
 pub struct ServedBy(std::sync::Arc<str>);
 
 impl ServedBy {
-    pub(crate) fn new(uri: &str) -> ServedBy {
-        ServedBy(uri.into())
+    pub(crate) fn new(uri: std::sync::Arc<str>) -> ServedBy {
+        ServedBy(uri)
     }
 
     /// The instance's URI, as in [`EndpointStats::uri`].
@@ -54,7 +54,7 @@ impl EndpointStats {
     pub(crate) fn of(i: &Instance) -> EndpointStats {
         let lat = f64::from_bits(i.latency_ns.load(Ordering::Relaxed));
         EndpointStats {
-            uri: i.display.clone(),
+            uri: i.display.to_string(),
             state: i.state(),
             in_flight: i.in_flight.load(Ordering::Acquire),
             started: i.started.load(Ordering::Relaxed),

@@ -52,11 +52,19 @@ async fn balance_channel_follows_its_changes() {
     let [a, b, c] = [0, 1, 2].map(|i| fleet.instances[i].uri());
     let (ch, tx) = BalancedChannel::balance_channel::<&'static str>(16).unwrap();
     let mut early = FleetClient::new(ch.clone());
-    let waiting = tokio::spawn(async move { fleet::calls(&mut early, 1).await });
-    // The call waits for the first instance rather than failing at once.
-    tokio::task::yield_now().await;
+    let mut waiting = Box::pin(early.unary(fleet::req(7)));
+    // Routed before any instance exists: the call waits for the first one (a call that failed
+    // at once would be ready with its error here).
+    assert!(
+        futures::poll!(&mut waiting).is_pending(),
+        "a call before the first insert must wait for it"
+    );
     tx.send(Change::Insert("a", endpoint(&a))).await.unwrap();
-    assert_eq!(waiting.await.unwrap(), ["i0"]);
+    let reply = waiting
+        .await
+        .expect("answered by the first instance")
+        .into_inner();
+    assert_eq!((reply.instance.as_str(), reply.id), ("i0", 7));
 
     tx.send(Change::Insert("b", endpoint(&b))).await.unwrap();
     fleet::wait_until("two instances", Duration::from_secs(10), || {

@@ -1,11 +1,12 @@
 //! Membership that changes: a [`Resolve`] source (DNS, or any other) polled in the background,
-//! its answers turned into inserts and removals of instances.
+//! its answers turned into inserts and removals of instances; or a source that pushes changes
+//! ([`Builder::discover`](crate::Builder::discover), tower's `Discover` shape).
 //!
 //! The set follows the source: new addresses are added, vanished ones removed (they drain:
 //! no new calls, the calls they have finish). A lookup that fails, or that returns no address,
-//! keeps the last good set (a blip in DNS must not empty a working channel); before the first
-//! good answer the set is empty and calls fail at once with UNAVAILABLE, naming the source and
-//! its last error. The source is asked again every `interval`, and sooner (at most once per
+//! keeps the last good set (a blip in DNS must not empty a working channel). Calls made before
+//! the first answer wait for it; if that answer fails, they (and later calls, while the set is
+//! empty) fail with UNAVAILABLE, naming the source and its last error. The source is asked again every `interval`, and sooner (at most once per
 //! second) when an instance cannot be reached: it may have moved. A lookup that takes longer
 //! than the discovery timeout (default 10 s) counts as failed, so that no call waits without
 //! bound on a source that hangs.
