@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 use tonic::transport::Endpoint;
 
 use crate::discover::{Dns, Resolve, Template};
-use crate::error::{check_endpoint, parse_uri, Error};
+use crate::error::Error;
 #[cfg(feature = "health-check")]
 use crate::health::HealthCheck;
 use crate::health::{Backoff, Ejection, Policy};
 use crate::pool::Pool;
 use crate::retry::{Budget, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
+use crate::target::{Key, Target};
 use crate::{BalancedChannel, Strategy};
 
 /// The connect timeout that [`Builder::uri`] and [`BalancedChannel::from_static`] give each
@@ -47,7 +48,7 @@ pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// ```
 #[derive(Clone)]
 pub struct Builder {
-    endpoints: Vec<(String, Endpoint)>,
+    endpoints: Vec<Target>,
     error: Option<Error>,
     strategy: Strategy,
     backoff: Backoff,
@@ -103,7 +104,7 @@ impl std::fmt::Debug for Builder {
         f.debug_struct("Builder")
             .field(
                 "endpoints",
-                &self.endpoints.iter().map(|(u, _)| u).collect::<Vec<_>>(),
+                &self.endpoints.iter().map(|t| &t.name).collect::<Vec<_>>(),
             )
             .field("strategy", &self.strategy)
             .field("discovery", &self.discovery)
@@ -147,6 +148,30 @@ impl Builder {
     /// records), again every [`discovery_interval`](Builder::discovery_interval). Instances
     /// given with [`endpoint`](Builder::endpoint) or [`uri`](Builder::uri) are replaced by the
     /// first answer. See the [`discover`](crate::discover) module for the behaviour on failures.
+    ///
+    /// Each instance is known by its address (`http://10.0.0.7:50051` in
+    /// [`endpoints`](crate::BalancedChannel::endpoints) and [`ServedBy`](crate::ServedBy)) and
+    /// its connection goes there, while its `Endpoint` carries the name, as one tonic endpoint
+    /// for the name would: requests carry `:authority: host:port`, and with TLS (target
+    /// `https://host:port` and an [`endpoint_template`](Builder::endpoint_template) that sets
+    /// `tls_config`) the certificate is checked against the name, not the address.
+    ///
+    /// ```no_run
+    /// # async fn demo(ca_pem: &str) -> Result<(), tonic_balancer::Error> {
+    /// use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+    ///
+    /// let ca = Certificate::from_pem(ca_pem);
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .dns("https://my-service.internal:443")
+    ///     // `uri` is https://my-service.internal:443: the TLS server name is the service's.
+    ///     .endpoint_template(move |uri| {
+    ///         Endpoint::from(uri)
+    ///             .tls_config(ClientTlsConfig::new().ca_certificate(ca.clone()))
+    ///             .expect("valid TLS settings")
+    ///     })
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
     pub fn dns(mut self, target: &str) -> Builder {
         self.discovery = Some(Source::Dns {
             target: target.to_owned(),
@@ -266,10 +291,12 @@ impl Builder {
         self
     }
 
-    /// How a discovered address becomes an `Endpoint` (TLS, timeouts, keep-alive...). The
-    /// default is `Endpoint::from(uri)` with a [`DEFAULT_CONNECT_TIMEOUT`]. For `https`
-    /// instances, return an `https://` endpoint's settings here and give the URI's scheme
-    /// with [`dns`](Builder::dns) target `https://host:port`.
+    /// How a discovered instance's `Endpoint` is made (TLS, timeouts, keep-alive...), from the
+    /// URI it gets: with [`dns`](Builder::dns), `scheme://host:port` with the DNS name (the
+    /// connection still goes to the address found; see there); with a [`resolver`](Builder::resolver)
+    /// of your own, `http://address:port`. The default is `Endpoint::from(uri)` with a
+    /// [`DEFAULT_CONNECT_TIMEOUT`]. For TLS, set `tls_config` here (tonic's `tls-ring` or
+    /// `tls-aws-lc` feature), as for any tonic endpoint.
     pub fn endpoint_template(
         mut self,
         template: impl Fn(http::Uri) -> Endpoint + Send + Sync + 'static,
@@ -278,9 +305,10 @@ impl Builder {
         self
     }
 
-    /// Adds an instance, with its per-connection settings.
+    /// Adds an instance, with its per-connection settings. An `Endpoint` of a Unix socket does
+    /// not tell its path: give such an instance with [`uri`](Builder::uri) instead.
     pub fn endpoint(mut self, endpoint: Endpoint) -> Builder {
-        self.endpoints.push((endpoint.uri().to_string(), endpoint));
+        self.add(Target::endpoint(endpoint));
         self
     }
 
@@ -293,18 +321,63 @@ impl Builder {
     }
 
     /// Adds an instance by URI, with tonic's default settings and a connect timeout of
-    /// [`DEFAULT_CONNECT_TIMEOUT`]. A malformed URI is reported by [`build`](Builder::build).
+    /// [`DEFAULT_CONNECT_TIMEOUT`]: `http://host:port`, `https://host:port`, or a Unix
+    /// socket as tonic spells it (`unix:/run/app.sock` or `unix:///run/app.sock`; the
+    /// instance is known by that URI). A malformed URI is reported by [`build`](Builder::build).
     pub fn uri(mut self, uri: &str) -> Builder {
-        match parse_uri(uri) {
-            Ok(parsed) => {
-                let endpoint = Endpoint::from(parsed).connect_timeout(DEFAULT_CONNECT_TIMEOUT);
-                self.endpoints.push((uri.to_owned(), endpoint));
-            }
+        self.add(Target::uri(uri, DEFAULT_CONNECT_TIMEOUT));
+        self
+    }
+
+    /// Adds an instance reached through a connector of your own, as tonic's
+    /// `Endpoint::connect_with_connector` does for one channel: a `tower::Service<Uri>` that
+    /// returns the connection's I/O (a Unix socket, an in-memory pipe, a proxy tunnel...). The
+    /// endpoint gives the per-connection settings and the URI the requests carry; `name` is what
+    /// the instance is known by (in [`EndpointStats`](crate::EndpointStats),
+    /// [`ServedBy`](crate::ServedBy) and [`BalancedChannel::remove`]), since connector-reached
+    /// instances often share one placeholder URI. The connector is cloned for each connection.
+    ///
+    /// ```no_run
+    /// # #[cfg(unix)]
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// use hyper_util::rt::TokioIo;
+    /// use tonic::transport::Endpoint;
+    ///
+    /// let mut builder = tonic_balancer::BalancedChannel::builder();
+    /// for path in ["/run/app/a.sock", "/run/app/b.sock"] {
+    ///     let connector = tower::service_fn(move |_: http::Uri| async move {
+    ///         Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+    ///     });
+    ///     let endpoint = Endpoint::from_static("http://app.local");
+    ///     builder = builder.endpoint_with_connector(path, endpoint, connector);
+    /// }
+    /// let channel = builder.build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn endpoint_with_connector<C>(
+        mut self,
+        name: &str,
+        endpoint: Endpoint,
+        connector: C,
+    ) -> Builder
+    where
+        C: tower::Service<http::Uri> + Clone + Send + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin,
+        C::Future: Send,
+        tower::BoxError: From<C::Error> + Send,
+    {
+        self.add(Target::with_connector(name, endpoint, connector));
+        self
+    }
+
+    /// Keeps an instance, or the first error, for `build()`.
+    fn add(&mut self, target: Result<Target, Error>) {
+        match target {
+            Ok(target) => self.endpoints.push(target),
             Err(e) => {
                 self.error.get_or_insert(e);
             }
         }
-        self
     }
 
     /// Adds several instances by URI, as [`uri`](Builder::uri) does for one.
@@ -418,34 +491,36 @@ impl Builder {
     pub async fn connect(self) -> Result<BalancedChannel, Error> {
         let bound = self.backoff.min_connect_timeout;
         let mut attempts = tokio::task::JoinSet::new();
-        for (_, endpoint) in &self.endpoints {
-            let endpoint = endpoint.clone();
+        for target in &self.endpoints {
+            let attempt = target.connect();
+            let (key, name) = (target.key.clone(), target.name.clone());
             attempts.spawn(async move {
-                let result = match tokio::time::timeout(bound, endpoint.connect()).await {
+                let result = match tokio::time::timeout(bound, attempt).await {
                     Ok(Ok(channel)) => Ok(channel),
                     Ok(Err(e)) => Err(crate::error::chain(&e)),
                     Err(_) => Err(format!("no connection within {bound:?}")),
                 };
-                (endpoint.uri().clone(), result)
+                (key, name, result)
             });
         }
         let mut connected = std::collections::HashMap::new();
         let mut failed = Vec::new();
         while let Some(done) = attempts.join_next().await {
             match done {
-                Ok((uri, Ok(channel))) => {
-                    connected.insert(uri, channel);
+                Ok((key, _, Ok(channel))) => {
+                    connected.insert(key, channel);
                 }
-                Ok((uri, Err(why))) => failed.push((uri, why)),
-                Err(e) => failed.push((http::Uri::default(), e.to_string())),
+                Ok((key, name, Err(why))) => failed.push((Some(key), name, why)),
+                Err(e) => failed.push((None, String::new(), e.to_string())),
             }
         }
         let discovery = self.discovery.is_some();
         let statics = self.endpoints.len();
         let channel = self.build_with(connected)?;
         let pool = &channel.pool;
-        for (uri, why) in &failed {
-            if let Some(inst) = pool.snapshot().iter().find(|i| i.uri == *uri) {
+        for (key, _, why) in &failed {
+            let key = key.as_ref();
+            if let Some(inst) = pool.snapshot().iter().find(|i| Some(&i.target.key) == key) {
                 crate::health::connect_failed(inst, &crate::error::Message(why.clone()));
             }
         }
@@ -461,7 +536,7 @@ impl Builder {
         } else if statics > 0 && failed.len() == statics {
             let each: Vec<String> = failed
                 .iter()
-                .map(|(u, why)| format!("{u}: {why}"))
+                .map(|(_, name, why)| format!("{name}: {why}"))
                 .collect();
             return Err(Error::NoUsableInstance {
                 reason: format!(
@@ -476,7 +551,7 @@ impl Builder {
     /// Builds the channel, with connections opened already to some of its instances.
     fn build_with(
         self,
-        mut connected: std::collections::HashMap<http::Uri, tonic::transport::Channel>,
+        mut connected: std::collections::HashMap<Key, tonic::transport::Channel>,
     ) -> Result<BalancedChannel, Error> {
         if let Some(e) = self.error {
             return Err(e);
@@ -484,14 +559,10 @@ impl Builder {
         if self.endpoints.is_empty() && self.discovery.is_none() {
             return Err(Error::NoInstances);
         }
-        for (i, (display, endpoint)) in self.endpoints.iter().enumerate() {
-            check_endpoint(display, endpoint.uri())?;
-            if self.endpoints[..i]
-                .iter()
-                .any(|(_, e)| e.uri() == endpoint.uri())
-            {
+        for (i, target) in self.endpoints.iter().enumerate() {
+            if self.endpoints[..i].iter().any(|t| t.key == target.key) {
                 return Err(Error::DuplicateUri {
-                    uri: display.clone(),
+                    uri: target.name.clone(),
                 });
             }
         }
@@ -547,7 +618,7 @@ impl Builder {
                 })?);
                 None
             }
-            Some(Source::Custom(r)) => Some((r, "http")),
+            Some(Source::Custom(r)) => Some((r, "http", None)),
             Some(Source::Dns {
                 target,
                 #[cfg(feature = "hickory-dns")]
@@ -560,14 +631,16 @@ impl Builder {
                         return Err(Error::InvalidUri {
                             uri: target.clone(),
                             reason: "the scheme must be http or https".to_owned(),
+                            source: None,
                         })
                     }
                     None => ("http", target.as_str()),
                 };
                 let (host, port) = crate::discover::split_target(rest).map_err(|e| match e {
-                    Error::InvalidUri { reason, .. } => Error::InvalidUri {
+                    Error::InvalidUri { reason, source, .. } => Error::InvalidUri {
                         uri: target.clone(),
                         reason,
+                        source,
                     },
                     other => other,
                 })?;
@@ -579,7 +652,9 @@ impl Builder {
                 #[cfg(not(feature = "hickory-dns"))]
                 let dns = Dns::system(&host, port)?;
                 let source: Arc<dyn Resolve> = Arc::new(dns);
-                Some((source, scheme))
+                // An address literal needs no name: the instances are reached as given.
+                let authority = host.parse::<std::net::IpAddr>().is_err().then_some(host);
+                Some((source, scheme, authority))
             }
         };
         let policy = Arc::new(Policy {
@@ -605,14 +680,14 @@ impl Builder {
         pool.retry = self.retry;
         pool.max_replay_body = self.max_replay_body;
         let pool = Arc::new(pool);
-        for (display, endpoint) in self.endpoints {
-            let channel = connected.remove(endpoint.uri());
-            pool.insert_with(display, endpoint, channel);
+        for target in self.endpoints {
+            let channel = connected.remove(&target.key);
+            pool.insert_with(target, channel);
         }
         pool.warm_new
             .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(instances = pool.snapshot().len(), strategy = ?self.strategy, "balanced channel built");
-        if let Some((source, scheme)) = discovery {
+        if let Some((source, scheme, authority)) = discovery {
             let _ = policy.discovery_wake.set(pool.discovery_wake.clone());
             if pool.snapshot().is_empty() {
                 pool.discovered.send_replace(false);
@@ -630,6 +705,7 @@ impl Builder {
                     interval: self.discovery_interval,
                     timeout: self.discovery_timeout,
                     scheme,
+                    authority,
                     template,
                 },
             );

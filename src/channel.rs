@@ -21,6 +21,7 @@ use crate::pick::{self, Load, Rng};
 use crate::pool::{Members, Pool, Snapshot};
 use crate::retry::Replay;
 use crate::stats::{EndpointStats, ServedBy};
+use crate::target::Target;
 use crate::Strategy;
 
 /// A tonic channel that spreads calls over a set of instances, sending each call to the one
@@ -166,17 +167,15 @@ impl BalancedChannel {
     /// Returns `Ok(true)` if the URI was not in the set, `Ok(false)` if an instance was
     /// replaced.
     pub fn insert(&self, endpoint: tonic::transport::Endpoint) -> Result<bool, crate::Error> {
-        let name = endpoint.uri().to_string();
-        crate::error::check_endpoint(&name, endpoint.uri())?;
-        Ok(self.pool.insert(name, endpoint))
+        Ok(self.pool.insert(Target::endpoint(endpoint)?))
     }
 
-    /// Removes the instance with this URI: it gets no new calls from now on, finishes the
-    /// calls it has (it shows as [`State::Draining`](crate::State::Draining) meanwhile), then
-    /// its connection closes. Returns `Ok(false)` if there is no such instance.
+    /// Removes the instance with this URI (or, for an instance added with a connector, this
+    /// name): it gets no new calls from now on, finishes the calls it has (it shows as
+    /// [`State::Draining`](crate::State::Draining) meanwhile), then its connection closes.
+    /// Returns `Ok(false)` if there is no such instance.
     pub fn remove(&self, uri: &str) -> Result<bool, crate::Error> {
-        let uri = crate::error::parse_uri(uri)?;
-        Ok(self.pool.remove(&uri))
+        Ok(self.pool.remove(&crate::target::key_of(uri)?))
     }
 
     /// Makes the set exactly these instances: adds the new ones, removes (drains) the ones
@@ -186,12 +185,10 @@ impl BalancedChannel {
         &self,
         endpoints: impl IntoIterator<Item = tonic::transport::Endpoint>,
     ) -> Result<(usize, usize), crate::Error> {
-        let mut want = Vec::new();
-        for e in endpoints {
-            let name = e.uri().to_string();
-            crate::error::check_endpoint(&name, e.uri())?;
-            want.push((name, e));
-        }
+        let want = endpoints
+            .into_iter()
+            .map(Target::endpoint)
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(self.pool.sync(want))
     }
 

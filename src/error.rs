@@ -26,12 +26,17 @@ use std::sync::Arc;
 pub enum Error {
     /// No instance was given: a channel needs at least one address.
     NoInstances,
-    /// A string that is not an `http://` or `https://` URI with a host.
+    /// A string that is not an `http://` or `https://` URI with a host (or a `unix:` URI with
+    /// a path, or a connector instance's name).
+    #[non_exhaustive]
     InvalidUri {
         /// The string as given.
         uri: String,
         /// What is wrong with it.
         reason: String,
+        /// The parser's error, where a parser said what is wrong (also
+        /// [`source()`](std::error::Error::source)).
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
     },
     /// The same address was given twice.
     DuplicateUri {
@@ -77,9 +82,14 @@ impl PartialEq for Error {
         match (self, other) {
             (NoInstances, NoInstances) | (NoRuntime, NoRuntime) => true,
             (DeadlineExceeded, DeadlineExceeded) => true,
-            (InvalidUri { uri: a, reason: b }, InvalidUri { uri: c, reason: d }) => {
-                a == c && b == d
-            }
+            (
+                InvalidUri {
+                    uri: a, reason: b, ..
+                },
+                InvalidUri {
+                    uri: c, reason: d, ..
+                },
+            ) => a == c && b == d,
             (DuplicateUri { uri: a }, DuplicateUri { uri: b }) => a == b,
             (InvalidSetting { name: a, reason: b }, InvalidSetting { name: c, reason: d }) => {
                 a == c && b == d
@@ -106,7 +116,7 @@ impl fmt::Display for Error {
             Error::NoInstances => {
                 f.write_str("no instances: a balanced channel needs at least one URI")
             }
-            Error::InvalidUri { uri, reason } => write!(f, "invalid URI {uri:?}: {reason}"),
+            Error::InvalidUri { uri, reason, .. } => write!(f, "invalid URI {uri:?}: {reason}"),
             Error::DuplicateUri { uri } => {
                 write!(f, "duplicate URI {uri:?}: each instance must be given once")
             }
@@ -131,6 +141,9 @@ impl std::error::Error for Error {
         match self {
             Error::Unavailable {
                 source: Some(s), ..
+            }
+            | Error::InvalidUri {
+                source: Some(s), ..
             } => Some(&**s),
             _ => None,
         }
@@ -150,14 +163,14 @@ pub(crate) fn status(error: Error) -> tonic::Status {
 
 /// Checks that `s` is an absolute `http://` or `https://` URI with a host, and parses it.
 pub(crate) fn parse_uri(s: &str) -> Result<http::Uri, Error> {
-    let invalid = |reason: &str| Error::InvalidUri {
-        uri: s.to_owned(),
-        reason: reason.to_owned(),
-    };
     let uri: http::Uri = s
         .parse()
-        .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
-    check_uri(&uri).map_err(invalid)?;
+        .map_err(|e: http::uri::InvalidUri| Error::InvalidUri {
+            uri: s.to_owned(),
+            reason: e.to_string(),
+            source: Some(Arc::new(e)),
+        })?;
+    check_endpoint(s, &uri)?;
     Ok(uri)
 }
 
@@ -281,5 +294,6 @@ pub(crate) fn check_endpoint(display: &str, uri: &http::Uri) -> Result<(), Error
     check_uri(uri).map_err(|reason| Error::InvalidUri {
         uri: display.to_owned(),
         reason: reason.to_owned(),
+        source: None,
     })
 }

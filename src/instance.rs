@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::health::Policy;
+use crate::target::Target;
 
 /// The health of an instance, as the channel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,11 +87,11 @@ pub(crate) struct Instance {
     pub(crate) steady_ns: AtomicU64,
     /// When the estimates were last updated, in nanoseconds since the pool's epoch.
     pub(crate) latency_at: AtomicU64,
-    pub(crate) uri: http::Uri,
     /// Its URI as configured: in logs, errors, `EndpointStats` and (shared, not copied) the
     /// `ServedBy` of the responses it serves.
     pub(crate) display: Arc<str>,
-    pub(crate) endpoint: Endpoint,
+    /// Its identity, settings and how it is reached.
+    pub(crate) target: Target,
     pub(crate) channel: Channel,
     pub(crate) policy: Arc<Policy>,
     pub(crate) started: AtomicU64,
@@ -120,12 +121,7 @@ impl Instance {
     /// Creates an instance whose channel connects on its first call. Needs a tokio runtime.
     /// `connected`: a connection opened already (`Builder::connect`); the instance starts
     /// `Ready` with it.
-    pub(crate) fn new(
-        display: String,
-        endpoint: Endpoint,
-        policy: Arc<Policy>,
-        connected: Option<Channel>,
-    ) -> Instance {
+    pub(crate) fn new(target: Target, policy: Arc<Policy>, connected: Option<Channel>) -> Instance {
         let state = match connected {
             Some(_) => State::Ready,
             None => State::Connecting,
@@ -133,7 +129,7 @@ impl Instance {
         // The connection's task is spawned on the channel's runtime, whichever thread this is.
         let channel = connected.unwrap_or_else(|| {
             let _in_runtime = policy.runtime.enter();
-            endpoint.connect_lazy()
+            target.connect_lazy()
         });
         let now_ns = policy.now_ns();
         Instance {
@@ -143,9 +139,8 @@ impl Instance {
             latency_ns: AtomicU64::new(0),
             steady_ns: AtomicU64::new(0),
             latency_at: AtomicU64::new(now_ns),
-            uri: endpoint.uri().clone(),
-            display: display.into(),
-            endpoint,
+            display: target.name.as_str().into(),
+            target,
             channel,
             policy,
             started: AtomicU64::new(0),

@@ -90,6 +90,7 @@ mod pool;
 mod retry;
 mod shutdown;
 mod stats;
+mod target;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use channel::{BalancedChannel, ResponseFuture};

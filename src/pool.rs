@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use arc_swap::ArcSwap;
-use tonic::transport::Endpoint;
 
 use crate::health::Policy;
 use crate::instance::{Instance, State};
 use crate::retry::{Budget, RetryPolicy};
+use crate::target::{Key, Target};
 use crate::{lock, Strategy};
 
 /// The instances of one moment, and the steps the pick may walk them with (the primes below
@@ -38,8 +38,7 @@ pub(crate) type Snapshot = Arc<Members>;
 
 /// An instance a membership change adds.
 struct Joining {
-    name: String,
-    endpoint: Endpoint,
+    target: Target,
     /// A connection opened already, if any.
     connected: Option<tonic::transport::Channel>,
 }
@@ -120,48 +119,43 @@ impl Pool {
     /// Adds an instance with these settings: an instance of the same URI in the set is
     /// replaced (it drains: its calls finish on its connection, with its old settings). True if
     /// the URI was not in the set, false if an instance was replaced.
-    pub(crate) fn insert(&self, name: String, endpoint: Endpoint) -> bool {
-        self.insert_with(name, endpoint, None)
+    pub(crate) fn insert(&self, target: Target) -> bool {
+        self.insert_with(target, None)
     }
 
     /// As [`insert`](Self::insert), with a connection to the instance opened already.
     pub(crate) fn insert_with(
         &self,
-        name: String,
-        endpoint: Endpoint,
+        target: Target,
         connected: Option<tonic::transport::Channel>,
     ) -> bool {
-        let uri = endpoint.uri().clone();
-        let joining = Joining {
-            name,
-            endpoint,
-            connected,
-        };
-        let (_, replaced) = self.change(vec![joining], |i| i.uri == uri, Reuse::No);
+        let key = target.key.clone();
+        let joining = Joining { target, connected };
+        let (_, replaced) = self.change(vec![joining], |i| i.target.key == key, Reuse::No);
         replaced == 0
     }
 
     /// Removes the instance with this URI: no new calls from now on; it finishes the calls it
     /// has, then its connection closes. False if there is none.
-    pub(crate) fn remove(&self, uri: &http::Uri) -> bool {
-        self.change(Vec::new(), |i| i.uri == *uri, Reuse::No).1 == 1
+    pub(crate) fn remove(&self, key: &Key) -> bool {
+        self.change(Vec::new(), |i| i.target.key == *key, Reuse::No)
+            .1
+            == 1
     }
 
     /// Makes the set the given one: adds what is new (taking back a draining instance of the
     /// URI, with its connection), removes (drains) what is gone, leaves the rest and their
     /// connections alone. Returns (added, removed).
-    pub(crate) fn sync(&self, want: Vec<(String, Endpoint)>) -> (usize, usize) {
-        let keep: std::collections::HashSet<http::Uri> =
-            want.iter().map(|(_, e)| e.uri().clone()).collect();
+    pub(crate) fn sync(&self, want: Vec<Target>) -> (usize, usize) {
+        let keep: std::collections::HashSet<Key> = want.iter().map(|t| t.key.clone()).collect();
         let want = want
             .into_iter()
-            .map(|(name, endpoint)| Joining {
-                name,
-                endpoint,
+            .map(|target| Joining {
+                target,
                 connected: None,
             })
             .collect();
-        self.change(want, |i| !keep.contains(&i.uri), Reuse::Draining)
+        self.change(want, |i| !keep.contains(&i.target.key), Reuse::Draining)
     }
 
     /// One membership change: the instances for which `gone` holds leave, the endpoints in
@@ -188,12 +182,12 @@ impl Pool {
         }
         let mut added = 0;
         for joining in add {
-            let uri = joining.endpoint.uri();
-            if next.iter().any(|i| i.uri == *uri) {
+            let key = &joining.target.key;
+            if next.iter().any(|i| i.target.key == *key) {
                 continue;
             }
             let revived = match reuse {
-                Reuse::Draining => self.revive(uri),
+                Reuse::Draining => self.revive(key),
                 Reuse::No => None,
             };
             let inst = revived.unwrap_or_else(|| self.create(joining));
@@ -219,12 +213,12 @@ impl Pool {
 
     /// The draining instance of this URI, back in rotation (with its connection and its
     /// background tasks), if there is one.
-    fn revive(&self, uri: &http::Uri) -> Option<Arc<Instance>> {
+    fn revive(&self, key: &Key) -> Option<Arc<Instance>> {
         let mut draining = self.draining_list();
         // The latest to drain: an instance replaced by one with new settings drained before it.
         let pos = draining
             .iter()
-            .rposition(|w| w.upgrade().is_some_and(|i| i.uri == *uri))?;
+            .rposition(|w| w.upgrade().is_some_and(|i| i.target.key == *key))?;
         let inst = draining.remove(pos).upgrade()?;
         // Not known to be connected: the next response says so.
         inst.transition(State::Draining, State::Connecting)
@@ -236,18 +230,9 @@ impl Pool {
 
     /// A new instance, with its health checks if they are on.
     fn create(&self, joining: Joining) -> Arc<Instance> {
-        let Joining {
-            name,
-            endpoint,
-            connected,
-        } = joining;
-        tracing::info!(addr = %name, "instance added");
-        let inst = Arc::new(Instance::new(
-            name,
-            endpoint,
-            self.policy.clone(),
-            connected,
-        ));
+        let Joining { target, connected } = joining;
+        tracing::info!(addr = %target.name, "instance added");
+        let inst = Arc::new(Instance::new(target, self.policy.clone(), connected));
         if self.warm_new.load(Ordering::Relaxed) {
             inst.warm_up();
         }

@@ -412,7 +412,7 @@ async fn bad_uris_are_refused_and_quoted() {
             let e =
                 BalancedChannel::from_static(&list).expect_err(&format!("{bad:?} must be refused"));
             match &e {
-                Error::InvalidUri { uri, reason } => {
+                Error::InvalidUri { uri, reason, .. } => {
                     assert_eq!(uri, bad);
                     assert!(!reason.is_empty());
                 }
@@ -420,6 +420,11 @@ async fn bad_uris_are_refused_and_quoted() {
             }
             let msg = e.to_string();
             assert!(msg.contains(&format!("\"{bad}\"")), "{bad:?}: {msg}");
+            if bad == "not a uri" {
+                // What the URI parser said is kept as the error's source.
+                let source = std::error::Error::source(&e).expect("the parser's error");
+                assert!(source.is::<http::uri::InvalidUri>(), "{source:?}");
+            }
         }
     }
     // An Endpoint that tonic accepts but that is not http(s) is refused by build().

@@ -219,6 +219,7 @@ pub(crate) fn split_target(target: &str) -> Result<(String, u16), crate::Error> 
     let bad = |reason: &str| crate::Error::InvalidUri {
         uri: target.to_owned(),
         reason: reason.to_owned(),
+        source: None,
     };
     let (host, port) = target
         .rsplit_once(':')

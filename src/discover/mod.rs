@@ -29,6 +29,7 @@ use tonic::transport::Endpoint;
 use tower::BoxError;
 
 use crate::pool::Pool;
+use crate::target::{Dial, Key, Target};
 
 /// A source of instance addresses: DNS ([`Dns`]), a service registry, a control plane.
 ///
@@ -76,7 +77,32 @@ pub(crate) struct Discovery {
     /// How long one lookup may take.
     pub(crate) timeout: Duration,
     pub(crate) scheme: &'static str,
+    /// The name the source resolves (DNS), if it has one: each instance's endpoint carries it
+    /// (`scheme://name:port`: the requests' `:authority` and the TLS server name), while its
+    /// connection goes to the address found.
+    pub(crate) authority: Option<String>,
     pub(crate) template: Template,
+}
+
+impl Discovery {
+    /// The instance of one address.
+    fn target(&self, addr: SocketAddr) -> Result<Target, http::uri::InvalidUri> {
+        let name = uri_of(self.scheme, addr);
+        let key: http::Uri = name.parse()?;
+        let (uri, dial) = match &self.authority {
+            Some(host) => (
+                format!("{}://{host}:{}", self.scheme, addr.port()).parse()?,
+                Dial::Addr(addr),
+            ),
+            None => (key.clone(), Dial::Endpoint),
+        };
+        Ok(Target {
+            name,
+            key: Key::Uri(key),
+            endpoint: (self.template)(uri),
+            dial,
+        })
+    }
 }
 
 /// The URI of an address: `http://10.0.0.7:50051`, `http://[::1]:50051`.
@@ -97,14 +123,11 @@ pub(crate) async fn run(pool: Weak<Pool>, d: Discovery) {
         let Some(p) = pool.upgrade() else { return };
         match answer {
             Ok(addrs) if !addrs.is_empty() => {
-                let mut want: Vec<(String, Endpoint)> = Vec::with_capacity(addrs.len());
+                let mut want: Vec<Target> = Vec::with_capacity(addrs.len());
                 for a in addrs {
-                    let uri = uri_of(d.scheme, a);
-                    if want.iter().any(|(u, _)| *u == uri) {
-                        continue;
-                    }
-                    match uri.parse::<http::Uri>() {
-                        Ok(parsed) => want.push((uri, (d.template)(parsed))),
+                    match d.target(a) {
+                        Ok(t) if want.iter().any(|w| w.key == t.key) => {}
+                        Ok(t) => want.push(t),
                         Err(e) => {
                             tracing::warn!(source = %name, addr = %a, error = %e, "unusable address")
                         }

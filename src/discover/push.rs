@@ -13,6 +13,7 @@ use tower::discover::Change;
 use tower::BoxError;
 
 use crate::pool::Pool;
+use crate::target::{Key, Target};
 
 /// The next change of a source, polled.
 pub(crate) type Next<K> =
@@ -31,7 +32,7 @@ pub(crate) async fn run<K>(
 ) where
     K: Hash + Eq + Clone + Send + 'static,
 {
-    let mut keys: HashMap<K, http::Uri> = HashMap::new();
+    let mut keys: HashMap<K, Key> = HashMap::new();
     let first_by = tokio::time::Instant::now() + first_within;
     let mut waiting = pool.upgrade().is_some_and(|p| !*p.discovered.borrow());
     loop {
@@ -63,18 +64,19 @@ pub(crate) async fn run<K>(
                 p.discovery_status(Some(format!("{name}: {e}")));
             }
             Some(Ok(Change::Insert(key, endpoint))) => {
-                let uri = endpoint.uri().clone();
-                let display = uri.to_string();
-                if let Err(e) = crate::error::check_endpoint(&display, &uri) {
-                    tracing::warn!(source = %name, error = %e, "unusable endpoint ignored");
-                    continue;
-                }
-                if let Some(old) = keys.insert(key, uri.clone()) {
-                    if old != uri && !keys.values().any(|u| *u == old) {
+                let target = match Target::endpoint(endpoint) {
+                    Ok(target) => target,
+                    Err(e) => {
+                        tracing::warn!(source = %name, error = %e, "unusable endpoint ignored");
+                        continue;
+                    }
+                };
+                if let Some(old) = keys.insert(key, target.key.clone()) {
+                    if old != target.key && !keys.values().any(|u| *u == old) {
                         p.remove(&old);
                     }
                 }
-                p.insert(display, endpoint);
+                p.insert(target);
                 waiting = false;
                 p.discovery_status(None);
             }

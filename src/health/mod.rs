@@ -207,10 +207,10 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
         if inst.state() != State::Failing {
             return;
         }
-        let endpoint = inst.endpoint.clone();
+        let attempt_connect = inst.target.connect();
         let name = inst.display.clone();
         drop(inst);
-        let result = tokio::time::timeout(backoff.min_connect_timeout, endpoint.connect()).await;
+        let result = tokio::time::timeout(backoff.min_connect_timeout, attempt_connect).await;
         let Some(inst) = weak.upgrade() else { return };
         match result {
             Ok(Ok(_probe)) => {

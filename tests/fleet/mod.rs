@@ -71,6 +71,8 @@ pub struct Shared {
     pub health_checks: AtomicU64,
     /// When set, health checks get no answer (the check pends until the caller gives up).
     pub health_hang: std::sync::atomic::AtomicBool,
+    /// The `:authority` of the last request it received.
+    pub authority: Mutex<Option<String>>,
 }
 
 /// The standard health service, answering from [`Shared::serving`].
@@ -108,7 +110,8 @@ impl tonic_health::pb::health_server::Health for HealthSvc {
     }
 }
 
-struct Svc(Arc<Shared>);
+/// The fleet's service, answering as `Shared` says.
+pub struct Svc(pub Arc<Shared>);
 
 struct Active<'a>(&'a Shared);
 impl Drop for Active<'_> {
@@ -118,6 +121,22 @@ impl Drop for Active<'_> {
 }
 
 impl Shared {
+    /// The state of a new instance called `name`.
+    pub fn new(name: &str, behavior: Behavior) -> Arc<Shared> {
+        Arc::new(Shared {
+            name: name.to_owned(),
+            behavior: Mutex::new(behavior),
+            release: Semaphore::new(0),
+            served: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            serving: std::sync::atomic::AtomicBool::new(true),
+            health_checks: AtomicU64::new(0),
+            health_hang: std::sync::atomic::AtomicBool::new(false),
+            authority: Mutex::new(None),
+        })
+    }
+
     fn enter(&self) -> Active<'_> {
         self.served.fetch_add(1, Ordering::SeqCst);
         self.active.fetch_add(1, Ordering::SeqCst);
@@ -279,6 +298,11 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
+/// The fleet's service for `shared`, to serve on a transport of a test's own (a Unix socket).
+pub fn service(shared: Arc<Shared>) -> FleetServer<Svc> {
+    FleetServer::new(Svc(shared))
+}
+
 /// Server settings of an instance, beyond its behaviour.
 #[derive(Debug, Clone, Default)]
 pub struct ServerOptions {
@@ -287,6 +311,8 @@ pub struct ServerOptions {
     pub max_connection_age: Option<Duration>,
     /// The HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS it announces.
     pub max_concurrent_streams: Option<u32>,
+    /// Serves TLS with this identity (certificate and key).
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 /// One instance: a server on its own runtime, on a port that stays its own across restarts.
@@ -315,17 +341,7 @@ impl Instance {
         behavior: Behavior,
         options: ServerOptions,
     ) -> Instance {
-        let shared = Arc::new(Shared {
-            name: name.to_owned(),
-            behavior: Mutex::new(behavior),
-            release: Semaphore::new(0),
-            served: AtomicU64::new(0),
-            active: AtomicUsize::new(0),
-            held: AtomicUsize::new(0),
-            serving: std::sync::atomic::AtomicBool::new(true),
-            health_checks: AtomicU64::new(0),
-            health_hang: std::sync::atomic::AtomicBool::new(false),
-        });
+        let shared = Shared::new(name, behavior);
         let listener = std::net::TcpListener::bind(at).unwrap_or_else(|e| panic!("bind {at}: {e}"));
         let addr = listener.local_addr().unwrap();
         let mut inst = Instance {
@@ -364,7 +380,18 @@ impl Instance {
                     if let Some(age) = options.max_connection_age {
                         builder = builder.max_connection_age(age);
                     }
+                    if let Some(tls) = options.tls {
+                        builder = builder.tls_config(tls).expect("the test's TLS identity");
+                    }
+                    let seen = shared.clone();
                     let server = builder
+                        .layer(tower::util::MapRequestLayer::new(
+                            move |req: http::Request<tonic::body::Body>| {
+                                let authority = req.uri().authority().map(|a| a.to_string());
+                                *seen.authority.lock().unwrap() = authority;
+                                req
+                            },
+                        ))
                         .add_service(FleetServer::new(Svc(shared.clone())))
                         .add_service(tonic_health::pb::health_server::HealthServer::new(
                             HealthSvc(shared),
