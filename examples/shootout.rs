@@ -1,33 +1,67 @@
-//! The shootout: the same open-loop load, through each balancer in turn, against a fleet of
-//! real local gRPC servers in which something goes wrong.
+//! The shootout: the same load, through each balancer in turn, against a fleet of real local
+//! gRPC servers in which something goes wrong.
 //!
 //! ```text
 //! cargo run --release --example shootout
 //! cargo run --release --example shootout -- --scenario hang,heterogeneous --rate 2000 --duration 3
+//! cargo run --release --example shootout -- --scenario low-concurrency,mixed-methods
+//! cargo run --release --example shootout -- --sweep
 //! ```
 //!
 //! It starts a fleet of tonic servers on 127.0.0.1 (20 by default, each on a runtime of its
 //! own) and, for each scenario, sends calls through each contender in turn: the four
 //! strategies of `BalancedChannel`, tonic's `Channel::balance_list`, tower's p2c over
 //! `PendingRequests` and over `PeakEwma`, and (with `--contender naive` or `all`) a naive
-//! least-pending baseline. Between two
-//! contenders the fleet is reset (behaviours set again, killed instances restarted, every call
-//! of the previous contender over) and each contender gets a fresh channel. The order of the
-//! contenders rotates from one scenario to the next, so that none always goes first.
+//! least-pending baseline. Between two contenders the fleet is reset (behaviours set again,
+//! killed instances restarted, every call of the previous contender over, a cold start armed
+//! again) and each contender gets a fresh channel. The order of the contenders rotates from one
+//! scenario to the next, so that none always goes first.
 //!
-//! The load is open-loop: calls start on a fixed schedule (`--rate` per second), whether or not
-//! the earlier ones have finished, and a call's latency counts from its *scheduled* start, so a
-//! balancer that makes calls queue cannot hide it. Every call has a deadline (1 s,
-//! `Request::set_timeout`, with a client-side backstop), so nothing waits forever. Each
-//! contender first gets a short warm-up at the same rate (`--warmup`, not counted), so that
-//! what is measured is the steady state rather than the opening of 20 connections.
+//! The scenarios: `uniform` (every instance answers in 5 ms), `heterogeneous` (a fifth of them
+//! in 100 ms), `fail-fast` (one answers UNAVAILABLE at once), `unreachable` (two addresses
+//! refuse connections), `hang` (one never answers), `overload` (a fifth take 5 ms + 20 ms per
+//! call already in flight), `kill-restart` (one is killed at 1/3 of the run and restarted at
+//! 2/3), and two that report each instance's share of the calls:
+//!
+//! - `low-concurrency`: one caller, one call at a time (closed loop: the next call starts when
+//!   the previous one has ended, and a call's latency counts from its start), over 5 of the
+//!   fleet's instances (i0 to i4), all answering in 5 ms, of which i0 answers its first 3 calls
+//!   in 50 ms (a cold start). The cold start is counted from the reset before each contender
+//!   (`Instance::cold_start`, on the server's own count of calls served), and this scenario has
+//!   no warm-up: the measured run starts with the fresh channel and sees the cold start. It runs
+//!   for `--duration`, at least 2 s. Does every instance get its share (at least half of it)?
+//! - `mixed-methods`: every instance answers Unary in 5 ms and ClientStream (one message) in
+//!   100 ms, and one call in 10 is a ClientStream call (a fixed pseudo-random choice, the same
+//!   calls for every contender): a service whose methods differ 20x in cost, on two methods that
+//!   a per-method estimate could tell apart. Open loop at `--rate`, for `--duration`, at least
+//!   2 s. Its table adds the p99 of the Unary calls alone.
+//!
+//! For these two, the table gives the least share over the fair one (`min/fair`), the share
+//! farthest from the fair one as a deviation from it (`max dev`, in %), and below it each
+//! instance's share of the calls (server-side counts).
+//!
+//! The load of the other scenarios is open-loop: calls start on a fixed schedule (`--rate` per
+//! second), whether or not the earlier ones have finished, and a call's latency counts from its
+//! *scheduled* start, so a balancer that makes calls queue cannot hide it. Every call has a
+//! deadline (1 s, `Request::set_timeout`, with a client-side backstop), so nothing waits
+//! forever. Each contender first gets a short warm-up at the same rate (`--warmup`, not
+//! counted), so that what is measured is the steady state rather than the opening of 20
+//! connections.
 //!
 //! Per scenario it prints a table: the share of calls that succeeded, the latency
 //! percentiles over *all* calls (a failed call ranks above every success: a percentile that
 //! lands on failures prints as `fail`), the successful calls per second from the first call's
-//! scheduled start to the end of the last successful one, and the share of the calls that reached the
-//! misbehaving instances (from the servers' own counters). It writes the percentiles as an SVG
-//! chart (`--svg`, default `target/shootout.svg`). Every number is measured in this run.
+//! scheduled start to the end of the last successful one, and the share of the calls that
+//! reached the misbehaving instances (from the servers' own counters). It writes the
+//! percentiles as an SVG chart (`--svg`, default `target/shootout.svg`).
+//!
+//! `--sweep` runs the load sweep instead (not part of the default run): `heterogeneous` and
+//! `overload` (or the open-loop scenarios named by `--scenario`) at 500, 1,000, 2,000, 3,000 and
+//! 4,000 calls/s (`--rates`), every contender at every rate, 2 s measured per contender and rate
+//! (`--duration`) after the warm-up. It prints a table per scenario (rows: contenders, columns:
+//! rates, cells: p99) and writes a line chart per scenario of p99 against the rate, one line per
+//! contender, a p99 on failed calls drawn clipped in a `fail` band at the top
+//! (`--svg`, default `target/sweep.svg`). Every number is measured in the run.
 
 #[path = "../tests/fleet/mod.rs"]
 mod fleet;
@@ -58,6 +92,20 @@ type Svc = BoxCloneService<http::Request<Body>, http::Response<Body>, BoxError>;
 const FAST: Duration = Duration::from_millis(5);
 const SLOW: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// low-concurrency: the instances it uses, the cold instance's first calls and their time.
+const LOW_CONCURRENCY_INSTANCES: usize = 5;
+const COLD_CALLS: u64 = 3;
+const COLD: Duration = Duration::from_millis(50);
+/// mixed-methods: the expensive method's time and one call in this many goes to it.
+const COSTLY: Duration = Duration::from_millis(100);
+const COSTLY_ONE_IN: u64 = 10;
+/// The least measured time of the scenarios that report each instance's share of the calls:
+/// a share needs calls to be more than noise.
+const SHARE_MIN_DURATION: Duration = Duration::from_secs(2);
+/// The load sweep's rates and its measured time per contender and rate, unless told otherwise.
+const SWEEP_RATES: [f64; 5] = [500.0, 1000.0, 2000.0, 3000.0, 4000.0];
+const SWEEP_DURATION: Duration = Duration::from_secs(2);
 
 // ---------------------------------------------------------------------------------------------
 // Contenders
@@ -222,9 +270,11 @@ enum Scenario {
     Hang,
     Overload,
     KillRestart,
+    LowConcurrency,
+    MixedMethods,
 }
 
-const SCENARIOS: [Scenario; 7] = [
+const SCENARIOS: [Scenario; 9] = [
     Scenario::Uniform,
     Scenario::Heterogeneous,
     Scenario::FailFast,
@@ -232,7 +282,12 @@ const SCENARIOS: [Scenario; 7] = [
     Scenario::Hang,
     Scenario::Overload,
     Scenario::KillRestart,
+    Scenario::LowConcurrency,
+    Scenario::MixedMethods,
 ];
+
+/// What the sweep runs when `--scenario` does not say.
+const SWEEP_SCENARIOS: [Scenario; 2] = [Scenario::Heterogeneous, Scenario::Overload];
 
 const OVERLOAD_PER_CALL: Duration = Duration::from_millis(20);
 
@@ -244,6 +299,15 @@ struct Setup {
     bad: Vec<usize>,
     /// Stop `bad[0]` at this fraction of the measured window, restart it at the second.
     kill: Option<(f64, f64)>,
+    /// An instance whose cold start (`COLD_CALLS` calls in `COLD`) the reset arms afresh for
+    /// each contender.
+    cold: Option<usize>,
+    /// The instances whose share of the calls is reported (empty: none is).
+    shares: Vec<usize>,
+    /// One caller, one call at a time (closed loop), instead of the open-loop schedule.
+    closed_loop: bool,
+    /// One call in `COSTLY_ONE_IN` is a ClientStream call (the expensive method).
+    mixed: bool,
 }
 
 impl Scenario {
@@ -256,6 +320,30 @@ impl Scenario {
             Scenario::Hang => "hang",
             Scenario::Overload => "overload",
             Scenario::KillRestart => "kill-restart",
+            Scenario::LowConcurrency => "low-concurrency",
+            Scenario::MixedMethods => "mixed-methods",
+        }
+    }
+
+    /// The rate, measured time and warm-up of this scenario's runs.
+    fn load(self, opts: &Opts) -> Load {
+        let base = Load {
+            rate: opts.rate,
+            duration: opts.duration,
+            warmup: opts.warmup,
+        };
+        match self {
+            // No warm-up: the measured run starts with the fresh channel and the cold start.
+            Scenario::LowConcurrency => Load {
+                duration: opts.duration.max(SHARE_MIN_DURATION),
+                warmup: Duration::ZERO,
+                ..base
+            },
+            Scenario::MixedMethods => Load {
+                duration: opts.duration.max(SHARE_MIN_DURATION),
+                ..base
+            },
+            _ => base,
         }
     }
 
@@ -288,6 +376,18 @@ impl Scenario {
                 "1 of {n} instances is killed at 1/3 of the run and restarted at 2/3, all answer in {}",
                 ms(FAST)
             ),
+            Scenario::LowConcurrency => format!(
+                "one caller, one call at a time, over {} of the {n} instances (i0-i{}) answering in {}; i0's first {COLD_CALLS} calls take {} (a cold start)",
+                low_concurrency_n(n),
+                low_concurrency_n(n) - 1,
+                ms(FAST),
+                ms(COLD)
+            ),
+            Scenario::MixedMethods => format!(
+                "all {n} instances answer Unary in {} and ClientStream (one message) in {}; 1 call in {COSTLY_ONE_IN} is a ClientStream call",
+                ms(FAST),
+                ms(COSTLY)
+            ),
         }
     }
 
@@ -296,6 +396,8 @@ impl Scenario {
         let mut behaviors = vec![Behavior::Delay(FAST); n];
         let mut uris = uris.to_vec();
         let mut kill = None;
+        let mut cold = None;
+        let mut shares = vec![];
         let bad = match self {
             Scenario::Uniform => vec![],
             Scenario::Heterogeneous => {
@@ -334,14 +436,70 @@ impl Scenario {
                 kill = Some((1.0 / 3.0, 2.0 / 3.0));
                 vec![0]
             }
+            Scenario::LowConcurrency => {
+                uris.truncate(low_concurrency_n(n));
+                cold = Some(0);
+                shares = (0..uris.len()).collect();
+                vec![]
+            }
+            Scenario::MixedMethods => {
+                behaviors.fill(Behavior::MethodCost {
+                    other: FAST,
+                    client_stream: COSTLY,
+                });
+                shares = (0..n).collect();
+                vec![]
+            }
         };
         Setup {
             behaviors,
             uris,
             bad,
             kill,
+            cold,
+            shares,
+            closed_loop: self == Scenario::LowConcurrency,
+            mixed: self == Scenario::MixedMethods,
         }
     }
+}
+
+/// The scenarios of this run whose schedule is not the common one, as a note for the headers.
+fn exceptions(opts: &Opts) -> String {
+    let mut notes = vec![];
+    for s in &opts.scenarios {
+        let load = s.load(opts);
+        if *s == Scenario::LowConcurrency {
+            notes.push(format!(
+                "{}: closed loop, {:.1} s, no warm-up",
+                s.key(),
+                load.duration.as_secs_f64()
+            ));
+        } else if load.duration != opts.duration {
+            notes.push(format!("{}: {:.1} s", s.key(), load.duration.as_secs_f64()));
+        }
+    }
+    if notes.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", notes.join("; "))
+    }
+}
+
+/// The instances low-concurrency uses: 5, or the whole fleet if it is smaller.
+fn low_concurrency_n(n: usize) -> usize {
+    LOW_CONCURRENCY_INSTANCES.min(n)
+}
+
+/// Whether call `i` goes to the expensive method: a fixed pseudo-random pattern (splitmix64),
+/// the same for every contender, one call in `COSTLY_ONE_IN` on average. A pattern with a
+/// period (every tenth call) would line up with a round robin's.
+fn costly(i: u64) -> bool {
+    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    z.is_multiple_of(COSTLY_ONE_IN)
 }
 
 /// A fifth of `0..n` (at least one), spread out.
@@ -365,22 +523,42 @@ struct Opts {
     deadline: Duration,
     instances: usize,
     svg: String,
+    /// The load sweep instead of the scenario tables.
+    sweep: bool,
+    /// The sweep's rates.
+    rates: Vec<f64>,
+}
+
+/// The schedule of one run: calls per second (open loop), measured time, warm-up before it.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    rate: f64,
+    duration: Duration,
+    warmup: Duration,
 }
 
 const USAGE: &str = "\
 usage: cargo run --release --example shootout -- [options]
 
   --scenario NAME    uniform, heterogeneous, fail-fast, unreachable, hang, overload,
-                     kill-restart; repeatable or a comma list (default: all)
+                     kill-restart, low-concurrency, mixed-methods; repeatable or a comma
+                     list (default: all; with --sweep: heterogeneous,overload)
   --contender NAME   least-pending, peak-ewma, p2c, round-robin, tonic, tower-pending,
                      tower-ewma, naive, or all; repeatable or a comma list
                      (default: all but naive)
   --rate N           calls per second, open loop (default 1000)
-  --duration SECS    measured time per contender and scenario (default 1)
-  --warmup SECS      unmeasured time at the same rate before it (default 0.15)
+  --duration SECS    measured time per contender and scenario (default 1; at least 2 for
+                     low-concurrency and mixed-methods; with --sweep: per contender and
+                     rate, default 2)
+  --warmup SECS      unmeasured time at the same rate before it (default 0.15; none for
+                     low-concurrency)
   --deadline-ms MS   each call's deadline (default 1000)
   --instances N      fleet size, at least 3 (default 20)
-  --svg PATH         where the chart goes (default target/shootout.svg)
+  --svg PATH         where the chart goes (default target/shootout.svg; with --sweep,
+                     target/sweep.svg)
+  --sweep            the load sweep instead: each scenario (open-loop ones only) at each
+                     rate, every contender at every rate; prints p99 by rate and charts it
+  --rates LIST       the sweep's rates, a comma list (default 500,1000,2000,3000,4000)
 ";
 
 fn parse_args() -> Result<Opts, String> {
@@ -392,7 +570,16 @@ fn parse_args() -> Result<Opts, String> {
         warmup: Duration::from_millis(150),
         deadline: Duration::from_secs(1),
         instances: 20,
-        svg: "target/shootout.svg".to_owned(),
+        svg: String::new(),
+        sweep: false,
+        rates: vec![],
+    };
+    let (mut rate_set, mut duration_set) = (false, false);
+    let parse_rate = |v: &str, flag: &str| -> Result<f64, String> {
+        v.parse::<f64>()
+            .ok()
+            .filter(|r| r.is_finite() && *r > 0.0 && *r <= 1e6)
+            .ok_or_else(|| format!("{flag}: not a rate in (0, 1e6]: {v:?}"))
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -403,6 +590,10 @@ fn parse_args() -> Result<Opts, String> {
         if flag == "--help" || flag == "-h" {
             println!("{USAGE}");
             std::process::exit(0);
+        }
+        if flag == "--sweep" {
+            o.sweep = true;
+            continue;
         }
         let mut value = || {
             inline
@@ -449,14 +640,18 @@ fn parse_args() -> Result<Opts, String> {
                 }
             }
             "--rate" => {
-                let v = value()?;
-                o.rate = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|r| r.is_finite() && *r > 0.0 && *r <= 1e6)
-                    .ok_or_else(|| format!("--rate: not a rate in (0, 1e6]: {v:?}"))?;
+                o.rate = parse_rate(&value()?, "--rate")?;
+                rate_set = true;
             }
-            "--duration" => o.duration = secs(value()?, "--duration")?,
+            "--rates" => {
+                for v in value()?.split(',').filter(|s| !s.is_empty()) {
+                    o.rates.push(parse_rate(v, "--rates")?);
+                }
+            }
+            "--duration" => {
+                o.duration = secs(value()?, "--duration")?;
+                duration_set = true;
+            }
             "--warmup" => o.warmup = secs(value()?, "--warmup")?,
             "--deadline-ms" => {
                 let v = value()?;
@@ -484,6 +679,31 @@ fn parse_args() -> Result<Opts, String> {
     if o.duration.is_zero() {
         return Err("--duration must be above zero".to_owned());
     }
+    if o.sweep {
+        if rate_set {
+            return Err("--rate does not apply to the sweep: --rates".to_owned());
+        }
+        if o.rates.is_empty() {
+            o.rates = SWEEP_RATES.to_vec();
+        }
+        if !duration_set {
+            o.duration = SWEEP_DURATION;
+        }
+        if o.svg.is_empty() {
+            o.svg = "target/sweep.svg".to_owned();
+        }
+        if o.scenarios.is_empty() {
+            o.scenarios = SWEEP_SCENARIOS.to_vec();
+        }
+        if o.scenarios.contains(&Scenario::LowConcurrency) {
+            return Err("low-concurrency is closed loop: it has no rate to sweep".to_owned());
+        }
+    } else if !o.rates.is_empty() {
+        return Err("--rates is for the sweep (--sweep)".to_owned());
+    }
+    if o.svg.is_empty() {
+        o.svg = "target/shootout.svg".to_owned();
+    }
     if o.scenarios.is_empty() {
         o.scenarios = SCENARIOS.to_vec();
     }
@@ -505,6 +725,8 @@ type CallResult = Result<Duration, Code>;
 
 struct RunResult {
     calls: Vec<CallResult>,
+    /// Whether each call went to the expensive method (mixed-methods; else all false).
+    costly: Vec<bool>,
     /// From the first measured call's scheduled start to the end of the last successful one
     /// (at least the measured window).
     span: Duration,
@@ -571,32 +793,48 @@ fn reset(fleet: &Mutex<Fleet>, setup: &Setup) {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    // Armed once the previous contender's calls are over, so none of them takes a cold call.
+    if let Some(i) = setup.cold {
+        fleet.instances[i].cold_start(COLD_CALLS, COLD, FAST);
+    }
 }
 
+/// Calls that reached each instance so far (the servers' own counters).
+fn served(shared: &[Arc<Shared>]) -> Vec<u64> {
+    shared
+        .iter()
+        .map(|s| s.served.load(Ordering::SeqCst))
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn run_one(
     contender: Contender,
     setup: &Setup,
     fleet: &Arc<Mutex<Fleet>>,
     shared: &[Arc<Shared>],
-    opts: &Opts,
+    load: Load,
+    deadline: Duration,
     progress: &Progress,
     label: &str,
 ) -> RunResult {
+    if setup.closed_loop {
+        return run_closed(contender, setup, shared, load, deadline, progress, label).await;
+    }
     let client = FleetClient::new(contender.build(&setup.uris));
-    let period = Duration::from_secs_f64(1.0 / opts.rate);
-    let warmup_calls = (opts.warmup.as_secs_f64() * opts.rate).round() as u64;
-    let measured_calls = ((opts.duration.as_secs_f64() * opts.rate).round() as u64).max(1);
+    let period = Duration::from_secs_f64(1.0 / load.rate);
+    let warmup_calls = (load.warmup.as_secs_f64() * load.rate).round() as u64;
+    let measured_calls = ((load.duration.as_secs_f64() * load.rate).round() as u64).max(1);
     let total = warmup_calls + measured_calls;
     let t0 = tokio::time::Instant::now() + Duration::from_millis(5);
     let measure_start = t0 + period * warmup_calls as u32;
-    let deadline = opts.deadline;
 
     // Kill and restart on a thread of their own (stopping an instance joins its thread).
     let killer = setup.kill.map(|(at_stop, at_restart)| {
         let fleet = fleet.clone();
         let victim = setup.bad[0];
-        let stop_at = measure_start.into_std() + opts.duration.mul_f64(at_stop);
-        let restart_at = measure_start.into_std() + opts.duration.mul_f64(at_restart);
+        let stop_at = measure_start.into_std() + load.duration.mul_f64(at_stop);
+        let restart_at = measure_start.into_std() + load.duration.mul_f64(at_restart);
         std::thread::spawn(move || {
             std::thread::sleep(stop_at.saturating_duration_since(Instant::now()));
             fleet.lock().unwrap().instances[victim].stop();
@@ -605,12 +843,6 @@ async fn run_one(
         })
     });
 
-    let served = |shared: &[Arc<Shared>]| -> Vec<u64> {
-        shared
-            .iter()
-            .map(|s| s.served.load(Ordering::SeqCst))
-            .collect()
-    };
     let mut served_before = None;
     let mut handles = Vec::with_capacity(total as usize);
     let mut max_lag = Duration::ZERO;
@@ -632,33 +864,18 @@ async fn run_one(
             }
             let mut client = client.clone();
             let id = i;
+            let expensive = setup.mixed && costly(id);
             handles.push(tokio::spawn(async move {
-                let mut req = tonic::Request::new(Req {
-                    id,
-                    count: 0,
-                    payload: Vec::new(),
-                });
-                req.set_timeout(deadline);
-                // A backstop past the deadline, for a call stuck where `grpc-timeout` does not
-                // reach (such as a queue in front of the channel).
-                let r = tokio::time::timeout(
-                    deadline + Duration::from_millis(50),
-                    unary(&mut client, req),
-                )
-                .await;
+                let r = call(&mut client, id, expensive, deadline).await;
                 let end = tokio::time::Instant::now();
-                let result = match r {
-                    Ok(Ok(_)) => Ok(end - sched),
-                    Ok(Err(status)) => Err(status.code()),
-                    Err(_) => Err(Code::DeadlineExceeded),
-                };
-                (measured, result, end)
+                let result = r.map(|()| end - sched);
+                (measured, expensive, result, end)
             }));
             i += 1;
         }
         if last_draw.elapsed() > Duration::from_millis(100) {
             let frac = (now.saturating_duration_since(t0)).as_secs_f64()
-                / (opts.warmup + opts.duration).as_secs_f64();
+                / (load.warmup + load.duration).as_secs_f64();
             progress.draw(frac, label);
             last_draw = Instant::now();
         }
@@ -670,14 +887,16 @@ async fn run_one(
     progress.draw(1.0, &format!("{label} (last calls)"));
 
     let mut calls = Vec::with_capacity(measured_calls as usize);
+    let mut costly = Vec::with_capacity(measured_calls as usize);
     let mut last_end = measure_start;
     for h in handles {
-        let (measured, result, end) = h.await.expect("call task");
+        let (measured, expensive, result, end) = h.await.expect("call task");
         if measured {
             if result.is_ok() {
                 last_end = last_end.max(end);
             }
             calls.push(result);
+            costly.push(expensive);
         }
     }
     if let Some(k) = killer {
@@ -687,9 +906,88 @@ async fn run_one(
     let before = served_before.unwrap_or_else(|| after.clone());
     RunResult {
         calls,
-        span: (last_end - measure_start).max(opts.duration),
+        costly,
+        span: (last_end - measure_start).max(load.duration),
         served: after.iter().zip(&before).map(|(a, b)| a - b).collect(),
         max_lag,
+    }
+}
+
+/// One caller, one call at a time, for the measured time: each call starts when the one
+/// before it has ended, and its latency counts from its start. No warm-up: what is measured
+/// starts with the fresh channel (and the cold start the reset armed).
+async fn run_closed(
+    contender: Contender,
+    setup: &Setup,
+    shared: &[Arc<Shared>],
+    load: Load,
+    deadline: Duration,
+    progress: &Progress,
+    label: &str,
+) -> RunResult {
+    let mut client = FleetClient::new(contender.build(&setup.uris));
+    let before = served(shared);
+    let start = tokio::time::Instant::now();
+    let end_at = start + load.duration;
+    let mut calls = Vec::new();
+    let mut last_end = start;
+    let mut last_draw = Instant::now();
+    let mut id = 0u64;
+    while tokio::time::Instant::now() < end_at {
+        let begun = tokio::time::Instant::now();
+        let r = call(&mut client, id, false, deadline).await;
+        let end = tokio::time::Instant::now();
+        if r.is_ok() {
+            last_end = end;
+        }
+        calls.push(r.map(|()| end - begun));
+        id += 1;
+        if last_draw.elapsed() > Duration::from_millis(100) {
+            progress.draw(
+                (end - start).as_secs_f64() / load.duration.as_secs_f64(),
+                label,
+            );
+            last_draw = Instant::now();
+        }
+    }
+    drop(client);
+    let after = served(shared);
+    RunResult {
+        costly: vec![false; calls.len()],
+        calls,
+        span: (last_end - start).max(load.duration),
+        served: after.iter().zip(&before).map(|(a, b)| a - b).collect(),
+        max_lag: Duration::ZERO,
+    }
+}
+
+/// One call with its deadline: Unary, or (`expensive`) ClientStream with one message, which
+/// the mixed-methods fleet serves 20x slower. A backstop past the deadline ends a call stuck
+/// where `grpc-timeout` does not reach (such as a queue in front of the channel).
+async fn call(
+    client: &mut FleetClient<Svc>,
+    id: u64,
+    expensive: bool,
+    deadline: Duration,
+) -> Result<(), Code> {
+    let msg = Req {
+        id,
+        count: 0,
+        payload: Vec::new(),
+    };
+    let fut = if expensive {
+        let mut req = tonic::Request::new(futures::stream::iter([msg]));
+        req.set_timeout(deadline);
+        client_stream(client, req)
+    } else {
+        let mut req = tonic::Request::new(msg);
+        req.set_timeout(deadline);
+        unary(client, req)
+    };
+    match tokio::time::timeout(deadline + Duration::from_millis(50), fut).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(status)) => Err(status.code()),
+        Err(_) => Err(Code::DeadlineExceeded),
     }
 }
 
@@ -701,6 +999,14 @@ fn unary(
     req: tonic::Request<Req>,
 ) -> futures::future::BoxFuture<'_, Result<tonic::Response<fleet::pb::Reply>, tonic::Status>> {
     Box::pin(client.unary(req))
+}
+
+/// One client-streaming call, boxed for the same reason.
+fn client_stream(
+    client: &mut FleetClient<Svc>,
+    req: tonic::Request<futures::stream::Iter<std::array::IntoIter<Req, 1>>>,
+) -> futures::future::BoxFuture<'_, Result<tonic::Response<fleet::pb::Reply>, tonic::Status>> {
+    Box::pin(client.client_stream(req))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -716,21 +1022,37 @@ struct Row {
     errors: BTreeMap<String, usize>,
     calls: usize,
     max_lag: Duration,
+    /// Each reported instance's share of the calls that reached them, in % (server-side
+    /// counts; empty where the scenario reports none).
+    shares: Vec<f64>,
+    /// p99 of the cheap (Unary) calls alone, in mixed-methods.
+    cheap_p99: Option<Option<Duration>>,
+    /// Expensive calls among the measured ones, in mixed-methods.
+    costly_calls: usize,
 }
 
 const QUANTILES: [f64; 3] = [0.50, 0.99, 0.999];
 const QUANTILE_NAMES: [&str; 3] = ["p50", "p99", "p99.9"];
 
-fn summarize(contender: Contender, run: &RunResult, bad: &[usize]) -> Row {
-    let n = run.calls.len();
-    let mut lat: Vec<Option<Duration>> = run.calls.iter().map(|r| r.ok()).collect();
-    // Failures (None) rank after every success.
+/// The quantiles of these calls' latencies; failures rank after every success (`None`).
+fn quantiles<'a>(
+    calls: impl Iterator<Item = &'a CallResult>,
+    qs: &[f64; 3],
+) -> [Option<Duration>; 3] {
+    let mut lat: Vec<Option<Duration>> = calls.map(|r| r.ok()).collect();
     lat.sort_by_key(|l| (l.is_none(), *l));
-    let ok = lat.iter().filter(|l| l.is_some()).count();
-    let pcts = QUANTILES.map(|q| {
-        let idx = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
-        lat[idx]
-    });
+    let n = lat.len();
+    qs.map(|q| {
+        let idx = ((q * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1;
+        lat.get(idx).copied().flatten()
+    })
+}
+
+fn summarize(contender: Contender, run: &RunResult, setup: &Setup) -> Row {
+    let bad = &setup.bad;
+    let n = run.calls.len();
+    let ok = run.calls.iter().filter(|r| r.is_ok()).count();
+    let pcts = quantiles(run.calls.iter(), &QUANTILES);
     let mut errors = BTreeMap::new();
     for r in &run.calls {
         if let Err(code) = r {
@@ -741,6 +1063,21 @@ fn summarize(contender: Contender, run: &RunResult, bad: &[usize]) -> Row {
     let bad_share = (!bad.is_empty() && total_served > 0).then(|| {
         bad.iter().map(|&i| run.served[i]).sum::<u64>() as f64 / total_served as f64 * 100.0
     });
+    let shared_total: u64 = setup.shares.iter().map(|&i| run.served[i]).sum();
+    let shares = setup
+        .shares
+        .iter()
+        .map(|&i| run.served[i] as f64 / shared_total.max(1) as f64 * 100.0)
+        .collect();
+    let cheap_p99 = setup.mixed.then(|| {
+        let cheap = run
+            .calls
+            .iter()
+            .zip(&run.costly)
+            .filter(|(_, &c)| !c)
+            .map(|(r, _)| r);
+        quantiles(cheap, &[0.99; 3])[0]
+    });
     Row {
         contender,
         ok_pct: ok as f64 / n as f64 * 100.0,
@@ -750,6 +1087,26 @@ fn summarize(contender: Contender, run: &RunResult, bad: &[usize]) -> Row {
         errors,
         calls: n,
         max_lag: run.max_lag,
+        shares,
+        cheap_p99,
+        costly_calls: run.costly.iter().filter(|&&c| c).count(),
+    }
+}
+
+impl Row {
+    /// The least share over the fair share (1.0: every instance got its share).
+    fn min_over_fair(&self) -> f64 {
+        let fair = 100.0 / self.shares.len().max(1) as f64;
+        self.shares.iter().copied().fold(f64::INFINITY, f64::min) / fair
+    }
+
+    /// The share farthest from the fair share, as a signed deviation from it in %.
+    fn max_dev(&self) -> f64 {
+        let fair = 100.0 / self.shares.len().max(1) as f64;
+        self.shares
+            .iter()
+            .map(|s| (s - fair) / fair * 100.0)
+            .fold(0.0, |m: f64, d| if d.abs() > m.abs() { d } else { m })
     }
 }
 
@@ -768,17 +1125,35 @@ fn pct_cell(p: Option<Duration>) -> String {
     p.map(ms).unwrap_or_else(|| "fail".to_owned())
 }
 
-fn print_table(scenario: Scenario, rows: &[Row], bad: &[usize], opts: &Opts) {
+fn errors_cell(r: &Row) -> String {
+    let mut e: Vec<_> = r.errors.iter().collect();
+    e.sort_by(|a, b| b.1.cmp(a.1));
+    e.iter()
+        .map(|(code, k)| format!("{k} {code}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_table(scenario: Scenario, rows: &[Row], setup: &Setup, load: Load, opts: &Opts) {
     let n = opts.instances;
     println!();
+    let schedule = if setup.closed_loop {
+        "closed loop".to_owned()
+    } else {
+        format!("{:.0} calls/s", load.rate)
+    };
     println!(
-        "== {}: {} ({:.0} calls/s, {:.1} s per contender, deadline {})",
+        "== {}: {} ({schedule}, {:.1} s per contender, deadline {})",
         scenario.key(),
         scenario.describe(n),
-        opts.rate,
-        opts.duration.as_secs_f64(),
+        load.duration.as_secs_f64(),
         ms(opts.deadline),
     );
+    if !setup.shares.is_empty() {
+        print_share_table(rows, setup);
+        return;
+    }
+    let bad = &setup.bad;
     let bad_head = if bad.is_empty() {
         "to bad".to_owned()
     } else {
@@ -793,16 +1168,7 @@ fn print_table(scenario: Scenario, rows: &[Row], bad: &[usize], opts: &Opts) {
             Some(s) => format!("{s:.1}%"),
             None => "-".to_owned(),
         };
-        let errors = if r.errors.is_empty() {
-            String::new()
-        } else {
-            let mut e: Vec<_> = r.errors.iter().collect();
-            e.sort_by(|a, b| b.1.cmp(a.1));
-            e.iter()
-                .map(|(code, k)| format!("{k} {code}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let errors = errors_cell(r);
         println!(
             "{:<20} {:>7.2} {:>9} {:>9} {:>9} {:>7.0}  {:>19}  {}",
             r.contender.name(),
@@ -820,6 +1186,59 @@ fn print_table(scenario: Scenario, rows: &[Row], bad: &[usize], opts: &Opts) {
         println!(
             "(note: the load generator started some calls up to {} late; their latency counts from the scheduled start)",
             ms(lag)
+        );
+    }
+    let _ = std::io::stdout().flush();
+}
+
+/// The table of a scenario that reports each instance's share of the calls: the usual
+/// columns, the least share over the fair one and the farthest share from it, then each
+/// instance's share (indented lines, one per contender).
+fn print_share_table(rows: &[Row], setup: &Setup) {
+    let k = setup.shares.len();
+    let fair = 100.0 / k.max(1) as f64;
+    let cheap = if setup.mixed { "  unary p99" } else { "" };
+    println!(
+        "{:<20} {:>7} {:>9} {:>9} {:>9} {:>7}{cheap}  {:>8}  {:>7}  errors",
+        "contender", "ok %", "p50", "p99", "p99.9", "ok/s", "min/fair", "max dev"
+    );
+    for r in rows {
+        let cheap = match r.cheap_p99 {
+            Some(p) => format!("  {:>9}", pct_cell(p)),
+            None => String::new(),
+        };
+        println!(
+            "{:<20} {:>7.2} {:>9} {:>9} {:>9} {:>7.0}{cheap}  {:>8.2}  {:>+6.1}%  {}",
+            r.contender.name(),
+            r.ok_pct,
+            pct_cell(r.pcts[0]),
+            pct_cell(r.pcts[1]),
+            pct_cell(r.pcts[2]),
+            r.ok_per_sec,
+            r.min_over_fair(),
+            r.max_dev(),
+            errors_cell(r)
+        );
+    }
+    let cold = setup
+        .cold
+        .map(|i| format!(", i{i} the cold one"))
+        .unwrap_or_default();
+    println!("share of the calls per instance, % (server-side counts; fair {fair:.1}%{cold}):");
+    let names: Vec<String> = setup
+        .shares
+        .iter()
+        .map(|i| format!("{:>4}", format!("i{i}")))
+        .collect();
+    println!("  {:<20} {}", "", names.join(" "));
+    for r in rows {
+        let cells: Vec<String> = r.shares.iter().map(|s| format!("{s:4.1}")).collect();
+        println!("  {:<20} {}", r.contender.name(), cells.join(" "));
+    }
+    if let (true, Some(r)) = (setup.mixed, rows.first()) {
+        println!(
+            "  (ClientStream calls: {} of the {} measured calls, the same calls for every contender)",
+            r.costly_calls, r.calls
         );
     }
     let _ = std::io::stdout().flush();
@@ -868,6 +1287,14 @@ fn svg(results: &[(Scenario, Vec<Row>)], opts: &Opts) -> String {
         opts.duration.as_secs_f64(),
         esc(&ms(opts.deadline))
     );
+    let notes = exceptions(opts);
+    if !notes.is_empty() {
+        let _ = writeln!(
+            s,
+            r##"<text x="{LEFT}" y="54" fill="#666">{}</text>"##,
+            esc(notes.trim())
+        );
+    }
     for (qi, name) in QUANTILE_NAMES.iter().enumerate() {
         let x = W - RIGHT - 220.0 + qi as f64 * 70.0;
         let _ = writeln!(
@@ -967,6 +1394,286 @@ fn svg(results: &[(Scenario, Vec<Row>)], opts: &Opts) -> String {
     s
 }
 
+fn write_svg(path: &str, chart: &str) {
+    let path = std::path::Path::new(path);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match std::fs::write(path, chart) {
+        Ok(()) => println!("\nchart: {}", path.display()),
+        Err(e) => eprintln!("\ncould not write {}: {e}", path.display()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The load sweep
+
+/// Per scenario, per rate, one row per contender (in `opts.contenders`' order).
+type SweepResults = Vec<(Scenario, Vec<Vec<Row>>)>;
+
+/// Each scenario at each rate, every contender at every rate: the order of the contenders
+/// rotates from one (scenario, rate) to the next, and the fleet is reset before each run.
+fn sweep(
+    opts: &Opts,
+    rt: &tokio::runtime::Runtime,
+    fleet: &Arc<Mutex<Fleet>>,
+    shared: &[Arc<Shared>],
+    uris: &[String],
+    progress: &mut Progress,
+) -> SweepResults {
+    let k = opts.contenders.len();
+    let mut results = Vec::new();
+    for (si, &scenario) in opts.scenarios.iter().enumerate() {
+        let setup = scenario.setup(uris);
+        let mut by_rate = Vec::new();
+        for (ri, &rate) in opts.rates.iter().enumerate() {
+            let load = Load {
+                rate,
+                duration: opts.duration,
+                warmup: opts.warmup,
+            };
+            let mut rows: Vec<Option<Row>> = (0..k).map(|_| None).collect();
+            for j in 0..k {
+                let ci = (j + si * opts.rates.len() + ri) % k;
+                let contender = opts.contenders[ci];
+                reset(fleet, &setup);
+                let label = format!("{} {rate:.0}/s / {}", scenario.key(), contender.name());
+                progress.draw(0.0, &label);
+                let run = rt.block_on(run_one(
+                    contender,
+                    &setup,
+                    fleet,
+                    shared,
+                    load,
+                    opts.deadline,
+                    progress,
+                    &label,
+                ));
+                rows[ci] = Some(summarize(contender, &run, &setup));
+                progress.done += 1;
+            }
+            by_rate.push(rows.into_iter().map(|r| r.expect("ran")).collect());
+        }
+        progress.clear();
+        print_sweep_table(scenario, &by_rate, opts);
+        results.push((scenario, by_rate));
+    }
+    progress.clear();
+    results
+}
+
+/// Rows = contenders, columns = rates, cells = p99 (`fail`: it falls on failed calls).
+fn print_sweep_table(scenario: Scenario, by_rate: &[Vec<Row>], opts: &Opts) {
+    println!();
+    println!(
+        "== sweep/{}: {} (p99 by rate, {:.1} s per contender and rate, deadline {})",
+        scenario.key(),
+        scenario.describe(opts.instances),
+        opts.duration.as_secs_f64(),
+        ms(opts.deadline),
+    );
+    let mut head = format!("{:<20}", "contender");
+    for r in &opts.rates {
+        let _ = write!(head, " {:>9}", format!("{r:.0}/s"));
+    }
+    println!("{head}");
+    for (ci, c) in opts.contenders.iter().enumerate() {
+        let mut line = format!("{:<20}", c.name());
+        for rows in by_rate {
+            let _ = write!(line, " {:>9}", pct_cell(rows[ci].pcts[1]));
+        }
+        println!("{line}");
+    }
+    let lags: Vec<Duration> = by_rate
+        .iter()
+        .map(|rows| rows.iter().map(|r| r.max_lag).max().unwrap_or_default())
+        .collect();
+    if lags.iter().any(|&l| l > Duration::from_millis(20)) {
+        let cells: Vec<String> = opts
+            .rates
+            .iter()
+            .zip(&lags)
+            .map(|(r, l)| format!("{} at {r:.0}/s", ms(*l)))
+            .collect();
+        println!(
+            "(note: the load generator started some calls late, at most {}; their latency counts from the scheduled start)",
+            cells.join(", ")
+        );
+    }
+    let _ = std::io::stdout().flush();
+}
+
+/// A line chart per scenario: p99 (log scale) against the rate, one line per contender (solid:
+/// this crate's strategies, dashed: the others). A p99 that falls on failed calls is drawn in
+/// the `fail` band above the plot, clipped, with a cross.
+fn sweep_svg(results: &SweepResults, opts: &Opts) -> String {
+    const W: f64 = 1100.0;
+    const PANEL_H: f64 = 360.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 230.0;
+    const TOP: f64 = 60.0;
+    const COLORS: [&str; 8] = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#7f7f7f",
+    ];
+    let fail_y = 40.0;
+    let plot_top = 60.0;
+    let plot_h = 250.0;
+    let lo = 1.0f64; // ms
+    let hi = (opts.deadline.as_secs_f64() * 1e3 * 1.5).max(10.0);
+    let y = |v_ms: f64| -> f64 {
+        let f = (v_ms.clamp(lo, hi).log10() - lo.log10()) / (hi.log10() - lo.log10());
+        plot_top + plot_h * (1.0 - f)
+    };
+    let (rmin, rmax) = opts
+        .rates
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(a, b), &r| (a.min(r), b.max(r)));
+    let plot_w = W - LEFT - RIGHT;
+    let x = |rate: f64| -> f64 {
+        if rmax > rmin {
+            LEFT + 20.0 + (plot_w - 40.0) * (rate - rmin) / (rmax - rmin)
+        } else {
+            LEFT + plot_w / 2.0
+        }
+    };
+    let h = TOP + PANEL_H * results.len() as f64 + 10.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="22" font-size="16" font-weight="bold">tonic-balancer load sweep: p99 latency from scheduled start against the rate (log scale)</text>"#
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{LEFT}" y="40" fill="#666">{} instances, open loop, {:.1} s per contender and rate, deadline {}; solid: BalancedChannel's strategies, dashed: the others; x in the top band: p99 on failed calls</text>"##,
+        opts.instances,
+        opts.duration.as_secs_f64(),
+        esc(&ms(opts.deadline))
+    );
+    for (pi, (scenario, by_rate)) in results.iter().enumerate() {
+        let oy = TOP + PANEL_H * pi as f64;
+        let _ = writeln!(s, r#"<g transform="translate(0,{oy})">"#);
+        let _ = writeln!(
+            s,
+            r##"<text x="{LEFT}" y="16" font-size="13" font-weight="bold">{}</text><text x="{LEFT}" y="31" fill="#666">{}</text>"##,
+            esc(scenario.key()),
+            esc(&scenario.describe(opts.instances))
+        );
+        // The fail band, the grid, the axes.
+        let _ = writeln!(
+            s,
+            r##"<rect x="{LEFT}" y="{:.1}" width="{plot_w}" height="14" fill="#fdecea"/><text x="{}" y="{:.1}" text-anchor="end" fill="#d62728">fail</text>"##,
+            fail_y - 7.0,
+            LEFT - 6.0,
+            fail_y + 4.0
+        );
+        let mut tick = 1.0;
+        while tick <= hi {
+            let ty = y(tick);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{LEFT}" x2="{}" y1="{ty:.1}" y2="{ty:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end" fill="#666">{}</text>"##,
+                LEFT + plot_w,
+                LEFT - 6.0,
+                ty + 4.0,
+                if tick >= 1000.0 {
+                    format!("{} s", tick / 1000.0)
+                } else {
+                    format!("{tick} ms")
+                }
+            );
+            tick *= 10.0;
+        }
+        let dl = y(opts.deadline.as_secs_f64() * 1e3);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" x2="{}" y1="{dl:.1}" y2="{dl:.1}" stroke="#d62728" stroke-dasharray="4 3"/><text x="{}" y="{:.1}" text-anchor="end" fill="#d62728">deadline</text>"##,
+            LEFT + plot_w,
+            LEFT + plot_w,
+            dl - 3.0
+        );
+        for &r in &opts.rates {
+            let tx = x(r);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{tx:.1}" x2="{tx:.1}" y1="{plot_top}" y2="{:.1}" stroke="#eee"/><text x="{tx:.1}" y="{:.1}" text-anchor="middle" fill="#666">{r:.0}/s</text>"##,
+                plot_top + plot_h,
+                plot_top + plot_h + 15.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#666">calls per second</text>"##,
+            LEFT + plot_w / 2.0,
+            plot_top + plot_h + 30.0
+        );
+        // One line per contender.
+        for (ci, c) in opts.contenders.iter().enumerate() {
+            let color = COLORS[ci % COLORS.len()];
+            let dash = if matches!(c, Contender::Ours(_)) {
+                ""
+            } else {
+                r#" stroke-dasharray="6 3""#
+            };
+            let points: Vec<(f64, f64, Option<Duration>)> = opts
+                .rates
+                .iter()
+                .zip(by_rate)
+                .map(|(&r, rows)| {
+                    let p = rows[ci].pcts[1];
+                    let py = p.map_or(fail_y, |d| y(d.as_secs_f64() * 1e3));
+                    (x(r), py, p)
+                })
+                .collect();
+            let path: Vec<String> = points
+                .iter()
+                .map(|(px, py, _)| format!("{px:.1},{py:.1}"))
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#,
+                path.join(" ")
+            );
+            for ((px, py, p), &r) in points.iter().zip(&opts.rates) {
+                let title = format!("{} at {r:.0}/s: p99 {}", c.name(), pct_cell(*p));
+                if p.is_some() {
+                    let _ = writeln!(
+                        s,
+                        r#"<circle cx="{px:.1}" cy="{py:.1}" r="3" fill="{color}"><title>{}</title></circle>"#,
+                        esc(&title)
+                    );
+                } else {
+                    let _ = writeln!(
+                        s,
+                        r#"<path d="M{:.1},{:.1} l8,8 m0,-8 l-8,8" stroke="{color}" stroke-width="2.5"><title>{}</title></path>"#,
+                        px - 4.0,
+                        py - 4.0,
+                        esc(&title)
+                    );
+                }
+            }
+            // Legend.
+            let ly = plot_top + 4.0 + 18.0 * ci as f64;
+            let lx = LEFT + plot_w + 20.0;
+            let _ = writeln!(
+                s,
+                r#"<line x1="{lx}" x2="{}" y1="{ly:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="{:.1}">{}</text>"#,
+                lx + 24.0,
+                lx + 30.0,
+                ly + 4.0,
+                esc(c.name())
+            );
+        }
+        let _ = writeln!(s, "</g>");
+    }
+    let _ = writeln!(s, "</svg>");
+    s
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn main() {
@@ -979,15 +1686,29 @@ fn main() {
     };
     let n = opts.instances;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    println!(
-        "tonic-balancer shootout: {n} local instances, {:.0} calls/s open loop, {:.1} s measured (+{:.2} s warm-up) per contender and scenario, deadline {}, {} scenarios x {} contenders, {cores} cores",
-        opts.rate,
-        opts.duration.as_secs_f64(),
-        opts.warmup.as_secs_f64(),
-        ms(opts.deadline),
-        opts.scenarios.len(),
-        opts.contenders.len(),
-    );
+    if opts.sweep {
+        println!(
+            "tonic-balancer shootout, load sweep: {n} local instances, {} calls/s open loop, {:.1} s measured (+{:.2} s warm-up) per contender, scenario and rate, deadline {}, {} scenarios x {} rates x {} contenders, {cores} cores",
+            opts.rates.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join("/"),
+            opts.duration.as_secs_f64(),
+            opts.warmup.as_secs_f64(),
+            ms(opts.deadline),
+            opts.scenarios.len(),
+            opts.rates.len(),
+            opts.contenders.len(),
+        );
+    } else {
+        println!(
+            "tonic-balancer shootout: {n} local instances, {:.0} calls/s open loop, {:.1} s measured (+{:.2} s warm-up) per contender and scenario{}, deadline {}, {} scenarios x {} contenders, {cores} cores",
+            opts.rate,
+            opts.duration.as_secs_f64(),
+            opts.warmup.as_secs_f64(),
+            exceptions(&opts),
+            ms(opts.deadline),
+            opts.scenarios.len(),
+            opts.contenders.len(),
+        );
+    }
     println!("latency: from each call's scheduled start, over all calls; a failed call ranks above every success ('fail' = the percentile falls on failed calls)");
     println!("errors: the status each client got (tonic's own deadline timer reports CANCELLED, BalancedChannel's DEADLINE_EXCEEDED)");
     println!("ok/s: successful calls per second, from the first call's scheduled start to the end of the last successful one (at least the measured time); 'to bad': share of the calls that reached the misbehaving instances (server-side counts)");
@@ -1002,16 +1723,32 @@ fn main() {
         .build()
         .expect("client runtime");
 
+    let rates = if opts.sweep { opts.rates.len() } else { 1 };
     let mut progress = Progress {
         done: 0,
-        total: opts.scenarios.len() * opts.contenders.len(),
+        total: opts.scenarios.len() * rates * opts.contenders.len(),
         started: Instant::now(),
         tty: std::io::stderr().is_terminal(),
     };
     let started = Instant::now();
+    if opts.sweep {
+        let results = sweep(&opts, &rt, &fleet, &shared, &uris, &mut progress);
+        drop(rt);
+        write_svg(&opts.svg, &sweep_svg(&results, &opts));
+        let calls: usize = results
+            .iter()
+            .flat_map(|(_, rows)| rows.iter().flatten().map(|r| r.calls))
+            .sum();
+        println!(
+            "{calls} measured calls in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        return;
+    }
     let mut results = Vec::new();
     for (si, &scenario) in opts.scenarios.iter().enumerate() {
         let setup = scenario.setup(&uris);
+        let load = scenario.load(&opts);
         let k = opts.contenders.len();
         let mut rows: Vec<Option<Row>> = (0..k).map(|_| None).collect();
         // Rotate the order from one scenario to the next.
@@ -1022,9 +1759,16 @@ fn main() {
             let label = format!("{} / {}", scenario.key(), contender.name());
             progress.draw(0.0, &label);
             let run = rt.block_on(run_one(
-                contender, &setup, &fleet, &shared, &opts, &progress, &label,
+                contender,
+                &setup,
+                &fleet,
+                &shared,
+                load,
+                opts.deadline,
+                &progress,
+                &label,
             ));
-            rows[ci] = Some(summarize(contender, &run, &setup.bad));
+            rows[ci] = Some(summarize(contender, &run, &setup));
             progress.done += 1;
         }
         progress.clear();
@@ -1032,21 +1776,13 @@ fn main() {
             .into_iter()
             .map(|r| r.expect("every contender ran"))
             .collect();
-        print_table(scenario, &rows, &setup.bad, &opts);
+        print_table(scenario, &rows, &setup, load, &opts);
         results.push((scenario, rows));
     }
     progress.clear();
     drop(rt);
 
-    let chart = svg(&results, &opts);
-    let path = std::path::Path::new(&opts.svg);
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    match std::fs::write(path, chart) {
-        Ok(()) => println!("\nchart: {}", path.display()),
-        Err(e) => eprintln!("\ncould not write {}: {e}", path.display()),
-    }
+    write_svg(&opts.svg, &svg(&results, &opts));
     let calls: usize = results
         .iter()
         .flat_map(|(_, r)| r.iter().map(|r| r.calls))

@@ -51,6 +51,20 @@ pub enum Behavior {
     /// message: a trailers-only answer for every kind of call, bidi included (where `Fail`
     /// answers each message first).
     FailAfterInput(Code),
+    /// A cold start: answers after `cold` until the instance's `served` counter (every call
+    /// that reached a handler since it started) exceeds `cold_until`, then after `warm`. Armed
+    /// per instance by [`Instance::cold_start`], which counts from the calls served so far.
+    ColdStart {
+        cold_until: u64,
+        cold: Duration,
+        warm: Duration,
+    },
+    /// A service whose methods differ in cost: a client-streaming call answers `client_stream`
+    /// after its request stream has ended, every other call after `other`.
+    MethodCost {
+        other: Duration,
+        client_stream: Duration,
+    },
 }
 
 /// The shared state of one instance: survives a stop and a restart.
@@ -187,6 +201,33 @@ impl Shared {
                 tokio::time::sleep(base + per_call * n).await;
                 Ok(())
             }
+            Behavior::ColdStart {
+                cold_until,
+                cold,
+                warm,
+            } => {
+                // `enter` counted this call already.
+                let nth = self.served.load(Ordering::SeqCst);
+                tokio::time::sleep(if nth <= cold_until { cold } else { warm }).await;
+                Ok(())
+            }
+            Behavior::MethodCost { other, .. } => {
+                tokio::time::sleep(other).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// [`Shared::behave`] for a client-streaming call: the same for every behaviour but
+    /// [`Behavior::MethodCost`], which takes its `client_stream` time.
+    async fn behave_client_stream(&self) -> Result<(), Status> {
+        let b = self.behavior.lock().unwrap().clone();
+        match b {
+            Behavior::MethodCost { client_stream, .. } => {
+                tokio::time::sleep(client_stream).await;
+                Ok(())
+            }
+            _ => self.behave().await,
         }
     }
 
@@ -243,7 +284,7 @@ impl FleetService for Svc {
             n += 1;
             last = m.id;
         }
-        self.0.behave().await?;
+        self.0.behave_client_stream().await?;
         Ok(Response::new(self.0.reply(last, n)))
     }
 
@@ -434,6 +475,16 @@ impl Instance {
 
     pub fn health_checks(&self) -> u64 {
         self.shared.health_checks.load(Ordering::SeqCst)
+    }
+
+    /// Makes the instance's next `calls` calls answer after `cold`, and every later one after
+    /// `warm` ([`Behavior::ColdStart`]): a cold start from now, whatever it served before.
+    pub fn cold_start(&self, calls: u64, cold: Duration, warm: Duration) {
+        self.set(Behavior::ColdStart {
+            cold_until: self.served() + calls,
+            cold,
+            warm,
+        });
     }
 
     /// Lets `n` held calls go on.
