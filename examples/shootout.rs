@@ -1612,6 +1612,8 @@ fn sweep_svg(results: &SweepResults, opts: &Opts) -> String {
             plot_top + plot_h + 30.0
         );
         // One line per contender.
+        let fail_dx = 9.0;
+        let mid = (opts.contenders.len() as f64 - 1.0) / 2.0;
         for (ci, c) in opts.contenders.iter().enumerate() {
             let color = COLORS[ci % COLORS.len()];
             let dash = if matches!(c, Contender::Ours(_)) {
@@ -1625,8 +1627,11 @@ fn sweep_svg(results: &SweepResults, opts: &Opts) -> String {
                 .zip(by_rate)
                 .map(|(&r, rows)| {
                     let p = rows[ci].pcts[1];
-                    let py = p.map_or(fail_y, |d| y(d.as_secs_f64() * 1e3));
-                    (x(r), py, p)
+                    match p {
+                        Some(d) => (x(r), y(d.as_secs_f64() * 1e3), p),
+                        // Side by side in the band, so that every failed contender shows.
+                        None => (x(r) + fail_dx * (ci as f64 - mid), fail_y, p),
+                    }
                 })
                 .collect();
             let path: Vec<String> = points

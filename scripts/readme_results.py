@@ -3,8 +3,9 @@
 the runs printed, so that the figures there are always from a run of the code as it is.
 
 Usage: python3 scripts/readme_results.py [--reuse]
-  (about 4 minutes on 2 cores; run on a quiet machine). The programs' output is kept in
-  target/readme-results/; --reuse rewrites the section from it without running anything.
+  (about 10 minutes on 2 cores, the shootout's load sweep about 5 of them; run on a quiet
+  machine). The programs' output is kept in target/readme-results/; --reuse rewrites the
+  section from it without running anything.
 """
 import os
 import re
@@ -36,11 +37,77 @@ def tables(text):
             scenario = m.group(1)
             out[scenario] = {}
             continue
-        if scenario and line and not line.startswith(("contender", "chart", "tonic-balancer")):
+        # Indented lines (each instance's share) and notes are not rows.
+        if scenario and line and not line.startswith(
+                ("contender", "chart", "tonic-balancer", " ", "(", "share of")):
             if re.search(r"\d", line):
                 name = re.split(r"\s{2,}", line.strip())[0]
                 out[scenario][name] = line[len(name):].split()
     return out
+
+
+LAT = r"fail|[\d.]+ ms"
+
+
+def share_tables(text):
+    """The scenarios that report each instance's share of the calls (low-concurrency,
+    mixed-methods): scenario -> contender -> ok, p50, p99, p999, unary_p99 (mixed-methods
+    only; None elsewhere), min_fair, max_dev (signed %), shares (one % per instance)."""
+    out, scenario, shares = {}, None, False
+    for line in text.splitlines():
+        m = re.match(r"== (\S+):", line)
+        if m:
+            scenario, shares = m.group(1), False
+            continue
+        if not scenario or not line.strip():
+            continue
+        if line.startswith("contender"):
+            if "min/fair" not in line:
+                scenario = None  # a table without shares
+            continue
+        if line.startswith("share of"):
+            shares = True
+            continue
+        name = re.split(r"\s{2,}", line.strip())[0]
+        rest = line.strip()[len(name):]
+        if shares:
+            if line.startswith("  ") and name in out.get(scenario, {}):
+                out[scenario][name]["shares"] = [float(v) for v in rest.split()]
+            continue
+        m = re.match(r"\s+([\d.]+)\s+(" + LAT + r")\s+(" + LAT + r")\s+(" + LAT + r")\s+(\d+)"
+                     r"(?:\s+(" + LAT + r"))?\s+([\d.]+)\s+([+-][\d.]+)%", rest)
+        if m:
+            out.setdefault(scenario, {})[name] = {
+                "ok": float(m.group(1)), "p50": m.group(2), "p99": m.group(3),
+                "p999": m.group(4), "unary_p99": m.group(6), "min_fair": float(m.group(7)),
+                "max_dev": float(m.group(8)), "shares": []}
+    return out
+
+
+def sweep_tables(text):
+    """The load sweep: scenario -> (rates, contender -> one p99 cell per rate)."""
+    out, scenario = {}, None
+    for line in text.splitlines():
+        m = re.match(r"== sweep/(\S+):", line)
+        if m:
+            scenario = m.group(1)
+            out[scenario] = ([], {})
+            continue
+        if not scenario or not line or line.startswith((" ", "(", "chart")):
+            continue
+        if line.startswith("contender"):
+            out[scenario][0].extend(int(r) for r in re.findall(r"(\d+)/s", line))
+            continue
+        name = re.split(r"\s{2,}", line.strip())[0]
+        cells = re.findall(LAT, line.strip()[len(name):])
+        if cells and len(cells) == len(out[scenario][0]):
+            out[scenario][1][name] = cells
+    return out
+
+
+def ms_value(cell):
+    """A latency cell in ms; a failed percentile is infinitely slow."""
+    return float("inf") if cell == "fail" else float(cell.split()[0])
 
 
 def criterion(text):
@@ -62,6 +129,8 @@ def measure():
     run(["cargo", "build", "--release", "--examples"])
     out = {
         "shootout": run(["cargo", "run", "-q", "--release", "--example", "shootout"]),
+        "sweep": run(["cargo", "run", "-q", "--release", "--example", "shootout", "--",
+                      "--sweep", "--svg", "target/sweep.svg"]),
         "shootout-3000": run(["cargo", "run", "-q", "--release", "--example", "shootout", "--",
                               "--scenario", "heterogeneous,overload", "--rate", "3000",
                               "--svg", "target/shootout-3000.svg"]),
@@ -86,7 +155,7 @@ if "--reuse" in sys.argv:
     raw = {n[:-4]: open(os.path.join(KEEP, n)).read() for n in os.listdir(KEEP)}
 else:
     raw = measure()
-shoot, fast = raw["shootout"], raw["shootout-3000"]
+shoot, fast, sweep = raw["shootout"], raw["shootout-3000"], raw["sweep"]
 pick = criterion(raw["pick"])
 instr = raw["instructions"].strip("\n")
 rate = raw["rate"].splitlines()
@@ -151,6 +220,49 @@ def ns(text):
     return float(v) * {"ns": 1, "µs": 1e3, "ms": 1e6}[unit]
 
 
+S = share_tables(shoot)
+LC, MM = S["low-concurrency"], S["mixed-methods"]
+W = sweep_tables(sweep)
+
+
+def half_share(c):
+    return LC[c]["min_fair"] >= 0.5
+
+
+starved = [f"{c} {LC[c]['min_fair']:.2f}" for c in ours + theirs if not half_share(c)]
+low_line = (f"every contender gave every instance at least half its fair share"
+            if not starved else
+            f"at least half its fair share to every instance: "
+            f"{', '.join(c for c in ours + theirs if half_share(c)) or 'none'}; less (least share "
+            f"over the fair one): {', '.join(starved)}")
+devs = [abs(MM[c]["max_dev"]) for c in ours[1:] + theirs]
+
+
+def sweep_rows():
+    """Per scenario and rate: the best contender, the best of ours, least pending."""
+    for sc, (rates, rows) in W.items():
+        for i, rate in enumerate(rates):
+            best = min(rows, key=lambda c: ms_value(rows[c][i]))
+            best_ours = min((c for c in ours if c in rows), key=lambda c: ms_value(rows[c][i]))
+            yield sc, rate, best, best_ours, {c: rows[c][i] for c in rows}
+
+
+def ratio(a, b):
+    return ms_value(a) / ms_value(b) if ms_value(b) not in (0, float("inf")) else float("inf")
+
+
+lp_behind = [f"{sc} at {rate:,}/s ({cells['LeastPending']} against {best}'s {cells[best]}"
+             + ("" if best in ours else f"; best of ours: {best_ours}, {cells[best_ours]}") + ")"
+             for sc, rate, best, best_ours, cells in sweep_rows()
+             if ratio(cells["LeastPending"], cells[best]) > 1.1]
+lp_sweep = ("Least pending's p99 is within 1.1x of the best contender's at every rate of the "
+            "sweep." if not lp_behind else
+            "Where least pending's p99 is more than 1.1x the best contender's: "
+            + "; ".join(lp_behind) + ".")
+ours_ratios = [(ratio(cells[best_ours], cells[best]), sc, rate)
+               for sc, rate, best, best_ours, cells in sweep_rows()]
+worst_ours = max(ours_ratios)
+
 lp50, lp1000 = P("pick/channel/busy/least_pending/50"), P("pick/channel/busy/least_pending/1000")
 best_overload = min((c for c in ours + theirs if T["overload"][c][3] != "fail"),
                     key=lambda c: float(T["overload"][c][3]))
@@ -188,6 +300,15 @@ What it shows:
 - **Overload** at this rate: least pending's p99 is {p99(T, 'overload', 'LeastPending')}; tower's
   p2c over pending requests {p99(T, 'overload', 'tower p2c pending')}, `balance_list`
   {p99(T, 'overload', 'tonic balance_list')}.
+- **Low concurrency** (one caller, one call at a time, over 5 instances; i0 answers its first 3
+  calls 10x slower): least pending gave the cold instance {LC['LeastPending']['shares'][0]}% of
+  the calls (fair: 20.0%; least share over the fair one: {LC['LeastPending']['min_fair']:.2f}).
+  Over the run, {low_line}.
+- **Mixed methods** (10% of the calls on a method 20x slower): least pending's p99 is
+  {MM['LeastPending']['p99']} (RoundRobin: {MM['RoundRobin']['p99']}), that of its unary calls
+  alone {MM['LeastPending']['unary_p99']} (RoundRobin: {MM['RoundRobin']['unary_p99']}); its
+  shares of the calls are at most {abs(MM['LeastPending']['max_dev']):.1f}% from the fair share
+  (the other contenders: {min(devs):.1f} to {max(devs):.1f}%).
 - Single runs are noisy (a p99 can move by a couple of milliseconds from run to run).
 
 At three times the rate (`--scenario heterogeneous,overload --rate 3000`):
@@ -204,6 +325,19 @@ latency, has p99 {p99(T3, 'heterogeneous', 'PeakEwma')} there and {p99(T3, 'over
 under overload (least pending: {p99(T3, 'overload', 'LeastPending')}). For fleets whose instances
 differ in speed and run busy, choose `PeakEwma`; least pending stays the default because its rule
 (fewest calls in flight) needs no tuning and is the one this channel is built around.
+
+### The load sweep
+
+`cargo run --release --example shootout -- --sweep` (heterogeneous and overload at 500 to 4,000
+calls/s, every contender at every rate, 2 s per contender and rate after 0.15 s of warm-up; each
+cell is a p99, `fail` where it falls on failed calls; `target/sweep.svg` draws each table as p99
+against the rate, one line per contender):
+
+```text
+{strip_notes(sweep)}
+```
+
+{lp_sweep}
 
 ### The pick
 
@@ -262,6 +396,9 @@ other, not interleaved).
 | heterogeneous: p99 within 2x of the fast instances', ≤ 1% of calls to the slow ones | {p99(T, 'heterogeneous', 'LeastPending')} vs {p99(T, 'uniform', 'LeastPending')} (uniform), {bad(T, 'heterogeneous', 'LeastPending')} at 1,000 calls/s; {p99(T3, 'heterogeneous', 'LeastPending')}, {bad(T3, 'heterogeneous', 'LeastPending')} at 3,000 calls/s | at 1,000 calls/s: {met(float(bad(T, 'heterogeneous', 'LeastPending').rstrip('%')) <= 1)}; at 3,000: {met(float(bad(T3, 'heterogeneous', 'LeastPending').rstrip('%')) <= 1)} (PeakEwma is the strategy for that load) |
 | one instance answering UNAVAILABLE: ≥ 99.9% success, default settings | {ok(T, 'fail-fast', 'LeastPending'):.2f}% | {met(ok(T, 'fail-fast', 'LeastPending') >= 99.9)} |
 | two unreachable addresses: 100% success | {ok(T, 'unreachable', 'LeastPending'):.2f}% | {met(ok(T, 'unreachable', 'LeastPending') == 100)} |
+| low concurrency: every instance gets at least half its fair share over 2 s | least share {min(LC['LeastPending']['shares']):.1f}% (fair 20.0%): {LC['LeastPending']['min_fair']:.2f}x | {met(half_share('LeastPending'))} |
+| mixed methods: p99 no worse than RoundRobin's; per-instance share within ±10% of fair | p99 {MM['LeastPending']['p99']} vs {MM['RoundRobin']['p99']}; shares at most {abs(MM['LeastPending']['max_dev']):.1f}% from fair | {met(ms_value(MM['LeastPending']['p99']) <= ms_value(MM['RoundRobin']['p99']) and abs(MM['LeastPending']['max_dev']) <= 10)} |
+| load sweep: the best of the crate's strategies within 1.1x of the best contender at every rate | worst: {worst_ours[0]:.2f}x ({worst_ours[1]} at {worst_ours[2]:,} calls/s) | {met(worst_ours[0] <= 1.1)} |
 | overloaded: p99 no worse than the best contender | {p99(T, 'overload', 'LeastPending')} (best of the run: {p99(T, 'overload', best_overload)}, {best_overload}) at 1,000 calls/s; {p99(T3, 'overload', 'LeastPending')} vs {p99(T3, 'overload', 'PeakEwma')} (PeakEwma) at 3,000 calls/s | see the figures: within noise of the best at 1,000 calls/s, behind PeakEwma at 3,000 |
 
 Why the pick misses 1 µs at 1,000 instances: it reads every instance's state and count (one
