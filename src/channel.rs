@@ -253,14 +253,14 @@ impl BalancedChannel {
                 &mut rng,
                 &snap.strides,
                 |i| i.is_usable().then(|| i.in_flight.load(Ordering::Relaxed)),
-                |i| i.steady_latency(now),
+                |i| i.steady_latency(now, expiry, inv_expiry),
             ),
             Strategy::LeastPending => pick::least_pending(
                 snap,
                 &mut rng,
                 &snap.strides,
                 |i| usable(i).then(|| i.in_flight.load(Ordering::Relaxed)),
-                |i| i.steady_latency(now),
+                |i| i.steady_latency(now, expiry, inv_expiry),
             ),
             strategy => {
                 let load = |i: &Arc<Instance>| -> Option<Load> {

@@ -10,10 +10,6 @@ use tonic::transport::Channel;
 use crate::health::Policy;
 use crate::target::Target;
 
-/// How much longer a tie-break latency estimate lasts with each sample in a row that agrees
-/// with it (see [`Instance::steady_latency`]).
-pub(crate) const RECHECK_STEP: Duration = Duration::from_millis(150);
-
 /// The health of an instance, as the channel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -91,11 +87,6 @@ pub(crate) struct Instance {
     pub(crate) steady_ns: AtomicU64,
     /// When the estimates were last updated, in nanoseconds since the pool's epoch.
     pub(crate) latency_at: AtomicU64,
-    /// How fast `steady_ns` fades to unknown without a new sample: `1 / horizon` in 1/ns
-    /// (`f64` bits), the horizon growing with the samples that agree (see `observe_latency`).
-    pub(crate) steady_fade: AtomicU64,
-    /// Samples in a row that agree with `steady_ns` (none markedly below it), saturating.
-    pub(crate) steady_samples: AtomicU32,
     /// Its URI as configured: in logs, errors, `EndpointStats` and (shared, not copied) the
     /// `ServedBy` of the responses it serves.
     pub(crate) display: Arc<str>,
@@ -148,8 +139,6 @@ impl Instance {
             latency_ns: AtomicU64::new(0),
             steady_ns: AtomicU64::new(0),
             latency_at: AtomicU64::new(now_ns),
-            steady_fade: AtomicU64::new(policy.inv_latency_expiry.to_bits()),
-            steady_samples: AtomicU32::new(0),
             display: target.name.as_str().into(),
             target,
             channel,
@@ -254,21 +243,10 @@ impl Instance {
         self.faded(&self.latency_ns, now_ns, expiry_ns, inv_expiry)
     }
 
-    /// The spike-resistant estimate of the least-pending tie-break (see `steady_ns`), fading
-    /// linearly to unknown over a horizon that grows with the evidence: [`RECHECK_STEP`] after
-    /// a new level, doubled by each sample in a row that agrees with it, up to the latency
-    /// expiry. So an instance that was slow once (a cold start, one expensive call) is tried
-    /// again within about 150 ms, and one that has been slow for many calls is re-checked
-    /// every few seconds, not at every tie.
+    /// The spike-resistant estimate (see `steady_ns`), fading as [`latency`](Self::latency).
     #[inline]
-    pub(crate) fn steady_latency(&self, now_ns: u64) -> f64 {
-        let at = self.latency_at.load(Ordering::Relaxed);
-        let idle = now_ns.saturating_sub(at) as f64;
-        let left = 1.0 - idle * f64::from_bits(self.steady_fade.load(Ordering::Relaxed));
-        if left <= 0.0 {
-            return 0.0;
-        }
-        f64::from_bits(self.steady_ns.load(Ordering::Relaxed)) * left
+    pub(crate) fn steady_latency(&self, now_ns: u64, expiry_ns: u64, inv_expiry: f64) -> f64 {
+        self.faded(&self.steady_ns, now_ns, expiry_ns, inv_expiry)
     }
 
     #[inline]
@@ -299,29 +277,13 @@ impl Instance {
             prev * (1.0 - w) + sample_ns * w
         };
         self.latency_ns.store(next.to_bits(), Ordering::Relaxed);
-        // The tie-break's estimate: a sample counts for at most 4x the estimate (one spike does
-        // not mark an instance slow); one under half of it is believed at once (a cold start
-        // is over, an expensive call's echo is gone). Either jump starts the evidence again;
-        // each sample that agrees doubles how long the estimate lasts.
-        let prev = f64::from_bits(self.steady_ns.load(Ordering::Relaxed));
-        let agree = self.steady_samples.load(Ordering::Relaxed);
-        let (steady, agree) = if prev == 0.0 || sample_ns < 0.5 * prev {
-            (sample_ns, 1)
+        let steady = f64::from_bits(self.steady_ns.load(Ordering::Relaxed));
+        let steady = if steady == 0.0 {
+            sample_ns
         } else {
-            let jump = sample_ns > 2.0 * prev;
-            (
-                prev + 0.5 * (sample_ns.min(4.0 * prev) - prev),
-                if jump { 1 } else { agree.saturating_add(1) },
-            )
+            steady + 0.5 * (sample_ns.min(4.0 * steady) - steady)
         };
         self.steady_ns.store(steady.to_bits(), Ordering::Relaxed);
-        if agree != self.steady_samples.load(Ordering::Relaxed) {
-            self.steady_samples.store(agree, Ordering::Relaxed);
-            let horizon = (RECHECK_STEP.as_nanos() as f64 * f64::from(1u32 << (agree - 1).min(16)))
-                .min(self.policy.latency_expiry_ns as f64);
-            self.steady_fade
-                .store((1.0 / horizon).to_bits(), Ordering::Relaxed);
-        }
         self.latency_at.store(now_ns, Ordering::Relaxed);
     }
 }

@@ -166,8 +166,6 @@ pub mod __bench {
             let ns = latency.as_nanos() as f64;
             inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
             inst.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
-            inst.steady_fade
-                .store(pool.policy.inv_latency_expiry.to_bits(), Ordering::Relaxed);
             let now = pool.policy.now_ns();
             inst.latency_at.store(now, Ordering::Relaxed);
             pool.policy.clock.fetch_max(now, Ordering::Relaxed);
