@@ -16,19 +16,18 @@
 //! that keeps the first minimum sends every call to the same instance. Here ties are broken in
 //! two steps:
 //!
-//! 1. **Chance.** A uniform sample of at most [`TIE_SAMPLE`] of the tied instances.
-//! 2. **Latency, weighed.** One of the sample is drawn with weight
-//!    `((fastest + floor) / (latency + floor))²`, where `fastest` is the lowest estimate in the
-//!    sample and `floor` is [`TIE_FLOOR_NS`]: twice as slow wins about a quarter as often, ten
-//!    times as slow about a hundredth as often, and no instance's chance ever drops to zero, so
-//!    one bad sample cannot keep an instance out for good. Equal instances (within
-//!    [`TIE_EVEN`]) are chosen uniformly. An instance with no latency sample (new, or not picked
-//!    for a while: estimates fade to unknown) weighs as the fastest, so it is tried, and a
-//!    formerly slow instance wins its share back.
+//! 1. **Latency.** Among the tied instances, one whose latency estimate is markedly higher than
+//!    the fastest tied one ([`SLOWER_RATIO`] times, and at least [`SLOWER_GAP_NS`] more) loses
+//!    the tie. So at low load a slow instance is not picked by chance. An instance with no
+//!    latency sample (new, or not picked for a while: estimates fade to unknown) ties with
+//!    every other, so it is tried, and a formerly slow instance wins its share back.
+//! 2. **Chance.** Among the remaining ties the choice is uniform (the highest of keys hashed
+//!    from a random seed), so that calls spread evenly over equally good instances.
 //!
 //! The scan is one pass over the counts (a tight loop over integers) that also notes where the
-//! tied candidates are; the tie-break then looks at the sample only, so that a pick over many
-//! idle instances does not weigh each of them. With more than [`TIE_BUF`] ties (a large idle fleet), a second pass
+//! tied candidates are; the tie-break then looks at a uniform random sample of at most
+//! [`TIE_SAMPLE`] of them, so that a pick over many idle instances does not compute a latency
+//! comparison for each. With more than [`TIE_BUF`] ties (a large idle fleet), a second pass
 //! looks for the sample from a random position with a random stride instead: close to uniform,
 //! not exactly (the property tests bound it within 2x of a fair share).
 //!
@@ -48,12 +47,10 @@
 
 use std::cell::Cell;
 
-/// Added to both sides of the latency ratio of the tie-break, so that sub-millisecond
-/// differences (noise) hardly split ties: `((fastest + floor) / (latency + floor))²`.
-pub(crate) const TIE_FLOOR_NS: f64 = 500_000.0;
-/// Estimates within this factor of the fastest (after the floor) tie exactly: the common case
-/// of equal instances costs no division.
-pub(crate) const TIE_EVEN: f64 = 1.1;
+/// An instance whose latency estimate exceeds the best tied one by this factor loses the tie.
+pub(crate) const SLOWER_RATIO: f64 = 3.0;
+/// ...and by at least this much, so that sub-millisecond noise does not split ties.
+pub(crate) const SLOWER_GAP_NS: f64 = 1_000_000.0;
 
 /// What the pick needs to know of one candidate: calls in flight and the latency estimate in
 /// nanoseconds (0 when unknown).
@@ -131,6 +128,22 @@ pub(crate) fn random_unit() -> f64 {
     u
 }
 
+#[inline]
+fn markedly_slower(a: f64, b: f64) -> bool {
+    a > b * SLOWER_RATIO && a - b > SLOWER_GAP_NS
+}
+
+/// A tie-break key for candidate `i`: a hash of `i` and a random `seed`, so that the candidate
+/// with the highest key among the tied is a uniform choice. Unlike reservoir sampling it needs
+/// no random draw per tie, and the keys of different candidates do not depend on each other.
+#[inline]
+fn tie_key(i: usize, seed: u64) -> u64 {
+    let mut z = (i as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z ^= z >> 29;
+    z = z.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (z ^ (z >> 32)) | 1
+}
+
 /// The steps prime to `n` among the first primes: walking by one visits every index once.
 pub fn strides_for(n: usize) -> Vec<usize> {
     const PRIMES: [usize; 16] = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53];
@@ -154,9 +167,9 @@ pub(crate) const TIE_SAMPLE: usize = 8;
 /// `items.len()` and below it (see [`strides_for`]); empty means in order.
 ///
 /// One pass finds the fewest calls in flight and notes where the tied candidates are (up to
-/// 64 of them); the tie-break then draws one of a uniform sample of at most 8 of them, each
-/// weighted by how close its latency is to the fastest's. With more than 64 ties, a second
-/// pass from a random position with a random stride finds the sample.
+/// 64 of them); the tie-break then looks at a uniform sample of at most 8 of them in random
+/// order and takes the first that is not markedly slower than the fastest. With more than 64
+/// ties, a second pass from a random position with a random stride finds the sample.
 #[inline]
 pub fn least_pending<T>(
     items: &[T],
@@ -194,10 +207,9 @@ pub fn least_pending<T>(
 }
 
 /// Among the tied candidates at `ties` (indices into `items`): a uniform sample of at most
-/// [`TIE_SAMPLE`] of them (a partial Fisher-Yates shuffle), then one of the sample drawn with
-/// weight `((fastest + floor) / (latency + floor))²`: the chance to win falls smoothly with how
-/// much slower a candidate is than the fastest of the sample, and never reaches zero. A
-/// candidate of unknown latency weighs as the fastest. Uniform among the equally fast.
+/// [`TIE_SAMPLE`] of them in random order (a partial Fisher-Yates shuffle), then the first in
+/// that order that is not markedly slower than the fastest known one of the sample. Uniform
+/// among the equally fast.
 #[inline]
 fn tie_break<T>(
     items: &[T],
@@ -211,56 +223,28 @@ fn tie_break<T>(
     }
     let m = t.min(TIE_SAMPLE);
     let mut lats = [0.0f64; TIE_SAMPLE];
+    let mut fastest = f64::INFINITY;
     for j in 0..m {
         let r = j + rng.below(t - j);
         ties.swap(j, r);
-        lats[j] = latency(&items[ties[j] as usize]);
-    }
-    Some(ties[weighted(rng, &lats[..m]).unwrap_or(0)] as usize)
-}
-
-/// The position in `lats` (latency estimates of tied candidates, 0 when unknown) drawn with
-/// the tie-break's weights (see [`tie_break`]); `None` when they are all about equally fast
-/// (any of them will do).
-#[inline]
-fn weighted(rng: &mut Rng, lats: &[f64]) -> Option<usize> {
-    let mut fastest = f64::INFINITY;
-    let mut slowest = 0.0f64;
-    for &l in lats {
-        if l > 0.0 {
-            fastest = fastest.min(l);
-            slowest = slowest.max(l);
+        let lat = latency(&items[ties[j] as usize]);
+        lats[j] = lat;
+        if lat > 0.0 && lat < fastest {
+            fastest = lat;
         }
     }
-    let fastest = fastest + TIE_FLOOR_NS;
-    if slowest + TIE_FLOOR_NS <= fastest * TIE_EVEN {
-        // All of them equally fast, or unknown: no weighing to do.
-        return None;
-    }
-    let mut weights = [0.0f64; TIE_SAMPLE];
-    let mut total = 0.0;
-    for (w, &l) in weights.iter_mut().zip(lats) {
-        let r = if l > 0.0 {
-            fastest / (l + TIE_FLOOR_NS)
-        } else {
-            1.0
-        };
-        *w = r * r;
-        total += *w;
-    }
-    let mut u = rng.unit() * total;
-    for (j, &w) in weights[..lats.len()].iter().enumerate() {
-        if u < w {
-            return Some(j);
+    for j in 0..m {
+        let lat = lats[j];
+        if lat <= 0.0 || !fastest.is_finite() || !markedly_slower(lat, fastest) {
+            return Some(ties[j] as usize);
         }
-        u -= w;
     }
-    Some(lats.len() - 1)
+    Some(ties[0] as usize)
 }
 
 /// More ties than fit the buffer (a large idle fleet): the first [`TIE_SAMPLE`] candidates with
-/// `min` in flight met from a random position with a random stride, then the weighted draw of
-/// [`tie_break`]. Close to uniform among equals.
+/// `min` in flight met from a random position with a random stride, then the latency rule, and
+/// the highest random key among the survivors. Close to uniform.
 #[cold]
 fn many_ties<T>(
     items: &[T],
@@ -271,6 +255,7 @@ fn many_ties<T>(
     mut latency: impl FnMut(&T) -> f64,
 ) -> Option<usize> {
     let n = items.len();
+    let seed = rng.next_u64();
     let start = rng.below(n);
     // Visit in a random stride, not in order, so that a run of busy instances does not make
     // the tie right after it the first one seen more often than the others.
@@ -278,8 +263,14 @@ fn many_ties<T>(
         0 => 1,
         k => strides[rng.below(k)],
     };
-    let mut sample = [0usize; TIE_SAMPLE];
-    let mut lats = [0.0f64; TIE_SAMPLE];
+    // The one with the highest key among those of known latency that are not markedly slower
+    // than the fastest of them, and the one with the highest key among those of unknown
+    // latency, which tie with every other.
+    let mut known: Option<usize> = None;
+    let mut known_key = 0u64;
+    let mut min_lat = f64::INFINITY;
+    let mut unknown: Option<usize> = None;
+    let mut unknown_key = 0u64;
     let mut seen = 0;
     // Counts move under concurrent calls: the least loaded seen in this pass, in case none of
     // the first pass's minimum is left.
@@ -300,18 +291,38 @@ fn many_ties<T>(
             }
             continue;
         }
-        sample[seen] = i;
-        lats[seen] = latency(item);
+        let key = tie_key(i, seed);
+        let lat = latency(item);
+        if lat <= 0.0 {
+            if key > unknown_key {
+                unknown = Some(i);
+                unknown_key = key;
+            }
+        } else if known.is_some() && markedly_slower(lat, min_lat) {
+            // Loses the tie.
+        } else if known.is_some() && markedly_slower(min_lat, lat) {
+            // Markedly faster than every known one so far: they lose the tie.
+            known = Some(i);
+            known_key = key;
+            min_lat = lat;
+        } else {
+            min_lat = min_lat.min(lat);
+            if key > known_key {
+                known = Some(i);
+                known_key = key;
+            }
+        }
         seen += 1;
         if seen == TIE_SAMPLE {
             break;
         }
     }
-    if seen == 0 {
-        return fallback.map(|(i, _)| i);
-    }
-    let j = weighted(rng, &lats[..seen]).unwrap_or_else(|| rng.below(seen));
-    Some(sample[j])
+    let chosen = if known_key > unknown_key {
+        known
+    } else {
+        unknown
+    };
+    chosen.or(fallback.map(|(i, _)| i))
 }
 
 /// Peak EWMA: the lowest (in flight + 1) × latency; unknown latency counts as `floor_ns`.
@@ -512,64 +523,22 @@ mod tests {
             prop_assert_eq!(counts.iter().sum::<usize>(), picks);
         }
 
-        /// Among idle instances, a slower one wins ties as often as its weight says, no more
-        /// and no less: ((fastest + floor) / (its latency + floor))² against 1 for each of the
-        /// others in the sample. So it is never starved (its share stays above zero and close
-        /// to the formula), and it is preferred less the slower it is. Once its estimate is
+        /// Among idle instances, a markedly slower one loses the tie; once its estimate is
         /// unknown again it is picked like the others.
         #[test]
-        fn slower_instance_wins_ties_by_its_weight(
-            n in 2usize..100,
-            slow in 0usize..100,
-            times in 1.5f64..40.0,
-            seed: u64,
-        ) {
+        fn slow_instance_loses_ties(n in 2usize..30, slow in 0usize..30, seed: u64) {
             let slow = slow % n;
-            let fast_ns = 2e6;
-            let slow_ns = fast_ns * times;
             let mut items: Vec<Option<Load>> = (0..n)
-                .map(|_| Some(Load { in_flight: 0, latency_ns: fast_ns }))
+                .map(|_| Some(Load { in_flight: 0, latency_ns: 2e6 }))
                 .collect();
-            items[slow] = Some(Load { in_flight: 0, latency_ns: slow_ns });
-            let strides = strides_for(n);
+            items[slow] = Some(Load { in_flight: 0, latency_ns: 40e6 });
             let mut rng = Rng::seeded(seed);
-            let picks = 40_000;
-            let hits = (0..picks)
-                .filter(|_| least_pending(&items, &mut rng, &strides, IF, LAT) == Some(slow))
-                .count() as f64;
-            let w = ((fast_ns + TIE_FLOOR_NS) / (slow_ns + TIE_FLOOR_NS)).powi(2);
-            let m = n.min(TIE_SAMPLE) as f64;
-            // In the sample with chance m/n; then drawn with chance w / (m - 1 + w).
-            let expected = picks as f64 * (m / n as f64) * w / (m - 1.0 + w);
-            prop_assert!(hits > 0.0 || expected < 10.0, "starved: expected {expected:.1}");
-            prop_assert!(
-                (hits - expected).abs() <= 0.25 * expected + 4.0 * expected.sqrt() + 3.0,
-                "slow instance won {hits} ties, expected {expected:.1}"
-            );
-            items[slow] = Some(Load { in_flight: 0, latency_ns: 0.0 });
-            let hits = (0..100 * n).filter(|_| least_pending(&items, &mut rng, &strides, IF, LAT) == Some(slow)).count();
-            prop_assert!(hits > 0);
-        }
-
-        /// The slower, the fewer ties won: idle instances at 2, 4 and 8 ms win in that order;
-        /// and calls in flight still come first (a fast instance with one call more never
-        /// wins against an idle slow one).
-        #[test]
-        fn preference_follows_latency(seed: u64, extra in 1usize..4) {
-            let items = [
-                Some(Load { in_flight: 0, latency_ns: 8e6 }),
-                Some(Load { in_flight: 0, latency_ns: 2e6 }),
-                Some(Load { in_flight: 0, latency_ns: 4e6 }),
-                Some(Load { in_flight: extra, latency_ns: 1e6 }),
-            ];
-            let strides = strides_for(items.len());
-            let mut rng = Rng::seeded(seed);
-            let mut counts = [0usize; 4];
-            for _ in 0..20_000 {
-                counts[least_pending(&items, &mut rng, &strides, IF, LAT).unwrap()] += 1;
+            for _ in 0..200 {
+                prop_assert_ne!(least_pending(&items, &mut rng, &strides_for(items.len()), IF, LAT), Some(slow));
             }
-            prop_assert!(counts[1] > counts[2] && counts[2] > counts[0] && counts[0] > 0, "{counts:?}");
-            prop_assert_eq!(counts[3], 0);
+            items[slow] = Some(Load { in_flight: 0, latency_ns: 0.0 });
+            let hits = (0..100 * n).filter(|_| least_pending(&items, &mut rng, &strides_for(items.len()), IF, LAT) == Some(slow)).count();
+            prop_assert!(hits > 0);
         }
     }
 
