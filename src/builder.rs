@@ -511,7 +511,7 @@ impl Builder {
                     connected.insert(key, channel);
                 }
                 Ok((key, name, Err(why))) => failed.push((Some(key), name, why)),
-                Err(e) => failed.push((None, String::new(), e.to_string())),
+                Err(e) => failed.push((None, "".into(), e.to_string())),
             }
         }
         let discovery = self.discovery.is_some();
@@ -562,7 +562,7 @@ impl Builder {
         for (i, target) in self.endpoints.iter().enumerate() {
             if self.endpoints[..i].iter().any(|t| t.key == target.key) {
                 return Err(Error::DuplicateUri {
-                    uri: target.name.clone(),
+                    uri: target.name.to_string(),
                 });
             }
         }

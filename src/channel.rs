@@ -385,7 +385,7 @@ fn route(
         return ResponseFuture::failed(no_usable_instance(msg));
     };
     let inst = &snap[idx];
-    tracing::trace!(addr = %inst.display, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
+    tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
     // Keep what is needed to send the call again if its instance cannot be reached, its
     // connection closes before the request is written, or (with a retry policy) it fails.
     let (req, again) = if pool.replay || pool.retry.is_some() {
@@ -556,12 +556,12 @@ impl ResponseFuture {
         }
         let guard = self.guard.take().expect("checked above");
         self.tried(guard.instance());
-        let why = format_args!("{} could not be reached", guard.instance().display);
+        let why = format_args!("{} could not be reached", guard.instance().target.name);
         if self.reroute(&why) {
             // Released without an outcome: the connect failure is recorded already.
             drop(guard);
         } else {
-            let addr = &guard.instance().display;
+            let addr = &guard.instance().target.name;
             let status = unavailable(
                 addr,
                 format!(
@@ -595,7 +595,7 @@ impl ResponseFuture {
             return false;
         };
         let inst = &snap[idx];
-        tracing::debug!(to = %inst.display, reason = %why, "call sent again");
+        tracing::debug!(to = %inst.target.name, reason = %why, "call sent again");
         self.guard = Some(CallGuard::new(inst.clone()));
         self.state = CallState::Routed {
             channel: inst.channel.clone(),
@@ -671,13 +671,13 @@ impl ResponseFuture {
         }
         health::connected(guard.instance());
         resp.extensions_mut()
-            .insert(ServedBy::new(guard.instance().display.clone()));
+            .insert(ServedBy::new(guard.instance().target.name.clone()));
         if let Some((code, outcome)) = head_status(&resp) {
             guard.finish(outcome);
             if code != tonic::Code::Ok {
                 self.tried(guard.instance());
                 if let Some(delay) = self.retry_after(code) {
-                    tracing::debug!(?code, ?delay, addr = %guard.instance().display, "retrying call");
+                    tracing::debug!(?code, ?delay, addr = %guard.instance().target.name, "retrying call");
                     drop(guard);
                     self.backoff(delay, Ok(resp));
                     return None;
@@ -738,9 +738,12 @@ impl ResponseFuture {
                 return None;
             }
             let (status, outcome) = if connect {
-                (as_unavailable(e, &inst.display), Outcome::Failure)
+                (as_unavailable(e, &inst.target.name), Outcome::Failure)
             } else {
-                (not_processed(&inst.display, e).into(), Outcome::Cancelled)
+                (
+                    not_processed(&inst.target.name, e).into(),
+                    Outcome::Cancelled,
+                )
             };
             self.guard = Some(guard);
             return match self.fail(outcome, status) {
@@ -754,11 +757,14 @@ impl ResponseFuture {
         // A call the server did not process says nothing against it; a broken connection
         // counts once, whatever number of calls it broke.
         let (e, outcome) = if refused || matches!(kind, ErrorKind::Unsent { connect: false }) {
-            (not_processed(&inst.display, e).into(), Outcome::Cancelled)
+            (
+                not_processed(&inst.target.name, e).into(),
+                Outcome::Cancelled,
+            )
         } else if crate::error::is_transport(&*e) && !guard.first_to_see_break() {
-            (as_unavailable(e, &inst.display), Outcome::Cancelled)
+            (as_unavailable(e, &inst.target.name), Outcome::Cancelled)
         } else {
-            (as_unavailable(e, &inst.display), Outcome::Failure)
+            (as_unavailable(e, &inst.target.name), Outcome::Failure)
         };
         let mut guard = guard;
         if let Some(delay) = self.retry_after(tonic::Code::Unavailable) {

@@ -143,7 +143,7 @@ impl Drop for CallGuard {
 impl std::fmt::Debug for CallGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CallGuard")
-            .field("addr", &self.inst.display)
+            .field("addr", &self.inst.target.name)
             .finish()
     }
 }
@@ -219,7 +219,7 @@ impl HttpBody for GuardedBody {
             Poll::Ready(Some(Err(status))) => {
                 let broken = match std::error::Error::source(&status) {
                     Some(src) if status.code() == tonic::Code::Unknown => {
-                        crate::error::broken_connection(&guard.instance().display, src)
+                        crate::error::broken_connection(&guard.instance().target.name, src)
                     }
                     _ => None,
                 };

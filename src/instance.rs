@@ -87,10 +87,8 @@ pub(crate) struct Instance {
     pub(crate) steady_ns: AtomicU64,
     /// When the estimates were last updated, in nanoseconds since the pool's epoch.
     pub(crate) latency_at: AtomicU64,
-    /// Its URI as configured: in logs, errors, `EndpointStats` and (shared, not copied) the
-    /// `ServedBy` of the responses it serves.
-    pub(crate) display: Arc<str>,
-    /// Its identity, settings and how it is reached.
+    /// Its name (in logs, errors, `EndpointStats` and, shared rather than copied, the
+    /// `ServedBy` of the responses it serves), identity, settings and how it is reached.
     pub(crate) target: Target,
     pub(crate) channel: Channel,
     pub(crate) policy: Arc<Policy>,
@@ -139,7 +137,6 @@ impl Instance {
             latency_ns: AtomicU64::new(0),
             steady_ns: AtomicU64::new(0),
             latency_at: AtomicU64::new(now_ns),
-            display: target.name.as_str().into(),
             target,
             channel,
             policy,
@@ -188,7 +185,7 @@ impl Instance {
         if from == State::Ejected {
             self.policy.ejected.fetch_sub(1, Ordering::AcqRel);
         }
-        tracing::debug!(addr = %self.display, from = %from, to = "draining", "instance state changed");
+        tracing::debug!(addr = %self.target.name, from = %from, to = "draining", "instance state changed");
         from
     }
 
@@ -220,7 +217,7 @@ impl Instance {
             .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if ok {
-            tracing::debug!(addr = %self.display, from = %from, to = %to, "instance state changed");
+            tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
         }
         ok
     }
@@ -229,7 +226,7 @@ impl Instance {
     pub(crate) fn set_state(&self, to: State) -> State {
         let from = State::from_u8(self.state.swap(to as u8, Ordering::AcqRel));
         if from != to {
-            tracing::debug!(addr = %self.display, from = %from, to = %to, "instance state changed");
+            tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
         }
         from
     }
@@ -291,7 +288,7 @@ impl Instance {
 impl std::fmt::Debug for Instance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Instance")
-            .field("uri", &self.display)
+            .field("uri", &self.target.name)
             .field("state", &self.state())
             .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
             .finish()

@@ -201,7 +201,7 @@ impl Pool {
         for inst in &leaving {
             inst.drain();
             tracing::info!(
-                addr = %inst.display,
+                addr = %inst.target.name,
                 in_flight = inst.in_flight.load(Ordering::Relaxed),
                 "instance removed; draining"
             );
@@ -223,7 +223,7 @@ impl Pool {
         // Not known to be connected: the next response says so.
         inst.transition(State::Draining, State::Connecting)
             .then(|| {
-                tracing::info!(addr = %inst.display, "instance re-added while draining: reused");
+                tracing::info!(addr = %inst.target.name, "instance re-added while draining: reused");
                 inst
             })
     }

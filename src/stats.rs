@@ -54,7 +54,7 @@ impl EndpointStats {
     pub(crate) fn of(i: &Instance) -> EndpointStats {
         let lat = f64::from_bits(i.latency_ns.load(Ordering::Relaxed));
         EndpointStats {
-            uri: i.display.to_string(),
+            uri: i.target.name.to_string(),
             state: i.state(),
             in_flight: i.in_flight.load(Ordering::Acquire),
             started: i.started.load(Ordering::Relaxed),

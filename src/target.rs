@@ -41,7 +41,7 @@ pub(crate) enum Dial {
 #[derive(Clone)]
 pub(crate) struct Target {
     /// Its name in logs, errors, `EndpointStats` and `ServedBy`: the URI as given.
-    pub(crate) name: String,
+    pub(crate) name: Arc<str>,
     pub(crate) key: Key,
     pub(crate) endpoint: Endpoint,
     pub(crate) dial: Dial,
@@ -54,7 +54,7 @@ impl Target {
         check_endpoint(&name, endpoint.uri())?;
         Ok(Target {
             key: Key::Uri(endpoint.uri().clone()),
-            name,
+            name: name.into(),
             endpoint,
             dial: Dial::Endpoint,
         })
@@ -78,7 +78,7 @@ impl Target {
                     source: Some(Arc::new(e)),
                 })?;
             return Ok(Target {
-                name: uri.to_owned(),
+                name: uri.into(),
                 key: Key::Name(format!("unix:{path}").into()),
                 endpoint,
                 dial: Dial::Endpoint,
@@ -86,7 +86,7 @@ impl Target {
         }
         let parsed = parse_uri(uri)?;
         Ok(Target {
-            name: uri.to_owned(),
+            name: uri.into(),
             key: Key::Uri(parsed.clone()),
             endpoint: Endpoint::from(parsed).connect_timeout(connect_timeout),
             dial: Dial::Endpoint,
@@ -113,9 +113,10 @@ impl Target {
             });
         }
         check_endpoint(name, endpoint.uri())?;
+        let name: Arc<str> = name.into();
         Ok(Target {
-            name: name.to_owned(),
-            key: Key::Name(name.into()),
+            key: Key::Name(name.clone()),
+            name,
             endpoint,
             dial: Dial::Custom(Arc::new(Connector(Mutex::new(connector)))),
         })

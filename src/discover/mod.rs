@@ -97,7 +97,7 @@ impl Discovery {
             None => (key.clone(), Dial::Endpoint),
         };
         Ok(Target {
-            name,
+            name: name.into(),
             key: Key::Uri(key),
             endpoint: (self.template)(uri),
             dial,

@@ -119,7 +119,7 @@ async fn run(weak: Weak<Instance>, cfg: HealthCheck) {
             Ok(()) => {
                 if inst.transition(State::Unhealthy, State::Ready) {
                     inst.warm_up();
-                    tracing::info!(addr = %inst.display, "health check passed: instance back in");
+                    tracing::info!(addr = %inst.target.name, "health check passed: instance back in");
                 }
             }
             Err(why) => {
@@ -127,7 +127,7 @@ async fn run(weak: Weak<Instance>, cfg: HealthCheck) {
                 if matches!(prev, State::Ready | State::Connecting)
                     && inst.transition(prev, State::Unhealthy)
                 {
-                    tracing::warn!(addr = %inst.display, reason = %why, "health check failed: instance out");
+                    tracing::warn!(addr = %inst.target.name, reason = %why, "health check failed: instance out");
                 }
             }
         }

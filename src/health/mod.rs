@@ -157,7 +157,7 @@ pub(crate) fn record(inst: &Arc<Instance>, outcome: Outcome) {
             }
             if inst.probation.load(Ordering::Relaxed) {
                 inst.probation.store(false, Ordering::Relaxed);
-                tracing::debug!(addr = %inst.display, "instance passed probation");
+                tracing::debug!(addr = %inst.target.name, "instance passed probation");
             }
             // A streak of ejections ends after 100 successes in a row.
             if inst.ejection_streak.load(Ordering::Relaxed) > 0
@@ -186,7 +186,7 @@ pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error
     if !inst.transition(prev, State::Failing) {
         return;
     }
-    tracing::warn!(addr = %inst.display, error = %error, "cannot connect to instance; reconnecting with backoff");
+    tracing::warn!(addr = %inst.target.name, error = %error, "cannot connect to instance; reconnecting with backoff");
     // Calls waiting for this connection move on now rather than each waiting for its own
     // connect attempt in the connection's queue.
     inst.unreachable.notify_waiters();
@@ -208,7 +208,7 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
             return;
         }
         let attempt_connect = inst.target.connect();
-        let name = inst.display.clone();
+        let name = inst.target.name.clone();
         drop(inst);
         let result = tokio::time::timeout(backoff.min_connect_timeout, attempt_connect).await;
         let Some(inst) = weak.upgrade() else { return };

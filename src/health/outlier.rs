@@ -196,7 +196,7 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
         })
         .is_ok();
     if !reserved {
-        tracing::debug!(addr = %inst.display, cap, "not ejected: ejection cap reached");
+        tracing::debug!(addr = %inst.target.name, cap, "not ejected: ejection cap reached");
         return false;
     }
     if !inst.transition(State::Ready, State::Ejected)
@@ -213,7 +213,7 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
         .unwrap_or(policy.ejection.max_time)
         .min(policy.ejection.max_time);
     tracing::warn!(
-        addr = %inst.display,
+        addr = %inst.target.name,
         reason = why,
         failures = inst.consecutive_failures.load(Ordering::Relaxed),
         ejection_secs = time.as_secs_f64(),
@@ -236,7 +236,7 @@ fn readmit(inst: &Instance) {
         inst.consecutive_successes.store(0, Ordering::Relaxed);
         inst.probation.store(true, Ordering::Relaxed);
         inst.warm_up();
-        tracing::info!(addr = %inst.display, "instance readmitted on probation");
+        tracing::info!(addr = %inst.target.name, "instance readmitted on probation");
     }
 }
 
@@ -264,7 +264,7 @@ pub(crate) fn success_rate_sweep(instances: &[Arc<Instance>]) {
     let floor = mean - cfg.success_rate_stdev_factor * var.sqrt();
     for (inst, rate) in rates {
         if rate < floor && rate < cfg.success_rate_threshold {
-            tracing::debug!(addr = %inst.display, rate, mean, "success rate far below the others");
+            tracing::debug!(addr = %inst.target.name, rate, mean, "success rate far below the others");
             eject(inst, "low success rate");
         }
     }
