@@ -1253,6 +1253,72 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// The start of an SVG chart: the document, a white background, a title and a grey subtitle.
+fn svg_open(width: f64, height: f64, left: f64, title: &str, subtitle: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="22" font-size="16" font-weight="bold">{}</text>"#,
+        esc(title)
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{left}" y="40" fill="#666">{}</text>"##,
+        esc(subtitle)
+    );
+    s
+}
+
+/// A logarithmic latency axis from 1 ms to `hi` ms, drawn over `height` pixels from `top`.
+struct LogAxis {
+    hi: f64,
+    top: f64,
+    height: f64,
+}
+
+impl LogAxis {
+    const LO: f64 = 1.0;
+
+    /// The y of a latency in milliseconds (clamped to the axis).
+    fn y(&self, v_ms: f64) -> f64 {
+        let f = (v_ms.clamp(Self::LO, self.hi).log10() - Self::LO.log10())
+            / (self.hi.log10() - Self::LO.log10());
+        self.top + self.height * (1.0 - f)
+    }
+
+    /// The grid lines at each power of ten with their labels, and the deadline as a dashed red
+    /// line, from x `left` to `right`.
+    fn grid(&self, s: &mut String, left: f64, right: f64, deadline: Duration) {
+        let mut tick = 1.0;
+        while tick <= self.hi {
+            let ty = self.y(tick);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{left}" x2="{right}" y1="{ty:.1}" y2="{ty:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end" fill="#666">{}</text>"##,
+                left - 6.0,
+                ty + 4.0,
+                if tick >= 1000.0 {
+                    format!("{} s", tick / 1000.0)
+                } else {
+                    format!("{tick} ms")
+                }
+            );
+            tick *= 10.0;
+        }
+        let dl = self.y(deadline.as_secs_f64() * 1e3);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" x2="{right}" y1="{dl:.1}" y2="{dl:.1}" stroke="#d62728" stroke-dasharray="4 3"/><text x="{right}" y="{:.1}" text-anchor="end" fill="#d62728">deadline</text>"##,
+            dl - 3.0
+        );
+    }
+}
+
 fn svg(results: &[(Scenario, Vec<Row>)], opts: &Opts) -> String {
     const W: f64 = 1100.0;
     const PANEL_H: f64 = 250.0;
@@ -1262,30 +1328,26 @@ fn svg(results: &[(Scenario, Vec<Row>)], opts: &Opts) -> String {
     const COLORS: [&str; 3] = ["#9ecae1", "#4292c6", "#08306b"];
     let plot_top = 34.0;
     let plot_h = 160.0;
-    let lo = 1.0f64; // ms
-    let hi = (opts.deadline.as_secs_f64() * 1e3 * 2.0).max(10.0);
-    let y = |v_ms: f64| -> f64 {
-        let f = (v_ms.clamp(lo, hi).log10() - lo.log10()) / (hi.log10() - lo.log10());
-        plot_top + plot_h * (1.0 - f)
+    let axis = LogAxis {
+        hi: (opts.deadline.as_secs_f64() * 1e3 * 2.0).max(10.0),
+        top: plot_top,
+        height: plot_h,
     };
+    let y = |v_ms: f64| axis.y(v_ms);
+    let hi = axis.hi;
     let h = TOP + PANEL_H * results.len() as f64 + 20.0;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{LEFT}" y="22" font-size="16" font-weight="bold">tonic-balancer shootout: latency from scheduled start, per contender (log scale)</text>"#
-    );
-    let _ = writeln!(
-        s,
-        r##"<text x="{LEFT}" y="40" fill="#666">{} instances, {:.0} calls/s open loop, {:.1} s per contender, deadline {}; red = the percentile falls on failed calls</text>"##,
-        opts.instances,
-        opts.rate,
-        opts.duration.as_secs_f64(),
-        esc(&ms(opts.deadline))
+    let mut s = svg_open(
+        W,
+        h,
+        LEFT,
+        "tonic-balancer shootout: latency from scheduled start, per contender (log scale)",
+        &format!(
+            "{} instances, {:.0} calls/s open loop, {:.1} s per contender, deadline {}; red = the percentile falls on failed calls",
+            opts.instances,
+            opts.rate,
+            opts.duration.as_secs_f64(),
+            ms(opts.deadline)
+        ),
     );
     let notes = exceptions(opts);
     if !notes.is_empty() {
@@ -1315,32 +1377,7 @@ fn svg(results: &[(Scenario, Vec<Row>)], opts: &Opts) -> String {
             LEFT + 20.0 + 8.5 * scenario.key().len() as f64,
             esc(&scenario.describe(opts.instances))
         );
-        // Grid and axis labels.
-        let mut tick = 1.0;
-        while tick <= hi {
-            let ty = y(tick);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{LEFT}" x2="{}" y1="{ty:.1}" y2="{ty:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end" fill="#666">{}</text>"##,
-                W - RIGHT,
-                LEFT - 6.0,
-                ty + 4.0,
-                if tick >= 1000.0 {
-                    format!("{} s", tick / 1000.0)
-                } else {
-                    format!("{tick} ms")
-                }
-            );
-            tick *= 10.0;
-        }
-        let dl = y(opts.deadline.as_secs_f64() * 1e3);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" x2="{}" y1="{dl:.1}" y2="{dl:.1}" stroke="#d62728" stroke-dasharray="4 3"/><text x="{}" y="{:.1}" text-anchor="end" fill="#d62728">deadline</text>"##,
-            W - RIGHT,
-            W - RIGHT,
-            dl - 3.0
-        );
+        axis.grid(&mut s, LEFT, W - RIGHT, opts.deadline);
         let group_w = (W - LEFT - RIGHT) / rows.len().max(1) as f64;
         let bar_w = (group_w * 0.7 / 3.0).min(22.0);
         for (ci, row) in rows.iter().enumerate() {
@@ -1518,12 +1555,12 @@ fn sweep_svg(results: &SweepResults, opts: &Opts) -> String {
     let fail_y = 40.0;
     let plot_top = 60.0;
     let plot_h = 250.0;
-    let lo = 1.0f64; // ms
-    let hi = (opts.deadline.as_secs_f64() * 1e3 * 1.5).max(10.0);
-    let y = |v_ms: f64| -> f64 {
-        let f = (v_ms.clamp(lo, hi).log10() - lo.log10()) / (hi.log10() - lo.log10());
-        plot_top + plot_h * (1.0 - f)
+    let axis = LogAxis {
+        hi: (opts.deadline.as_secs_f64() * 1e3 * 1.5).max(10.0),
+        top: plot_top,
+        height: plot_h,
     };
+    let y = |v_ms: f64| axis.y(v_ms);
     let (rmin, rmax) = opts
         .rates
         .iter()
@@ -1537,22 +1574,17 @@ fn sweep_svg(results: &SweepResults, opts: &Opts) -> String {
         }
     };
     let h = TOP + PANEL_H * results.len() as f64 + 10.0;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{LEFT}" y="22" font-size="16" font-weight="bold">tonic-balancer load sweep: p99 latency from scheduled start against the rate (log scale)</text>"#
-    );
-    let _ = writeln!(
-        s,
-        r##"<text x="{LEFT}" y="40" fill="#666">{} instances, open loop, {:.1} s per contender and rate, deadline {}; solid: BalancedChannel's strategies, dashed: the others; x in the top band: p99 on failed calls</text>"##,
-        opts.instances,
-        opts.duration.as_secs_f64(),
-        esc(&ms(opts.deadline))
+    let mut s = svg_open(
+        W,
+        h,
+        LEFT,
+        "tonic-balancer load sweep: p99 latency from scheduled start against the rate (log scale)",
+        &format!(
+            "{} instances, open loop, {:.1} s per contender and rate, deadline {}; solid: BalancedChannel's strategies, dashed: the others; x in the top band: p99 on failed calls",
+            opts.instances,
+            opts.duration.as_secs_f64(),
+            ms(opts.deadline)
+        ),
     );
     for (pi, (scenario, by_rate)) in results.iter().enumerate() {
         let oy = TOP + PANEL_H * pi as f64;
@@ -1571,31 +1603,7 @@ fn sweep_svg(results: &SweepResults, opts: &Opts) -> String {
             LEFT - 6.0,
             fail_y + 4.0
         );
-        let mut tick = 1.0;
-        while tick <= hi {
-            let ty = y(tick);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{LEFT}" x2="{}" y1="{ty:.1}" y2="{ty:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end" fill="#666">{}</text>"##,
-                LEFT + plot_w,
-                LEFT - 6.0,
-                ty + 4.0,
-                if tick >= 1000.0 {
-                    format!("{} s", tick / 1000.0)
-                } else {
-                    format!("{tick} ms")
-                }
-            );
-            tick *= 10.0;
-        }
-        let dl = y(opts.deadline.as_secs_f64() * 1e3);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" x2="{}" y1="{dl:.1}" y2="{dl:.1}" stroke="#d62728" stroke-dasharray="4 3"/><text x="{}" y="{:.1}" text-anchor="end" fill="#d62728">deadline</text>"##,
-            LEFT + plot_w,
-            LEFT + plot_w,
-            dl - 3.0
-        );
+        axis.grid(&mut s, LEFT, LEFT + plot_w, opts.deadline);
         for &r in &opts.rates {
             let tx = x(r);
             let _ = writeln!(
