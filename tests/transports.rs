@@ -112,7 +112,7 @@ async fn custom_connectors_reach_their_own_instances() {
             "{name} served nothing: {calls:?}"
         );
         assert_eq!(
-            inst.shared.authority.lock().unwrap().as_deref(),
+            inst.shared.authority.get().map(String::as_str),
             Some("service.placeholder")
         );
     }

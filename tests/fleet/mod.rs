@@ -85,8 +85,8 @@ pub struct Shared {
     pub health_checks: AtomicU64,
     /// When set, health checks get no answer (the check pends until the caller gives up).
     pub health_hang: std::sync::atomic::AtomicBool,
-    /// The `:authority` of the last request it received.
-    pub authority: Mutex<Option<String>>,
+    /// The `:authority` of the first request it received (set once: no lock per request).
+    pub authority: std::sync::OnceLock<String>,
 }
 
 /// The standard health service, answering from [`Shared::serving`].
@@ -147,7 +147,7 @@ impl Shared {
             serving: std::sync::atomic::AtomicBool::new(true),
             health_checks: AtomicU64::new(0),
             health_hang: std::sync::atomic::AtomicBool::new(false),
-            authority: Mutex::new(None),
+            authority: std::sync::OnceLock::new(),
         })
     }
 
@@ -428,8 +428,11 @@ impl Instance {
                     let server = builder
                         .layer(tower::util::MapRequestLayer::new(
                             move |req: http::Request<tonic::body::Body>| {
-                                let authority = req.uri().authority().map(|a| a.to_string());
-                                *seen.authority.lock().unwrap() = authority;
+                                if seen.authority.get().is_none() {
+                                    if let Some(a) = req.uri().authority() {
+                                        let _ = seen.authority.set(a.to_string());
+                                    }
+                                }
                                 req
                             },
                         ))
