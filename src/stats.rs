@@ -25,7 +25,7 @@ impl ServedBy {
         ServedBy(uri)
     }
 
-    /// The instance's URI, as in [`EndpointStats::uri`].
+    /// The instance's URI (or connector name), as in [`EndpointStats::uri`].
     pub fn uri(&self) -> &str {
         &self.0
     }
@@ -65,7 +65,9 @@ impl EndpointStats {
         }
     }
 
-    /// The instance's URI, as configured.
+    /// The instance's URI as configured (for an instance found by discovery, its address's
+    /// URI; for one added with
+    /// [`endpoint_with_connector`](crate::Builder::endpoint_with_connector), its name).
     pub fn uri(&self) -> &str {
         &self.uri
     }
