@@ -22,6 +22,18 @@ impl Closed {
         runtime: &tokio::runtime::Handle,
         task: impl Future<Output = ()> + Send + 'static,
     ) {
+        self.spawn_boxed(runtime, Box::pin(task));
+    }
+
+    /// The one place that spawns: every background task goes through one instantiation of
+    /// tokio's task machinery (about 130 functions), not one per kind of task, which is what
+    /// this crate's users would otherwise compile eight times over. A task is spawned when an
+    /// instance or a pool changes, never per call, so the box costs nothing that matters.
+    fn spawn_boxed(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        task: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    ) {
         let mut rx = self.0.subscribe();
         runtime.spawn(async move {
             tokio::select! {
