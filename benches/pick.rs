@@ -8,7 +8,7 @@
 //! Groups:
 //!
 //! - `pick/channel/*`: the channel's own pick, exactly as a call makes it (snapshot load, state,
-//!   counts and latency read from the real instance records), one thread. Two fleets: `busy`
+//!   counts and tie-break state read from the real instance records), one thread. Two fleets: `busy`
 //!   (0 to 3 calls in flight, latencies of 2 to 10 ms, one instance in twenty unusable) and
 //!   `idle` (nothing in flight, equal latencies: every instance ties, the worst case for the
 //!   tie-break).
@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tonic_balancer::__bench::{least_pending, strides_for, Load, Picker, Rng};
+use tonic_balancer::__bench::{least_pending, strides_for, Picker, Rng, Turn};
 use tonic_balancer::Strategy;
 
 const SIZES: [usize; 3] = [10, 50, 1000];
@@ -103,13 +103,18 @@ fn bench_pure(c: &mut Criterion) {
     let mut g = c.benchmark_group("pick/pure");
     g.throughput(Throughput::Elements(1));
     for n in SIZES {
-        let items: Vec<Option<Load>> = loads(n, true)
+        // Passes spread like latencies, so that the ties do not all have the same.
+        let items: Vec<Option<(usize, Turn)>> = loads(n, true)
             .into_iter()
             .map(|(f, lat, ok)| {
-                ok.then_some(Load {
-                    in_flight: f,
-                    latency_ns: lat.as_nanos() as f64,
-                })
+                ok.then_some((
+                    f,
+                    Turn {
+                        pass: lat.as_nanos() as u64,
+                        stride: 1 << 16,
+                        gated: false,
+                    },
+                ))
             })
             .collect();
         let strides = strides_for(n);
@@ -120,8 +125,17 @@ fn bench_pure(c: &mut Criterion) {
                     black_box(items),
                     &mut rng,
                     &strides,
-                    |l| l.map(|l| l.in_flight),
-                    |l| l.map_or(0.0, |l| l.latency_ns),
+                    |l| l.map(|(f, _)| f),
+                    |l| {
+                        l.map_or(
+                            Turn {
+                                pass: 0,
+                                stride: 0,
+                                gated: false,
+                            },
+                            |(_, t)| t,
+                        )
+                    },
                 );
                 rng.store();
                 black_box(r)

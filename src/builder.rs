@@ -452,9 +452,15 @@ impl Builder {
         self
     }
 
-    /// How long a latency estimate stays valid without a new sample (default 5 s). Past it,
-    /// the instance counts as of unknown latency and is tried again, so that an instance that
-    /// was slow once wins its share back.
+    /// How long the latency estimate that [`Strategy::PeakEwma`] and
+    /// [`Strategy::PowerOfTwoChoices`] compare stays valid without a new sample (default 5 s);
+    /// it fades to unknown over that time, so that an instance that was slow once is tried
+    /// again. (The default [`Strategy::LeastPending`] re-checks a slow instance on a schedule
+    /// of its own, see the crate docs.)
+    ///
+    /// [`Strategy::PeakEwma`]: crate::Strategy::PeakEwma
+    /// [`Strategy::PowerOfTwoChoices`]: crate::Strategy::PowerOfTwoChoices
+    /// [`Strategy::LeastPending`]: crate::Strategy::LeastPending
     pub fn latency_expiry(mut self, expiry: Duration) -> Builder {
         self.latency_expiry = expiry;
         self
@@ -664,6 +670,7 @@ impl Builder {
             latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
             inv_latency_expiry: 1.0 / self.latency_expiry.as_nanos() as f64,
             latency_decay: self.latency_decay,
+            methods: crate::tiebreak::Methods::new(),
             default_latency_ns: 1_000_000.0,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
             backoff: self.backoff,

@@ -22,6 +22,7 @@ use crate::pool::{Members, Pool, Snapshot};
 use crate::retry::Replay;
 use crate::stats::{EndpointStats, ServedBy};
 use crate::target::Target;
+use crate::tiebreak::Method;
 use crate::Strategy;
 
 /// A tonic channel that spreads calls over a set of instances, sending each call to the one
@@ -253,15 +254,17 @@ impl BalancedChannel {
                 &mut rng,
                 &snap.strides,
                 |i| i.is_usable().then(|| i.in_flight.load(Ordering::Relaxed)),
-                |i| i.steady_latency(now, expiry, inv_expiry),
-            ),
+                |i| i.tie.turn(now),
+            )
+            .map(|c| took_turn(snap, c)),
             Strategy::LeastPending => pick::least_pending(
                 snap,
                 &mut rng,
                 &snap.strides,
                 |i| usable(i).then(|| i.in_flight.load(Ordering::Relaxed)),
-                |i| i.steady_latency(now, expiry, inv_expiry),
-            ),
+                |i| i.tie.turn(now),
+            )
+            .map(|c| took_turn(snap, c)),
             strategy => {
                 let load = |i: &Arc<Instance>| -> Option<Load> {
                     usable(i).then(|| Load {
@@ -284,6 +287,13 @@ impl BalancedChannel {
         rng.store();
         picked
     }
+}
+
+/// The least-pending choice's instance takes its turn (its pass advances).
+#[inline]
+fn took_turn(snap: &[Arc<Instance>], c: pick::Chosen) -> usize {
+    snap[c.index].tie.advance(c.floor);
+    c.index
 }
 
 /// Why nothing could be picked, for the UNAVAILABLE message.
@@ -386,6 +396,7 @@ fn route(
     };
     let inst = &snap[idx];
     tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
+    let method = Method::of(req.uri().path());
     // Keep what is needed to send the call again if its instance cannot be reached, its
     // connection closes before the request is written, or (with a retry policy) it fails.
     let (req, again) = if pool.replay || pool.retry.is_some() {
@@ -410,7 +421,7 @@ fn route(
             channel: inst.channel.clone(),
             req: Some(req),
         },
-        guard: Some(CallGuard::new(inst.clone())),
+        guard: Some(CallGuard::new(inst.clone(), method)),
         deadline,
         again,
         unreachable: None,
@@ -596,7 +607,7 @@ impl ResponseFuture {
         };
         let inst = &snap[idx];
         tracing::debug!(to = %inst.target.name, reason = %why, "call sent again");
-        self.guard = Some(CallGuard::new(inst.clone()));
+        self.guard = Some(CallGuard::new(inst.clone(), Method::of(req.uri().path())));
         self.state = CallState::Routed {
             channel: inst.channel.clone(),
             req: Some(req),

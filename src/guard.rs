@@ -23,6 +23,7 @@ use crate::deadline;
 use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
 use crate::instance::Instance;
+use crate::tiebreak::Method;
 
 /// Holds one call's place in its instance's in-flight count.
 pub(crate) struct CallGuard {
@@ -35,18 +36,21 @@ pub(crate) struct CallGuard {
     answered: bool,
     /// The instance's count of connection breaks when the call was routed.
     breaks_at: u32,
+    /// The call's method, for the tie-break's per-method reference.
+    method: Method,
     outcome: Option<Outcome>,
 }
 
 impl CallGuard {
     #[inline]
-    pub(crate) fn new(inst: Arc<Instance>) -> CallGuard {
+    pub(crate) fn new(inst: Arc<Instance>, method: Method) -> CallGuard {
         inst.in_flight.fetch_add(1, Ordering::Relaxed);
         inst.started.fetch_add(1, Ordering::Relaxed);
         let connecting = inst.state() == crate::instance::State::Connecting;
         let breaks_at = inst.breaks.load(Ordering::Relaxed);
         CallGuard {
             breaks_at,
+            method,
             inst,
             connecting,
             answered: false,
@@ -66,7 +70,12 @@ impl CallGuard {
         self.answered = true;
         if !self.connecting {
             let now = Instant::now();
-            health::observe_latency(&self.inst, now.saturating_duration_since(self.start), now);
+            health::observe_latency(
+                &self.inst,
+                self.method,
+                now.saturating_duration_since(self.start),
+                now,
+            );
         }
     }
 
@@ -133,7 +142,7 @@ impl Drop for CallGuard {
             // least this long there. Without this sample, an instance that hangs would keep
             // its old fast estimate and win every tie while callers give up on it.
             if let Some(held) = self.held_in_silence() {
-                health::observe_latency(&self.inst, held, Instant::now());
+                health::observe_latency(&self.inst, self.method, held, Instant::now());
             }
         }
         health::record(&self.inst, self.outcome.unwrap_or(Outcome::Cancelled));

@@ -9,6 +9,7 @@ use tonic::transport::Channel;
 
 use crate::health::Policy;
 use crate::target::Target;
+use crate::tiebreak::Tie;
 
 /// The health of an instance, as the channel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,8 +70,8 @@ impl std::fmt::Display for State {
 
 /// One instance of the service.
 ///
-/// The fields the pick reads on every call (`in_flight`, `state`, `latency`) come first so that
-/// they share a cache line.
+/// The fields the pick reads on every call (`in_flight`, `state`, the tie-break's pass and gate,
+/// the latency estimate and its age) come first so that they share a cache line.
 #[repr(C, align(64))]
 pub(crate) struct Instance {
     pub(crate) in_flight: AtomicUsize,
@@ -78,15 +79,18 @@ pub(crate) struct Instance {
     /// Connection breaks seen under calls: the calls that were on a connection when it broke
     /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
     pub(crate) breaks: AtomicU32,
+    /// The least-pending tie-break's record (see `tiebreak.rs`).
+    pub(crate) tie: Tie,
     /// Peak-sensitive moving average of the time to response headers, in nanoseconds
     /// (`f64` bits; 0 before the first sample).
     pub(crate) latency_ns: AtomicU64,
-    /// A spike-resistant moving average of the same samples, for the least-pending tie-break:
-    /// a sample counts for at most 4× the estimate, so that one scheduling hiccup does not mark
-    /// an instance slow, while a consistently slow one is marked within a few calls.
-    pub(crate) steady_ns: AtomicU64,
     /// When the estimates were last updated, in nanoseconds since the pool's epoch.
     pub(crate) latency_at: AtomicU64,
+    /// A spike-resistant moving average of the same samples, the instance's usual latency
+    /// for the deadline rule: a sample counts for at most 4× the estimate, so that one
+    /// scheduling hiccup does not move it much, while a consistently slow instance moves it
+    /// within a few calls.
+    pub(crate) steady_ns: AtomicU64,
     /// Its name (in logs, errors, `EndpointStats` and, shared rather than copied, the
     /// `ServedBy` of the responses it serves), identity, settings and how it is reached.
     pub(crate) target: Target,
@@ -134,9 +138,10 @@ impl Instance {
             in_flight: AtomicUsize::new(0),
             state: AtomicU8::new(state as u8),
             breaks: AtomicU32::new(0),
+            tie: Tie::new(),
             latency_ns: AtomicU64::new(0),
-            steady_ns: AtomicU64::new(0),
             latency_at: AtomicU64::new(now_ns),
+            steady_ns: AtomicU64::new(0),
             target,
             channel,
             policy,
@@ -238,12 +243,6 @@ impl Instance {
     #[inline]
     pub(crate) fn latency(&self, now_ns: u64, expiry_ns: u64, inv_expiry: f64) -> f64 {
         self.faded(&self.latency_ns, now_ns, expiry_ns, inv_expiry)
-    }
-
-    /// The spike-resistant estimate (see `steady_ns`), fading as [`latency`](Self::latency).
-    #[inline]
-    pub(crate) fn steady_latency(&self, now_ns: u64, expiry_ns: u64, inv_expiry: f64) -> f64 {
-        self.faded(&self.steady_ns, now_ns, expiry_ns, inv_expiry)
     }
 
     #[inline]

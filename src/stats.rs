@@ -48,6 +48,7 @@ pub struct EndpointStats {
     consecutive_failures: u32,
     ejections: u32,
     latency: Option<Duration>,
+    slowness: Option<f64>,
 }
 
 impl EndpointStats {
@@ -62,6 +63,7 @@ impl EndpointStats {
             consecutive_failures: i.consecutive_failures.load(Ordering::Relaxed),
             ejections: i.ejections.load(Ordering::Relaxed),
             latency: (lat > 0.0).then(|| Duration::from_nanos(lat as u64)),
+            slowness: i.tie.slowness(),
         }
     }
 
@@ -110,6 +112,14 @@ impl EndpointStats {
     /// if it answered at least once.
     pub fn latency(&self) -> Option<Duration> {
         self.latency
+    }
+
+    /// How much slower than the fast instances it answers, as the least-pending tie-break
+    /// weighs it: its recent answers' times over the usual time of the same methods on the
+    /// fast instances (1.0: as fast as they are; 3.0: three times slower), if it answered at
+    /// least once.
+    pub fn slowness(&self) -> Option<f64> {
+        self.slowness
     }
 }
 

@@ -63,8 +63,8 @@ fn state(ch: &BalancedChannel, uri: &str) -> State {
 /// returns the results. Panics if the condition never holds.
 ///
 /// Bounded in time rather than in calls: with least pending and sequential calls, an instance
-/// whose latency estimate holds one slow sample loses every tie until that sample fades (see
-/// `latency_expiry`), so how many calls it takes for one to reach a given instance varies.
+/// that answered slowly once (a scheduling hiccup on a loaded machine) is closed to ties for a
+/// while, so how many calls it takes for one to reach a given instance varies.
 async fn call_until(
     client: &mut Client,
     what: &str,
@@ -199,9 +199,9 @@ async fn one_fail_fast_instance(code: Code) {
     assert_eq!(failed as u64, bad.served(), "every failure came from it");
 
     // Five failures in a row eject it. With sequential calls it may have had fewer than five:
-    // least pending breaks ties (all at 0 in flight) by latency, and one slow sample of its
-    // (a scheduling hiccup on a loaded machine) makes it lose every tie until the sample
-    // fades. Then concurrent calls, which it wins while the others are busy, bring its five.
+    // one slow answer of its (a scheduling hiccup on a loaded machine) closes it to ties (all
+    // at 0 in flight) for a while. Then concurrent calls, which it wins while the others are
+    // busy, bring its five.
     if stats(&ch, &bad.uri()).ejections() == 0 {
         assert!(
             bad.served() < 5,

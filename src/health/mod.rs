@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use tonic::Code;
 
 use crate::instance::{Instance, State};
+use crate::tiebreak::Method;
 
 /// How a call ended, as far as its instance's health is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,8 @@ pub(crate) struct Policy {
     pub(crate) inv_latency_expiry: f64,
     /// Time constant of the moving average of latency.
     pub(crate) latency_decay: Duration,
+    /// The per-method references of the least-pending tie-break.
+    pub(crate) methods: crate::tiebreak::Methods,
     /// Slow start window in nanoseconds (0: off).
     pub(crate) slow_start_ns: u64,
     /// Peak EWMA: the latency of an instance with no estimate yet.
@@ -120,10 +123,14 @@ pub(crate) const DEADLINE_FLOOR: Duration = Duration::from_millis(10);
 /// instance usually takes is the caller's choice, not a sign of trouble.
 pub(crate) const DEADLINE_LATENCY_FACTOR: f64 = 4.0;
 
-pub(crate) fn observe_latency(inst: &Instance, elapsed: Duration, at: Instant) {
+pub(crate) fn observe_latency(inst: &Instance, method: Method, elapsed: Duration, at: Instant) {
     let policy = &inst.policy;
     let now = at.saturating_duration_since(policy.epoch).as_nanos() as u64;
-    inst.observe_latency(elapsed.as_nanos() as u64 as f64, now, policy.latency_decay);
+    let sample = elapsed.as_nanos() as u64 as f64;
+    inst.observe_latency(sample, now, policy.latency_decay);
+    let sent = now.saturating_sub(elapsed.as_nanos() as u64);
+    let reference = policy.methods.reference(method, sample);
+    inst.tie.observe(sample, reference, sent, now);
     policy.clock.fetch_max(now, Ordering::Relaxed);
 }
 

@@ -1,0 +1,343 @@
+//! What the least-pending tie-break learns from each answer (the pick itself is in `pick.rs`).
+//!
+//! Each time an instance answers a call (its response headers arrive), the time it took is
+//! compared with the *reference* for the call's method: a pool-wide estimate of how long that
+//! method takes on a fast instance. The ratio (the instance's *slowness*) is what the tie-break
+//! weighs, so a service whose methods differ in cost does not make whichever instance served
+//! the dear ones look slow: each answer is compared with answers to the same method.
+//!
+//! From the slowness come two things, both stored in the instance for the pick to read:
+//!
+//! - **The stride**: how far the instance's pass advances when it wins a tie. One turn
+//!   ([`UNIT`]) up to [`KNEE`] times the reference (noise between equal instances costs
+//!   nothing); beyond it, (slowness / KNEE)² turns, at most [`MAX_TURNS`]. An instance twice as
+//!   slow as the rest wins about 40% of its fair share of the ties, three times as slow about
+//!   17%: its chance falls smoothly, and it keeps being re-checked, at least once every
+//!   [`MAX_TURNS`] turns of the others.
+//! - **The gate**: an answer slower than [`GATE_AT`] times the reference closes the instance to
+//!   ties for [`GATE_FACTOR`] times the excess (an answer of 50 ms where 5 ms is usual: 4 × 40
+//!   ms = 160 ms), doubling with every further slow answer in a row, at most [`MAX_GATE`]. So a re-check
+//!   of a slow instance costs at most a fixed share of time whatever the rate of calls, and an
+//!   instance that stays slow is re-checked ever more rarely; one that answers fast again is
+//!   open again at once. A cold start (a few slow first answers) costs a few short gates, not
+//!   a long exclusion.
+//!
+//! The slowness estimate moves half way towards a new sample, counting a sample for at most 4
+//! times the estimate (one hiccup does not mark an instance slow), and drops at once to a
+//! sample less than half of it (an instance that recovered is believed at once).
+//!
+//! The method references live in a small table indexed by a hash of the method's path, tagged
+//! so that two methods that share a slot replace each other rather than mix. A reference moves
+//! by 1/32 of itself towards each answer, so it settles on the median answer time of the
+//! method (the fast instances' time while the pick keeps the slow ones out), and a rare slow
+//! answer barely moves it; an answer less than half of it pulls it a quarter of the way down
+//! at once, so that a slow first answer (the reference's first value) is soon forgotten.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::pick::{Turn, UNIT};
+
+/// Up to this many times the method's reference, an answer costs no turn.
+pub(crate) const KNEE: f64 = 1.25;
+/// The longest stride, in turns.
+pub(crate) const MAX_TURNS: f64 = 8.0;
+/// An answer slower than this many times the reference closes the instance to ties...
+pub(crate) const GATE_AT: f64 = 2.0;
+/// ...for this many times its excess over `GATE_AT` × the reference...
+pub(crate) const GATE_FACTOR: f64 = 4.0;
+/// ...doubled for each slow answer in a row, at most this long (nanoseconds: 10 s)...
+pub(crate) const MAX_GATE: f64 = 10e9;
+/// ...or until the others have taken this many turns (doubled likewise), if that comes first.
+pub(crate) const GATE_TURNS: u64 = 32;
+/// Slow answers in a row counted for the doubling.
+const MAX_STRIKES: u32 = 7;
+
+/// The tie-break's record of one instance. The pick reads `pass`, `stride`, `recheck_at` and
+/// `gate_pass`; the rest is written when an answer arrives.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct Tie {
+    pass: AtomicU64,
+    /// The gate: until this time (nanoseconds since the pool's epoch)...
+    recheck_at: AtomicU64,
+    /// ...or until the others' passes reach this one, it wins no tie.
+    gate_pass: AtomicU64,
+    /// How far `pass` advances when the instance wins, in 1/65536 turns.
+    stride: AtomicU32,
+    /// The slowness estimate (`f32` bits; 0 before the first sample).
+    slowness: AtomicU32,
+    /// When the gate was last set: an answer to a call sent before then is no re-check.
+    gated_at: AtomicU64,
+    /// Slow answers in a row to re-checks.
+    strikes: AtomicU32,
+}
+
+impl Tie {
+    pub(crate) fn new() -> Tie {
+        Tie {
+            pass: AtomicU64::new(0),
+            recheck_at: AtomicU64::new(0),
+            gate_pass: AtomicU64::new(0),
+            stride: AtomicU32::new(UNIT as u32),
+            slowness: AtomicU32::new(0),
+            gated_at: AtomicU64::new(0),
+            strikes: AtomicU32::new(0),
+        }
+    }
+
+    /// What the pick compares; `now_ns` is the pool's clock.
+    #[inline]
+    pub(crate) fn turn(&self, now_ns: u64) -> Turn {
+        Turn {
+            pass: self.pass.load(Ordering::Relaxed),
+            stride: u64::from(self.stride.load(Ordering::Relaxed)),
+            gate: if self.recheck_at.load(Ordering::Relaxed) > now_ns {
+                self.gate_pass.load(Ordering::Relaxed)
+            } else {
+                0
+            },
+        }
+    }
+
+    /// The instance won a tie: its pass advances by its stride, from at least `floor` (see
+    /// `pick::Chosen::floor`). Two picks at once may both read the old pass and one advance be
+    /// lost: harmless, a turn is a share, not a count.
+    #[inline]
+    pub(crate) fn advance(&self, floor: u64) {
+        let pass = self.pass.load(Ordering::Relaxed).max(floor);
+        let stride = u64::from(self.stride.load(Ordering::Relaxed));
+        self.pass.store(pass + stride, Ordering::Relaxed);
+    }
+
+    /// The slowness estimate (1.0: as fast as the method's reference), `None` before the first
+    /// sample.
+    pub(crate) fn slowness(&self) -> Option<f64> {
+        let s = f32::from_bits(self.slowness.load(Ordering::Relaxed));
+        (s > 0.0).then_some(f64::from(s))
+    }
+
+    /// One answer to a call sent at `sent_ns`: it took `sample_ns`, where the method's
+    /// reference is `reference_ns`, at `now_ns` on the pool's clock.
+    pub(crate) fn observe(&self, sample_ns: f64, reference_ns: f64, sent_ns: u64, now_ns: u64) {
+        if !(reference_ns > 0.0 && sample_ns.is_finite()) {
+            return;
+        }
+        let x = sample_ns / reference_ns;
+        let prev = f64::from(f32::from_bits(self.slowness.load(Ordering::Relaxed)));
+        let s = if prev <= 0.0 || x < 0.5 * prev {
+            x
+        } else {
+            prev + 0.5 * (x.min(4.0 * prev) - prev)
+        };
+        self.slowness.store((s as f32).to_bits(), Ordering::Relaxed);
+        let turns = (s / KNEE).powi(2).clamp(1.0, MAX_TURNS);
+        self.stride
+            .store((turns * UNIT as f64) as u32, Ordering::Relaxed);
+        let excess = sample_ns - GATE_AT * reference_ns;
+        if excess > 0.0 {
+            // A strike: slow again when re-checked after a gate (answers to calls that were
+            // already on their way when the gate was set add none).
+            let strikes = self.strikes.load(Ordering::Relaxed);
+            let strikes = if prev < GATE_AT {
+                0
+            } else if sent_ns >= self.gated_at.load(Ordering::Relaxed) {
+                (strikes + 1).min(MAX_STRIKES)
+            } else {
+                strikes
+            };
+            self.strikes.store(strikes, Ordering::Relaxed);
+            let gate = (GATE_FACTOR * excess * f64::from(1u32 << strikes)).min(MAX_GATE);
+            let turns = (GATE_TURNS << strikes) * UNIT;
+            let pass = self.pass.load(Ordering::Relaxed);
+            self.gate_pass
+                .store(pass.saturating_add(turns), Ordering::Relaxed);
+            self.recheck_at
+                .store(now_ns.saturating_add(gate as u64), Ordering::Relaxed);
+            self.gated_at.store(now_ns, Ordering::Relaxed);
+        } else {
+            self.strikes.store(0, Ordering::Relaxed);
+            self.recheck_at.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Which slot of the method table a call's method uses, and the tag that tells its method from
+/// others that hash to the same slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Method(u32);
+
+const SLOTS: usize = 256;
+/// How far a reference moves for one answer, as a share of itself.
+const STEP: f64 = 1.0 / 32.0;
+
+impl Method {
+    /// The key of a method path (`/package.Service/Method`): a hash of its bytes, eight at a
+    /// time.
+    #[inline]
+    pub(crate) fn of(path: &str) -> Method {
+        let mut h: u64 = 0x243F_6A88_85A3_08D3 ^ path.len() as u64;
+        let bytes = path.as_bytes();
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let v = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            h = (h ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+        }
+        let mut last = [0u8; 8];
+        let rest = chunks.remainder();
+        last[..rest.len()].copy_from_slice(rest);
+        h = (h ^ u64::from_le_bytes(last)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 32;
+        // Never 0: 0 marks an empty slot.
+        Method((h as u32) | 1)
+    }
+
+    fn slot(self) -> usize {
+        (self.0 >> 24) as usize % SLOTS
+    }
+}
+
+/// The pool's method references (see the module docs).
+pub(crate) struct Methods {
+    /// Per slot: the tag of its method (high 32 bits) and its reference in nanoseconds (`f32`
+    /// bits, low 32 bits); 0 when empty.
+    slots: Box<[AtomicU64]>,
+}
+
+impl Methods {
+    pub(crate) fn new() -> Methods {
+        Methods {
+            slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// The reference for `method` before this sample, which then updates it. A method new to
+    /// its slot takes it, and its first sample is its own reference.
+    pub(crate) fn reference(&self, method: Method, sample_ns: f64) -> f64 {
+        let slot = &self.slots[method.slot()];
+        let word = slot.load(Ordering::Relaxed);
+        let (tag, r) = ((word >> 32) as u32, f64::from(f32::from_bits(word as u32)));
+        let (reference, next) = if tag == method.0 && r > 0.0 {
+            let next = if sample_ns > r {
+                sample_ns.min(r * (1.0 + STEP))
+            } else if sample_ns < 0.5 * r {
+                r + 0.25 * (sample_ns - r)
+            } else {
+                sample_ns.max(r * (1.0 - STEP))
+            };
+            (r, next)
+        } else {
+            (sample_ns, sample_ns)
+        };
+        let packed = (u64::from(method.0) << 32) | u64::from((next as f32).to_bits());
+        if packed != word {
+            slot.store(packed, Ordering::Relaxed);
+        }
+        reference
+    }
+}
+
+impl std::fmt::Debug for Methods {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Methods").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: f64 = 1e6;
+
+    #[test]
+    fn method_keys_differ_and_are_stable() {
+        let a = Method::of("/fleet.Fleet/Unary");
+        let b = Method::of("/fleet.Fleet/ClientStream");
+        assert_eq!(a, Method::of("/fleet.Fleet/Unary"));
+        assert_ne!(a, b);
+        assert_ne!(Method::of(""), Method(0));
+    }
+
+    /// The reference follows fast answers and a rare slow one barely moves it; each method
+    /// has its own.
+    #[test]
+    fn references_follow_the_fast_answers_per_method() {
+        let m = Methods::new();
+        let cheap = Method::of("/s.S/Cheap");
+        let dear = Method::of("/s.S/Dear");
+        assert_eq!(m.reference(cheap, 5.0 * MS), 5.0 * MS);
+        assert_eq!(m.reference(dear, 100.0 * MS), 100.0 * MS);
+        for _ in 0..20 {
+            m.reference(cheap, 5.0 * MS);
+            m.reference(dear, 100.0 * MS);
+        }
+        let before = m.reference(cheap, 100.0 * MS);
+        let after = m.reference(cheap, 5.0 * MS);
+        assert!((before - 5.0 * MS).abs() < 0.01 * MS, "{before}");
+        assert!(after < 5.2 * MS, "one slow answer moved it to {after}");
+        // A slow first answer is soon forgotten.
+        let late = Method::of("/s.S/Late");
+        m.reference(late, 50.0 * MS);
+        let r = (0..40).fold(0.0, |_, _| m.reference(late, 5.0 * MS));
+        assert!(r < 5.5 * MS, "{r}");
+        assert!((m.reference(dear, 100.0 * MS) - 100.0 * MS).abs() < 0.1 * MS);
+    }
+
+    /// Equal answers: one turn, never gated. A slow one: a longer stride, a gate that grows
+    /// while the answers stay slow, and both gone at the first fast answer.
+    #[test]
+    fn slowness_sets_stride_and_gate() {
+        let t = Tie::new();
+        t.observe(5.0 * MS, 5.0 * MS, 0, 0);
+        assert_eq!(t.stride.load(Ordering::Relaxed), UNIT as u32);
+        assert_eq!(t.turn(0).gate, 0);
+        // 10x slower: counted as 4x (slowness 2.5: 4 turns), gated for 4 x (50 - 10) ms.
+        t.observe(50.0 * MS, 5.0 * MS, 900, 1_000);
+        assert_eq!(t.stride.load(Ordering::Relaxed), 4 * UNIT as u32);
+        let gate1 = t.recheck_at.load(Ordering::Relaxed) - 1_000;
+        assert_eq!(gate1, (GATE_FACTOR * 40.0 * MS) as u64);
+        // ...or until the others took GATE_TURNS turns.
+        assert_eq!(t.turn(1_000 + gate1 - 1).gate, GATE_TURNS * UNIT);
+        assert_eq!(t.turn(1_000 + gate1).gate, 0);
+        // An answer to a call sent before the gate: no strike.
+        t.observe(50.0 * MS, 5.0 * MS, 999, 1_500);
+        assert_eq!(t.recheck_at.load(Ordering::Relaxed) - 1_500, gate1);
+        // Slow again when re-checked: the longest stride, and the gate doubles.
+        t.observe(50.0 * MS, 5.0 * MS, 1_600, 2_000);
+        assert_eq!(
+            t.stride.load(Ordering::Relaxed),
+            (MAX_TURNS * UNIT as f64) as u32
+        );
+        let gate2 = t.recheck_at.load(Ordering::Relaxed) - 2_000;
+        assert_eq!(gate2, 2 * gate1);
+        assert_eq!(t.turn(2_000).gate, 2 * GATE_TURNS * UNIT);
+        // Fast again: open at once, one turn.
+        t.observe(5.0 * MS, 5.0 * MS, 2_900, 3_000);
+        assert_eq!(t.turn(3_000).gate, 0);
+        assert_eq!(t.stride.load(Ordering::Relaxed), UNIT as u32);
+        assert_eq!(t.slowness(), Some(1.0));
+    }
+
+    /// Moderately slower: a stride that grows smoothly with the slowness, no cliff.
+    #[test]
+    fn the_stride_grows_smoothly() {
+        let mut last = 0;
+        for k in 0..40 {
+            let t = Tie::new();
+            let x = 1.0 + k as f64 * 0.1;
+            t.observe(x * MS, MS, 0, 0);
+            let stride = t.stride.load(Ordering::Relaxed);
+            assert!(stride >= last, "stride fell at {x}");
+            assert!(u64::from(stride) - u64::from(last) <= UNIT, "a step at {x}");
+            last = stride;
+        }
+    }
+
+    /// One hiccup (a sample 20x the estimate) counts for 4x at most.
+    #[test]
+    fn one_hiccup_counts_little() {
+        let t = Tie::new();
+        t.observe(5.0 * MS, 5.0 * MS, 0, 0);
+        t.observe(100.0 * MS, 5.0 * MS, 0, 0);
+        assert_eq!(t.slowness(), Some(2.5));
+    }
+}

@@ -1,0 +1,153 @@
+//! The least-pending tie-break with real servers: sequential calls (every instance idle at each
+//! pick, so every pick is a tie) spread evenly, one slow spell or a dear method never shuts an
+//! instance out, and an instance that stays slow gets few calls but is still re-checked.
+
+mod fleet;
+
+use std::time::Duration;
+
+use fleet::pb::fleet_client::FleetClient;
+use fleet::{req, total_in_flight, Behavior, Fleet};
+use tonic_balancer::BalancedChannel;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// Calls served by each instance since `before`.
+fn since(fleet: &Fleet, before: &[u64]) -> Vec<u64> {
+    fleet
+        .served()
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a - b)
+        .collect()
+}
+
+/// The low-concurrency case: one caller, one call at a time, over 5 equal instances, one
+/// of which answers its first 3 calls 10x slower (a cold start). Over 300 calls every instance
+/// gets at least half its fair share (the old cliff gave the cold one under 1%).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_start_does_not_shut_an_instance_out() {
+    let fleet = Fleet::start(5, Behavior::Delay(5 * MS));
+    fleet.instances[0].cold_start(3, 50 * MS, 5 * MS);
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    const CALLS: u64 = 300;
+    for id in 0..CALLS {
+        client.unary(req(id)).await.unwrap();
+    }
+    let served = fleet.served();
+    assert_eq!(served.iter().sum::<u64>(), CALLS);
+    let fair = CALLS / 5;
+    assert!(
+        served.iter().all(|&n| n >= fair / 2),
+        "served {served:?}, fair {fair}: {:?}",
+        ch.endpoints()
+    );
+    assert_eq!(total_in_flight(&ch), 0);
+}
+
+/// The long-calls case: an instance served a few long calls (three at once, 300 ms
+/// each, while the others answered in milliseconds), then is as fast as the rest again. It wins
+/// its turns back soon: within 200 sequential calls it gets at least a third of its fair share
+/// (the old cliff kept it out for 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_spell_is_forgotten_once_the_instance_is_fast_again() {
+    let fleet = Fleet::start(4, Behavior::Delay(2 * MS));
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    // Warm every connection (the first call on one is not sampled).
+    for id in 0..20 {
+        client.unary(req(id)).await.unwrap();
+    }
+    let slow = &fleet.instances[0];
+    slow.set(Behavior::Delay(300 * MS));
+    // Twelve calls at once: three on each instance (least pending spreads them).
+    let calls: Vec<_> = (0..12)
+        .map(|id| {
+            let mut client = FleetClient::new(ch.clone());
+            tokio::spawn(async move { client.unary(req(100 + id)).await })
+        })
+        .collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(slow.served(), 5 + 3, "{:?}", fleet.served());
+    let s = ch.endpoints()[0].slowness().unwrap();
+    assert!(s > 10.0, "slowness {s}: {:?}", ch.endpoints());
+    slow.set(Behavior::Delay(2 * MS));
+    let before = fleet.served();
+    for k in 0..200 {
+        client.unary(req(10_000 + k)).await.unwrap();
+    }
+    let got = since(&fleet, &before);
+    assert!(
+        got[0] >= 200 / 4 / 3,
+        "the formerly slow instance got {} of 200 calls: {got:?}; {:?}",
+        got[0],
+        ch.endpoints()
+    );
+}
+
+/// A service whose methods differ in cost: 1 call in 10 is a client stream that takes 20x
+/// longer, on every instance alike. Sequential calls still spread evenly: whichever instance
+/// served the dear calls is not taken for slow, because each answer is compared with answers to
+/// the same method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dear_method_does_not_make_an_instance_look_slow() {
+    let fleet = Fleet::start(
+        4,
+        Behavior::MethodCost {
+            other: 2 * MS,
+            client_stream: 40 * MS,
+        },
+    );
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    const CALLS: u64 = 400;
+    for id in 0..CALLS {
+        if id % 10 == 3 {
+            let input = tokio_stream::iter([req(id)]);
+            client.client_stream(input).await.unwrap();
+        } else {
+            client.unary(req(id)).await.unwrap();
+        }
+    }
+    let served = fleet.served();
+    let fair = CALLS / 4;
+    assert!(
+        served
+            .iter()
+            .all(|&n| n * 10 >= fair * 8 && n * 10 <= fair * 12),
+        "served {served:?}, fair {fair} (within 20%): {:?}",
+        ch.endpoints()
+    );
+    for e in ch.endpoints() {
+        let s = e.slowness().expect("every instance answered");
+        assert!(s < 2.0, "{e:?} looks slow: {s}");
+    }
+}
+
+/// An instance 25x slower than the rest gets few of 400 sequential calls, but more than none:
+/// its chance falls with its slowness and it keeps being re-checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_instance_gets_few_calls_but_is_re_checked() {
+    let fleet = Fleet::start(4, Behavior::Delay(2 * MS));
+    fleet.instances[3].set(Behavior::Delay(50 * MS));
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    const CALLS: u64 = 400;
+    for id in 0..CALLS {
+        client.unary(req(id)).await.unwrap();
+    }
+    let served = fleet.served();
+    // The first call on each connection is not sampled, so the slow one gets at least two.
+    assert!(served[3] >= 2, "never re-checked: {served:?}");
+    assert!(
+        served[3] * 100 <= CALLS * 5,
+        "the slow instance got {} of {CALLS} calls (> 5%): {served:?}; {:?}",
+        served[3],
+        ch.endpoints()
+    );
+    let s = ch.endpoints()[3].slowness().unwrap();
+    assert!(s > 5.0, "slowness {s}");
+}
