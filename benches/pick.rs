@@ -112,7 +112,7 @@ fn bench_pure(c: &mut Criterion) {
                     Turn {
                         pass: lat.as_nanos() as u64,
                         stride: 1 << 16,
-                        gated: false,
+                        gate: 0,
                     },
                 ))
             })
@@ -131,7 +131,7 @@ fn bench_pure(c: &mut Criterion) {
                             Turn {
                                 pass: 0,
                                 stride: 0,
-                                gated: false,
+                                gate: 0,
                             },
                             |(_, t)| t,
                         )
