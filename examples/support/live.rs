@@ -5,7 +5,8 @@
 //! every 10 ms since the last frame, so that a bar shows load rather than one instant), its
 //! share of the calls the channel routed in the last second, the channel's latency estimate,
 //! its failed calls and ejections. Above them, what the callers saw in the last second (calls
-//! that succeeded and failed); below them, the scenario's events, done and to come.
+//! that succeeded and failed); below them, the scenario's events: `[x]` done (at the time it
+//! was), `[ ]` to come.
 //!
 //! On a terminal it draws on the alternate screen with plain ANSI escapes (no dependency), and
 //! puts the terminal back (cursor shown, normal screen) when the run ends, on Ctrl-C, on
@@ -927,11 +928,11 @@ fn frame(
         .iter()
         .zip(done)
         .map(|(ev, d)| match d {
-            Some(at) => Line::of(format!("{:5.1} s  ", at.as_secs_f64()), Style::Bold)
+            Some(at) => Line::of(format!("[x] {:5.1} s  ", at.as_secs_f64()), Style::Bold)
                 .push(&ev.text, Style::Plain),
             None => Line::of(
                 format!(
-                    "{:5.1} s  {}",
+                    "[ ] {:5.1} s  {}",
                     info.duration.mul_f64(ev.at).as_secs_f64(),
                     ev.text
                 ),
