@@ -243,7 +243,7 @@ impl Tally {
             .map(|(i, c)| (c.load(Ordering::Relaxed), Code::from(i as i32)))
             .filter(|(k, _)| *k > 0)
             .collect();
-        v.sort_by(|a, b| b.0.cmp(&a.0));
+        v.sort_by_key(|a| std::cmp::Reverse(a.0));
         if v.is_empty() {
             return "none".to_owned();
         }
@@ -713,7 +713,7 @@ fn bar(value: f64, full: f64, unicode: bool) -> String {
     if unicode {
         const PARTS: [char; 8] = [' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'];
         s.extend(std::iter::repeat_n('█', eighths / 8));
-        if eighths % 8 > 0 {
+        if !eighths.is_multiple_of(8) {
             s.push(PARTS[eighths % 8]);
         }
     } else {
@@ -873,17 +873,17 @@ fn frame(
     let scale = view.scale();
     let mut table = vec![Line::of(
         format!(
-            "{:<4} {:<7}{:<11}{:<width$} {:>4} {:>7} {:>8} {:>6} {:>3}",
+            "{:<4} {:<7}{:<11}{:<width$} {:>7} {:>8} {:>6} {:>3}",
             "",
             "port",
             "state",
-            format!("calls in flight (full: {scale:.0})"),
-            "",
+            format!("in flight (full bar: {scale:.0})"),
             "share",
             "latency",
             "failed",
             "ej",
-            width = BAR
+            // The bar, a space and the mean.
+            width = BAR + 5
         ),
         Style::Bold,
     )];
