@@ -24,7 +24,7 @@
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -99,6 +99,7 @@ pub fn finish_opts(mut o: Opts, duration_set: bool, instances_set: bool) -> Resu
 // What a run does
 
 /// Something done to the fleet at a moment of the run.
+#[derive(Clone)]
 enum Action {
     Stop(usize),
     Restart(usize),
@@ -210,7 +211,6 @@ struct Tally {
     ok: AtomicU64,
     failed: AtomicU64,
     by_code: [AtomicU64; 17],
-    in_flight: AtomicUsize,
 }
 
 impl Tally {
@@ -219,7 +219,6 @@ impl Tally {
             ok: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             by_code: std::array::from_fn(|_| AtomicU64::new(0)),
-            in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -271,7 +270,7 @@ fn code_name(c: Code) -> &'static str {
 /// has ended.
 async fn generate(
     client: FleetClient<Svc>,
-    setup_closed: bool,
+    closed_loop: bool,
     mixed: bool,
     rate: f64,
     duration: Duration,
@@ -280,13 +279,11 @@ async fn generate(
 ) {
     let start = tokio::time::Instant::now();
     let end = start + duration;
-    if setup_closed {
+    if closed_loop {
         let mut client = client;
         let mut id = 0u64;
         while tokio::time::Instant::now() < end {
-            tally.in_flight.fetch_add(1, Ordering::Relaxed);
             let r = call(&mut client, id, mixed && costly(id), deadline).await;
-            tally.in_flight.fetch_sub(1, Ordering::Relaxed);
             tally.record(r);
             id += 1;
         }
@@ -302,10 +299,8 @@ async fn generate(
             let mut client = client.clone();
             let tally = tally.clone();
             let id = i;
-            tally.in_flight.fetch_add(1, Ordering::Relaxed);
             tasks.spawn(async move {
                 let r = call(&mut client, id, mixed && costly(id), deadline).await;
-                tally.in_flight.fetch_sub(1, Ordering::Relaxed);
                 tally.record(r);
             });
             i += 1;
@@ -459,14 +454,7 @@ fn run_one(
     let events = plan
         .events
         .iter()
-        .map(|e| {
-            let action = match &e.action {
-                Action::Stop(i) => Action::Stop(*i),
-                Action::Restart(i) => Action::Restart(*i),
-                Action::Set(i, b) => Action::Set(*i, b.clone()),
-            };
-            (opts.duration.mul_f64(e.at), action)
-        })
+        .map(|e| (opts.duration.mul_f64(e.at), e.action.clone()))
         .collect();
     let events = timeline(events, fleet.clone(), start, done.clone());
 
