@@ -571,7 +571,8 @@ usage: cargo run --release --example shootout -- [options]
   --live             a live view of each instance instead, redrawn while the run goes on:
                      without --scenario, an instance is killed and one hangs; with it, the
                      scenarios named. Our strategies only (default least-pending); --duration
-                     per run (default 14), --instances (default 8), --rate, --deadline-ms apply
+                     per run (default 14), --instances (default 8), --rate, --deadline-ms apply;
+                     no warm-up (the view shows the opening too)
 ";
 
 fn parse_args() -> Result<Opts, String> {

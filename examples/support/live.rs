@@ -773,6 +773,22 @@ struct Picture {
 }
 
 impl Picture {
+    /// The whole picture if it fits in `rows`; else without what matters least (the notes,
+    /// the description, the blank lines, then the events), so that the instances' rows stay.
+    fn fit(&self, rows: usize) -> Vec<Line> {
+        let all = self.lines();
+        if all.len() <= rows {
+            return all;
+        }
+        let mut v = vec![self.head[0].clone()];
+        v.extend(self.status.iter().cloned());
+        v.extend(self.table.iter().cloned());
+        if v.len() + self.events.len() <= rows {
+            v.extend(self.events.iter().cloned());
+        }
+        v
+    }
+
     fn lines(&self) -> Vec<Line> {
         let mut v = self.head.clone();
         v.extend(self.status.iter().cloned());
@@ -1073,7 +1089,8 @@ impl Screen {
         finished: bool,
     ) {
         if self.tty {
-            self.draw(&pic.lines());
+            let rows = self.size().0;
+            self.draw(&pic.fit(rows));
         } else {
             self.plain(pic, t, done, info, finished);
         }
