@@ -62,9 +62,16 @@
 //! rates, cells: p99) and writes a line chart per scenario of p99 against the rate, one line per
 //! contender, a p99 on failed calls drawn clipped in a `fail` band at the top
 //! (`--svg`, default `target/sweep.svg`). Every number is measured in the run.
+//!
+//! `--live` shows the balancer at work instead (examples/support/live.rs): per instance, its
+//! state, calls in flight as a bar, share of the calls and latency estimate, redrawn eight times
+//! a second while an instance is killed and another hangs (or while the `--scenario`s named
+//! run), through `BalancedChannel` only (`--contender`: one of ours or several, in turn).
 
 #[path = "../tests/fleet/mod.rs"]
 mod fleet;
+#[path = "support/live.rs"]
+mod live;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -527,6 +534,8 @@ struct Opts {
     sweep: bool,
     /// The sweep's rates.
     rates: Vec<f64>,
+    /// The live view instead of the tables.
+    live: bool,
 }
 
 /// The schedule of one run: calls per second (open loop), measured time, warm-up before it.
@@ -559,6 +568,11 @@ usage: cargo run --release --example shootout -- [options]
   --sweep            the load sweep instead: each scenario (open-loop ones only) at each
                      rate, every contender at every rate; prints p99 by rate and charts it
   --rates LIST       the sweep's rates, a comma list (default 500,1000,2000,3000,4000)
+  --live             a live view of each instance instead, redrawn while the run goes on:
+                     without --scenario, an instance is killed and one hangs; with it, the
+                     scenarios named. Our strategies only (default least-pending); --duration
+                     per run (default 14), --instances (default 8), --rate, --deadline-ms apply;
+                     no warm-up (the view shows the opening too)
 ";
 
 fn parse_args() -> Result<Opts, String> {
@@ -573,8 +587,10 @@ fn parse_args() -> Result<Opts, String> {
         svg: String::new(),
         sweep: false,
         rates: vec![],
+        live: false,
     };
     let (mut rate_set, mut duration_set) = (false, false);
+    let mut instances_set = false;
     let parse_rate = |v: &str, flag: &str| -> Result<f64, String> {
         v.parse::<f64>()
             .ok()
@@ -593,6 +609,10 @@ fn parse_args() -> Result<Opts, String> {
         }
         if flag == "--sweep" {
             o.sweep = true;
+            continue;
+        }
+        if flag == "--live" {
+            o.live = true;
             continue;
         }
         let mut value = || {
@@ -669,6 +689,7 @@ fn parse_args() -> Result<Opts, String> {
                     .ok()
                     .filter(|&n| (3..=1000).contains(&n))
                     .ok_or_else(|| format!("--instances: not a number in 3..=1000: {v:?}"))?;
+                instances_set = true;
             }
             "--svg" => o.svg = value()?,
             // `cargo bench` passes this to every target; harmless here.
@@ -678,6 +699,9 @@ fn parse_args() -> Result<Opts, String> {
     }
     if o.duration.is_zero() {
         return Err("--duration must be above zero".to_owned());
+    }
+    if o.live {
+        return live::finish_opts(o, duration_set, instances_set);
     }
     if o.sweep {
         if rate_set {
@@ -1697,6 +1721,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if opts.live {
+        live::run(&opts);
+        return;
+    }
     let n = opts.instances;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     if opts.sweep {
