@@ -69,6 +69,9 @@ struct Attempt {
     step: Step,
 }
 
+// As in `CallState`: the request waits in the attempt until it is sent; boxing it would cost
+// an allocation per attempt for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     /// Waiting for room in the instance's connection.
     Waiting(Option<http::Request<Body>>),

@@ -335,7 +335,8 @@ mod tests {
 
     #[test]
     fn bad_policies_are_refused_naming_what() {
-        let cases: Vec<(Vec<HedgingPolicy>, Option<(f64, u32)>, &str)> = vec![
+        type Case = (Vec<HedgingPolicy>, Option<(f64, u32)>, &'static str);
+        let cases: Vec<Case> = vec![
             (
                 vec![policy(&["pkg.A/Get"]).max_attempts(6)],
                 None,
