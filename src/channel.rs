@@ -904,6 +904,7 @@ impl Future for ResponseFuture {
 /// `grpc-status` of a trailers-only response; for an answer that is not gRPC's (an HTTP error
 /// from a proxy, no `grpc-status`), the code gRPC maps its HTTP status to, and a failure of the
 /// instance. `None` for a response whose status comes in its trailers.
+#[inline]
 pub(crate) fn head_status(resp: &http::Response<Body>) -> Option<(tonic::Code, Outcome)> {
     let ended = http_body::Body::is_end_stream(resp.body());
     if resp.status() == http::StatusCode::OK && !ended {
