@@ -2,35 +2,7 @@
 //! a call that has no answer after a delay is sent again to another instance, and the first
 //! answer wins.
 //!
-//! A hedged call starts as any call: one attempt on the instance the pick chooses. After
-//! [`delay`](HedgingPolicy::delay) without a response, the same request goes to another
-//! instance, one that no attempt of the call has gone to, then another after each further
-//! delay, up to [`max_attempts`](HedgingPolicy::max_attempts) in all. The first response
-//! that is not a [non-fatal status](HedgingPolicy::non_fatal_codes) is the call's: every other
-//! attempt is cancelled at once (its stream reset, so that its server sees the cancellation,
-//! and its instance's count released). A non-fatal status sends the next attempt at once
-//! instead of after the delay. When every attempt has ended with a non-fatal status and no
-//! further attempt can be made, the caller gets the last one, unchanged.
-//!
-//! Further attempts are made only while:
-//! - the request can be sent again exactly as the caller sent it: the first attempt has sent
-//!   it whole and it was kept (at most [`max_replay_body`](crate::Builder::max_replay_body)
-//!   bytes; a larger request is sent once, never hedged);
-//! - the budget allows it: hedges and retries share one budget (see
-//!   [`budget_ratio`](HedgingPolicy::budget_ratio)), and a hedge that finds it spent stops
-//!   the call's hedging;
-//! - no server said otherwise: a `grpc-retry-pushback-ms` in a non-fatal answer delays the
-//!   next attempt by its value in milliseconds, and a negative or malformed one stops the
-//!   call's hedging;
-//! - some usable instance has not been tried by the call (else the next attempt waits one
-//!   more delay for one, while attempts are in flight);
-//! - the call's deadline has not passed: it bounds the whole call, every attempt included.
-//!
-//! Hedging applies to unary and server-streaming methods: a call is committed to an attempt
-//! when that attempt's response head arrives, so a stream that has started is never hedged
-//! (and a client-streaming call would be hedged only once its whole request stream was sent).
-//! A call that a [`RetryPolicy`](crate::RetryPolicy) would retry is not retried when its
-//! method is hedged: hedging takes the place of retries for those methods, as in gRPC.
+//! The rules are in [`HedgingPolicy`]'s docs; the call's future is in `call.rs`.
 
 mod call;
 
@@ -46,7 +18,37 @@ const MAX_ATTEMPTS: u32 = 5;
 
 /// Hedging for the methods named (opt-in, see [`Builder::hedging`](crate::Builder::hedging)):
 /// a call without an answer after [`delay`](Self::delay) is sent again to another instance,
-/// the first answer wins and the other attempts are cancelled. See the [module](self) docs.
+/// the first answer wins and the other attempts are cancelled.
+///
+/// A hedged call starts as any call: one attempt on the instance the pick chooses. After
+/// [`delay`](HedgingPolicy::delay) without a response, the same request goes to another
+/// instance, one that no attempt of the call has gone to, then another after each further
+/// delay, up to [`max_attempts`](HedgingPolicy::max_attempts) in all. The first response
+/// that is not a [non-fatal status](HedgingPolicy::non_fatal_codes) is the call's: every other
+/// attempt is cancelled at once (its stream reset, so that its server sees the cancellation,
+/// and its instance's count released). A non-fatal status sends the next attempt at once
+/// instead of after the delay. When every attempt has ended with a non-fatal status and no
+/// further attempt can be made, the caller gets the last one, unchanged.
+///
+/// Further attempts are made only while:
+/// - the request can be sent again exactly as the caller sent it: the first attempt has sent
+///   it whole and it was kept (at most [`max_replay_body`](crate::Builder::max_replay_body)
+///   bytes; a larger request is sent once, never hedged);
+/// - the budget allows it: hedges and retries share one budget (see
+///   [`budget_ratio`](HedgingPolicy::budget_ratio)), and a hedge that finds it spent stops
+///   the call's hedging;
+/// - no server said otherwise: a `grpc-retry-pushback-ms` in a non-fatal answer delays the
+///   next attempt by its value in milliseconds, and a negative or malformed one stops the
+///   call's hedging;
+/// - some usable instance has not been tried by the call (else the next attempt waits one
+///   more delay for one, while attempts are in flight);
+/// - the call's deadline has not passed: it bounds the whole call, every attempt included.
+///
+/// Hedging applies to unary and server-streaming methods: a call is committed to an attempt
+/// when that attempt's response head arrives, so a stream that has started is never hedged
+/// (and a client-streaming call would be hedged only once its whole request stream was sent).
+/// A call that a [`RetryPolicy`](crate::RetryPolicy) would retry is not retried when its
+/// method is hedged: hedging takes the place of retries for those methods, as in gRPC.
 ///
 /// Hedge only idempotent methods: a hedged call may run on several instances. Name them as
 /// the full method name, `package.Service/Method` (the path of the call's HTTP/2 request, a
