@@ -697,6 +697,37 @@ mod tests {
     }
 
     #[test]
+    fn a_hedge_sends_the_recording_alongside_the_first_attempt() {
+        let (req, replay) = Replay::wrap(request(&["a", "b"]), true, 1024);
+        let mut first = req.into_body();
+        assert!(replay.copy(None).is_none(), "nothing recorded yet");
+        assert_eq!(next(&mut first).unwrap().unwrap(), "a");
+        assert!(replay.recording());
+        assert!(
+            replay.copy(None).is_none(),
+            "the recording is not whole yet"
+        );
+        assert_eq!(read_all(&mut first), ["b"]);
+        assert!(!replay.recording());
+        // Two hedges, each with the whole body; the slot stays the first attempt's.
+        let mut second = replay.copy(None).unwrap().into_body();
+        let mut third = replay.copy(None).unwrap().into_body();
+        assert_eq!(read_all(&mut third), ["a", "b"]);
+        assert_eq!(read_all(&mut second), ["a", "b"]);
+        replay.commit();
+        assert!(replay.copy(None).is_none(), "no attempt after the commit");
+    }
+
+    #[test]
+    fn a_body_over_the_limit_is_never_copied() {
+        let (req, replay) = Replay::wrap(request(&["aaaa", "bbbb"]), true, 6);
+        let mut first = req.into_body();
+        assert_eq!(read_all(&mut first).len(), 2);
+        assert!(!replay.recording());
+        assert!(replay.copy(None).is_none());
+    }
+
+    #[test]
     fn a_replayed_attempt_carries_the_time_left() {
         let (req, replay) = Replay::wrap(request(&["a"]), false, 1024);
         drop(req);
