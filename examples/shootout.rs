@@ -1296,7 +1296,7 @@ fn calibrate_hedging(
 fn print_stalls_table(rows: &[Row]) {
     let delay = Duration::from_micros(HEDGE_DELAY_US.load(Ordering::Relaxed));
     println!(
-        "hedging delay {} (the p95 of the calls that did not stall, in an unmeasured run without hedging); 3 attempts at most",
+        "(hedging delay {}: the p95 of the calls that did not stall, in an unmeasured run without hedging; 3 attempts at most; extra attempts: server-side counts)",
         ms(delay)
     );
     println!(
@@ -1325,14 +1325,14 @@ fn print_stalls_table(rows: &[Row]) {
             let cut = p.as_secs_f64() / h.as_secs_f64().max(1e-9);
             let met = cut >= 5.0 && hedged.extra_pct <= 10.0;
             println!(
-                "target (p99 cut >= 5x, extra attempts <= 10%): p99 {} -> {} ({cut:.1}x), {:.1}% extra: {}",
+                "(target: p99 cut >= 5x, extra attempts <= 10%: p99 {} -> {} ({cut:.1}x), {:.1}% extra: {})",
                 ms(p),
                 ms(h),
                 hedged.extra_pct,
                 if met { "met" } else { "MISSED" }
             );
         } else {
-            println!("target: p99 falls on failed calls: MISSED");
+            println!("(target: p99 falls on failed calls: MISSED)");
         }
     }
 }
