@@ -36,7 +36,15 @@
 //!   a per-method estimate could tell apart. Open loop at `--rate`, for `--duration`, at least
 //!   2 s. Its table adds the p99 of the Unary calls alone.
 //!
-//! For these two, the table gives the least share over the fair one (`min/fair`), the share
+//! - `stalls`: every instance answers in 5 ms, but each call stalls for 500 ms with 2%
+//!   probability, on any instance alike (no pick can route around it). It always runs two
+//!   contenders: LeastPending, and LeastPending with hedging (`HedgingPolicy` on Unary, 3
+//!   attempts at most) whose delay is the p95 of the calls that did not stall in an unmeasured
+//!   run without hedging just before (printed). Its table adds the extra attempts (calls that
+//!   reached the servers beyond one per call, server-side counts) and checks issue 13's target:
+//!   p99 cut at least 5x, at most 10% extra attempts.
+//!
+//! For low-concurrency and mixed-methods, the table gives the least share over the fair one (`min/fair`), the share
 //! farthest from the fair one as a deviation from it (`max dev`, in %), and below it each
 //! instance's share of the calls (server-side counts).
 //!
@@ -87,7 +95,7 @@ use fleet::{Behavior, Fleet, Shared};
 use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
-use tonic_balancer::{BalancedChannel, Strategy};
+use tonic_balancer::{BalancedChannel, HedgingPolicy, Strategy};
 use tower::load::{CompleteOnResponse, PeakEwma, PendingRequests};
 use tower::util::BoxCloneService;
 use tower::{BoxError, Service, ServiceExt};
@@ -113,6 +121,11 @@ const SHARE_MIN_DURATION: Duration = Duration::from_secs(2);
 /// The load sweep's rates and its measured time per contender and rate, unless told otherwise.
 const SWEEP_RATES: [f64; 5] = [500.0, 1000.0, 2000.0, 3000.0, 4000.0];
 const SWEEP_DURATION: Duration = Duration::from_secs(2);
+/// stalls: how long a stall lasts, and the share of calls that stall.
+const STALL: Duration = Duration::from_millis(500);
+const STALL_P: f64 = 0.02;
+/// The hedging contender's delay (µs), set by the stalls scenario's calibration run.
+static HEDGE_DELAY_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(10_000);
 
 // ---------------------------------------------------------------------------------------------
 // Contenders
@@ -124,9 +137,11 @@ enum Contender {
     TowerP2cPending,
     TowerP2cEwma,
     Naive,
+    /// LeastPending with a hedging policy on Unary (stalls).
+    Hedging,
 }
 
-const CONTENDERS: [Contender; 8] = [
+const CONTENDERS: [Contender; 9] = [
     Contender::Ours(Strategy::LeastPending),
     Contender::Ours(Strategy::PeakEwma),
     Contender::Ours(Strategy::PowerOfTwoChoices),
@@ -135,7 +150,12 @@ const CONTENDERS: [Contender; 8] = [
     Contender::TowerP2cPending,
     Contender::TowerP2cEwma,
     Contender::Naive,
+    Contender::Hedging,
 ];
+
+/// What the stalls scenario compares.
+const STALL_CONTENDERS: [Contender; 2] =
+    [Contender::Ours(Strategy::LeastPending), Contender::Hedging];
 
 impl Contender {
     fn name(self) -> &'static str {
@@ -149,6 +169,7 @@ impl Contender {
             Contender::TowerP2cPending => "tower p2c pending",
             Contender::TowerP2cEwma => "tower p2c PeakEwma",
             Contender::Naive => "naive least-pending",
+            Contender::Hedging => "LeastPending+hedging",
         }
     }
 
@@ -164,6 +185,7 @@ impl Contender {
             Contender::TowerP2cPending => "tower-pending",
             Contender::TowerP2cEwma => "tower-ewma",
             Contender::Naive => "naive",
+            Contender::Hedging => "hedging",
         }
     }
 
@@ -213,6 +235,15 @@ impl Contender {
                 let discover = tower::discover::ServiceList::new::<http::Request<Body>>(list);
                 let balance = tower::balance::p2c::Balance::new(discover);
                 BoxCloneService::new(tower::buffer::Buffer::new(balance, 1024))
+            }
+            Contender::Hedging => {
+                let delay = Duration::from_micros(HEDGE_DELAY_US.load(Ordering::Relaxed));
+                let ch = BalancedChannel::builder()
+                    .endpoints(endpoints())
+                    .hedging(HedgingPolicy::new(["fleet.v1.Fleet/Unary"], delay))
+                    .build()
+                    .expect("balanced channel");
+                BoxCloneService::new(ch)
             }
             Contender::Naive => BoxCloneService::new(Naive {
                 channels: Arc::new(endpoints().map(|e| e.connect_lazy()).collect()),
@@ -279,9 +310,10 @@ enum Scenario {
     KillRestart,
     LowConcurrency,
     MixedMethods,
+    Stalls,
 }
 
-const SCENARIOS: [Scenario; 9] = [
+const SCENARIOS: [Scenario; 10] = [
     Scenario::Uniform,
     Scenario::Heterogeneous,
     Scenario::FailFast,
@@ -291,6 +323,7 @@ const SCENARIOS: [Scenario; 9] = [
     Scenario::KillRestart,
     Scenario::LowConcurrency,
     Scenario::MixedMethods,
+    Scenario::Stalls,
 ];
 
 /// What the sweep runs when `--scenario` does not say.
@@ -329,6 +362,7 @@ impl Scenario {
             Scenario::KillRestart => "kill-restart",
             Scenario::LowConcurrency => "low-concurrency",
             Scenario::MixedMethods => "mixed-methods",
+            Scenario::Stalls => "stalls",
         }
     }
 
@@ -395,6 +429,12 @@ impl Scenario {
                 ms(FAST),
                 ms(COSTLY)
             ),
+            Scenario::Stalls => format!(
+                "all {n} instances answer in {}, but each call stalls {} with {:.0}% probability, on any instance alike",
+                ms(FAST),
+                ms(STALL),
+                STALL_P * 100.0
+            ),
         }
     }
 
@@ -457,6 +497,14 @@ impl Scenario {
                 shares = (0..n).collect();
                 vec![]
             }
+            Scenario::Stalls => {
+                behaviors.fill(Behavior::Stall {
+                    p: STALL_P,
+                    stall: STALL,
+                    base: FAST,
+                });
+                vec![]
+            }
         };
         Setup {
             behaviors,
@@ -490,6 +538,16 @@ fn exceptions(opts: &Opts) -> String {
         String::new()
     } else {
         format!(" ({})", notes.join("; "))
+    }
+}
+
+/// The contenders of a scenario: stalls always compares the default strategy without and with
+/// hedging; the others run the ones chosen.
+fn contenders_of(scenario: Scenario, opts: &Opts) -> Vec<Contender> {
+    if scenario == Scenario::Stalls && !opts.sweep {
+        STALL_CONTENDERS.to_vec()
+    } else {
+        opts.contenders.clone()
     }
 }
 
@@ -550,11 +608,12 @@ const USAGE: &str = "\
 usage: cargo run --release --example shootout -- [options]
 
   --scenario NAME    uniform, heterogeneous, fail-fast, unreachable, hang, overload,
-                     kill-restart, low-concurrency, mixed-methods; repeatable or a comma
-                     list (default: all; with --sweep: heterogeneous,overload)
+                     kill-restart, low-concurrency, mixed-methods, stalls; repeatable or
+                     a comma list (default: all; with --sweep: heterogeneous,overload)
   --contender NAME   least-pending, peak-ewma, p2c, round-robin, tonic, tower-pending,
-                     tower-ewma, naive, or all; repeatable or a comma list
-                     (default: all but naive)
+                     tower-ewma, naive, hedging, or all; repeatable or a comma list
+                     (default: all but naive and hedging; stalls always runs
+                     least-pending and hedging)
   --rate N           calls per second, open loop (default 1000)
   --duration SECS    measured time per contender and scenario (default 1; at least 2 for
                      low-concurrency and mixed-methods; with --sweep: per contender and
@@ -735,7 +794,7 @@ fn parse_args() -> Result<Opts, String> {
         // The naive baseline only on request, to keep the default run near a minute.
         o.contenders = CONTENDERS
             .into_iter()
-            .filter(|&c| c != Contender::Naive)
+            .filter(|&c| c != Contender::Naive && c != Contender::Hedging)
             .collect();
     }
     Ok(o)
@@ -1053,6 +1112,8 @@ struct Row {
     cheap_p99: Option<Option<Duration>>,
     /// Expensive calls among the measured ones, in mixed-methods.
     costly_calls: usize,
+    /// Calls that reached the servers beyond one per measured call, in % of the calls.
+    extra_pct: f64,
 }
 
 const QUANTILES: [f64; 3] = [0.50, 0.99, 0.999];
@@ -1114,6 +1175,7 @@ fn summarize(contender: Contender, run: &RunResult, setup: &Setup) -> Row {
         shares,
         cheap_p99,
         costly_calls: run.costly.iter().filter(|&&c| c).count(),
+        extra_pct: (total_served as f64 - n as f64) / n.max(1) as f64 * 100.0,
     }
 }
 
@@ -1177,6 +1239,10 @@ fn print_table(scenario: Scenario, rows: &[Row], setup: &Setup, load: Load, opts
         print_share_table(rows, setup);
         return;
     }
+    if scenario == Scenario::Stalls {
+        print_stalls_table(rows);
+        return;
+    }
     let bad = &setup.bad;
     let bad_head = if bad.is_empty() {
         "to bad".to_owned()
@@ -1213,6 +1279,86 @@ fn print_table(scenario: Scenario, rows: &[Row], setup: &Setup, load: Load, opts
         );
     }
     let _ = std::io::stdout().flush();
+}
+
+/// stalls: the hedging delay, near the fast calls' p95: the p95 of the calls that did not stall
+/// (under half a stall) in a run of the same load without hedging, not counted.
+fn calibrate_hedging(
+    rt: &tokio::runtime::Runtime,
+    fleet: &Arc<Mutex<Fleet>>,
+    shared: &[Arc<Shared>],
+    setup: &Setup,
+    load: Load,
+    opts: &Opts,
+    progress: &Progress,
+) -> Duration {
+    reset(fleet, setup);
+    let label = "stalls / calibration (no hedging)";
+    let plain = Contender::Ours(Strategy::LeastPending);
+    let run = rt.block_on(run_one(
+        plain,
+        setup,
+        fleet,
+        shared,
+        load,
+        opts.deadline,
+        progress,
+        label,
+    ));
+    let fast: Vec<CallResult> = run
+        .calls
+        .into_iter()
+        .filter(|r| r.is_ok_and(|d| d < STALL / 2))
+        .collect();
+    let p95 = quantiles(fast.iter(), &[0.95; 3])[0].unwrap_or(FAST);
+    HEDGE_DELAY_US.store(p95.as_micros() as u64, Ordering::Relaxed);
+    p95
+}
+
+/// The stalls table: latency, extra attempts, and issue 13's target (hedging cuts p99 at
+/// least 5x against the same strategy without it, with at most 10% extra attempts).
+fn print_stalls_table(rows: &[Row]) {
+    let delay = Duration::from_micros(HEDGE_DELAY_US.load(Ordering::Relaxed));
+    println!(
+        "(hedging delay {}: the p95 of the calls that did not stall, in an unmeasured run without hedging; 3 attempts at most; extra attempts: server-side counts)",
+        ms(delay)
+    );
+    println!(
+        "{:<20} {:>7} {:>9} {:>9} {:>9} {:>7}  {:>14}  errors",
+        "contender", "ok %", "p50", "p99", "p99.9", "ok/s", "extra attempts"
+    );
+    for r in rows {
+        println!(
+            "{:<20} {:>7.2} {:>9} {:>9} {:>9} {:>7.0}  {:>13.1}%  {}",
+            r.contender.name(),
+            r.ok_pct,
+            pct_cell(r.pcts[0]),
+            pct_cell(r.pcts[1]),
+            pct_cell(r.pcts[2]),
+            r.ok_per_sec,
+            r.extra_pct,
+            errors_cell(r)
+        );
+    }
+    let find = |c: Contender| rows.iter().find(|r| r.contender == c);
+    if let (Some(plain), Some(hedged)) = (
+        find(Contender::Ours(Strategy::LeastPending)),
+        find(Contender::Hedging),
+    ) {
+        if let (Some(p), Some(h)) = (plain.pcts[1], hedged.pcts[1]) {
+            let cut = p.as_secs_f64() / h.as_secs_f64().max(1e-9);
+            let met = cut >= 5.0 && hedged.extra_pct <= 10.0;
+            println!(
+                "(target: p99 cut >= 5x, extra attempts <= 10%: p99 {} -> {} ({cut:.1}x), {:.1}% extra: {})",
+                ms(p),
+                ms(h),
+                hedged.extra_pct,
+                if met { "met" } else { "MISSED" }
+            );
+        } else {
+            println!("(target: p99 falls on failed calls: MISSED)");
+        }
+    }
 }
 
 /// The table of a scenario that reports each instance's share of the calls: the usual
@@ -1767,7 +1913,11 @@ fn main() {
     let rates = if opts.sweep { opts.rates.len() } else { 1 };
     let mut progress = Progress {
         done: 0,
-        total: opts.scenarios.len() * rates * opts.contenders.len(),
+        total: opts
+            .scenarios
+            .iter()
+            .map(|&s| rates * contenders_of(s, &opts).len())
+            .sum(),
         started: Instant::now(),
         tty: std::io::stderr().is_terminal(),
     };
@@ -1790,12 +1940,16 @@ fn main() {
     for (si, &scenario) in opts.scenarios.iter().enumerate() {
         let setup = scenario.setup(&uris);
         let load = scenario.load(&opts);
-        let k = opts.contenders.len();
+        let contenders = contenders_of(scenario, &opts);
+        if scenario == Scenario::Stalls {
+            calibrate_hedging(&rt, &fleet, &shared, &setup, load, &opts, &progress);
+        }
+        let k = contenders.len();
         let mut rows: Vec<Option<Row>> = (0..k).map(|_| None).collect();
         // Rotate the order from one scenario to the next.
         for j in 0..k {
             let ci = (j + si) % k;
-            let contender = opts.contenders[ci];
+            let contender = contenders[ci];
             reset(&fleet, &setup);
             let label = format!("{} / {}", scenario.key(), contender.name());
             progress.draw(0.0, &label);

@@ -55,6 +55,7 @@ pub struct Builder {
     ejection: Ejection,
     transparent_retry: bool,
     retry: Option<RetryPolicy>,
+    hedging: Vec<crate::HedgingPolicy>,
     #[cfg(feature = "health-check")]
     health_check: Option<HealthCheck>,
     max_replay_body: usize,
@@ -129,6 +130,7 @@ impl Builder {
             ejection: Ejection::default(),
             transparent_retry: true,
             retry: None,
+            hedging: Vec::new(),
             #[cfg(feature = "health-check")]
             health_check: None,
             max_replay_body: DEFAULT_MAX_REPLAY_BODY,
@@ -425,6 +427,15 @@ impl Builder {
         self
     }
 
+    /// Hedges the calls of the methods the policy names (default: off): a call without an
+    /// answer after the policy's delay is sent again to another instance, and the first answer
+    /// wins. Call it once per policy, for methods that need different settings. See
+    /// [`HedgingPolicy`](crate::HedgingPolicy).
+    pub fn hedging(mut self, policy: crate::HedgingPolicy) -> Builder {
+        self.hedging.push(policy);
+        self
+    }
+
     /// Checks each instance with the standard `grpc.health.v1` protocol (default: off; feature
     /// `health-check`). See [`HealthCheck`].
     #[cfg(feature = "health-check")]
@@ -577,6 +588,12 @@ impl Builder {
         if let Some(r) = &self.retry {
             r.validate()?;
         }
+        let hedging = crate::hedge::Hedging::new(
+            self.hedging.clone(),
+            self.retry
+                .as_ref()
+                .map(|r| (r.budget_ratio, r.budget_min_per_sec)),
+        )?;
         #[cfg(feature = "health-check")]
         if let Some(h) = &self.health_check {
             h.validate()?;
@@ -683,7 +700,11 @@ impl Builder {
         });
         let mut pool = Pool::new(policy.clone(), self.strategy);
         pool.replay = self.transparent_retry;
-        pool.budget = self.retry.as_ref().map(Budget::new);
+        pool.budget = self.retry.as_ref().map(Budget::new).or_else(|| {
+            let (ratio, min_per_sec) = hedging.as_ref()?.budget();
+            Some(Budget::with(ratio, min_per_sec))
+        });
+        pool.hedging = hedging.map(Box::new);
         pool.retry = self.retry;
         pool.max_replay_body = self.max_replay_body;
         let pool = Arc::new(pool);

@@ -16,6 +16,7 @@ use crate::error::{deadline_exceeded, is_transport, no_usable_instance, sources,
 use crate::guard::{CallGuard, GuardedBody};
 use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
+use crate::hedge::Hedge;
 use crate::instance::Instance;
 use crate::pick::{self, Load, Rng};
 use crate::pool::{Members, Pool, Snapshot};
@@ -341,7 +342,10 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
 /// set that was replaced while it read it (its instances draining by then) is made again on
 /// the new set, so that a membership change never fails a call: only a pick that finds
 /// nothing in the set as it is now does.
-fn pick_now(pool: &Pool, tried: &[Arc<Instance>]) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
+pub(crate) fn pick_now(
+    pool: &Pool,
+    tried: &[Arc<Instance>],
+) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
     let mut snap = pool.snapshot();
     // Each round needs a new publication; a few are plenty even under constant churn.
     for _ in 0..4 {
@@ -396,6 +400,19 @@ fn route(
     };
     let inst = &snap[idx];
     tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
+    if let Some(hedging) = &pool.hedging {
+        if let Some(policy) = hedging.policy(req.uri().path()) {
+            let deadline_at = deadline.as_ref().map(|d| d.deadline());
+            let hedge = Hedge::start(pool, policy.clone(), req, inst, deadline_at);
+            return ResponseFuture {
+                state: CallState::Hedged(hedge),
+                guard: None,
+                deadline,
+                again: None,
+                unreachable: None,
+            };
+        }
+    }
     let method = Method::of(req.uri().path());
     // Keep what is needed to send the call again if its instance cannot be reached, its
     // connection closes before the request is written, or (with a retry policy) it fails.
@@ -449,6 +466,8 @@ enum CallState {
     },
     /// Between two attempts of the retry policy.
     Backoff(Box<Backoff>),
+    /// A hedged call: its attempts run within.
+    Hedged(Box<Hedge>),
     /// Refused before routing, or over.
     Failed(Option<tonic::Status>),
 }
@@ -508,7 +527,7 @@ impl std::fmt::Debug for ResponseFuture {
     }
 }
 
-type CallResult = Result<http::Response<Body>, BoxError>;
+pub(crate) type CallResult = Result<http::Response<Body>, BoxError>;
 
 impl ResponseFuture {
     fn failed(status: tonic::Status) -> ResponseFuture {
@@ -532,6 +551,9 @@ impl ResponseFuture {
 
     /// The call's deadline passed before its response head.
     fn fail_deadline(&mut self) -> Poll<CallResult> {
+        if let CallState::Hedged(h) = &mut self.state {
+            h.deadline_passed();
+        }
         let outcome = self
             .guard
             .as_ref()
@@ -623,10 +645,15 @@ impl ResponseFuture {
         }
     }
 
-    /// Whether the retry policy sends this failure again, and if so the backoff to wait first.
+    /// Whether the retry policy sends this failure again, and if so the backoff to wait first
+    /// (or the server's pushback instead: a wait it asks for, or no retry).
     /// Everything that could make the retry impossible is checked before a token of the
     /// budget is taken, so that a call with nowhere to go keeps the answer it has.
-    fn retry_after(&mut self, code: tonic::Code) -> Option<Duration> {
+    fn retry_after(
+        &mut self,
+        code: tonic::Code,
+        pushback: Option<crate::pushback::Pushback>,
+    ) -> Option<Duration> {
         let again = self.again.as_mut()?;
         let policy = again.pool.retry.as_ref()?;
         if !policy.retries(code) || again.attempts >= policy.max_attempts {
@@ -635,7 +662,14 @@ impl ResponseFuture {
         if !again.replay.replayable() {
             return None;
         }
-        let delay = policy.backoff(again.attempts);
+        let delay = match pushback {
+            None => policy.backoff(again.attempts),
+            Some(crate::pushback::Pushback::After(wait)) => wait,
+            Some(crate::pushback::Pushback::Stop) => {
+                tracing::debug!(?code, "the server's pushback says not to retry");
+                return None;
+            }
+        };
         if again
             .deadline_at
             .is_some_and(|d| tokio::time::Instant::now() + delay >= d)
@@ -687,7 +721,8 @@ impl ResponseFuture {
             guard.finish(outcome);
             if code != tonic::Code::Ok {
                 self.tried(guard.instance());
-                if let Some(delay) = self.retry_after(code) {
+                let pushback = crate::pushback::read(resp.headers());
+                if let Some(delay) = self.retry_after(code, pushback) {
                     tracing::debug!(?code, ?delay, addr = %guard.instance().target.name, "retrying call");
                     drop(guard);
                     self.backoff(delay, Ok(resp));
@@ -778,7 +813,7 @@ impl ResponseFuture {
             (as_unavailable(e, &inst.target.name), Outcome::Failure)
         };
         let mut guard = guard;
-        if let Some(delay) = self.retry_after(tonic::Code::Unavailable) {
+        if let Some(delay) = self.retry_after(tonic::Code::Unavailable, None) {
             guard.finish(outcome);
             drop(guard);
             self.backoff(delay, Err(e));
@@ -838,6 +873,19 @@ impl Future for ResponseFuture {
                         return Poll::Ready(b.last);
                     }
                 }
+                CallState::Hedged(h) => {
+                    let Poll::Ready(answer) = h.poll(cx) else {
+                        return Poll::Pending;
+                    };
+                    this.state = CallState::Failed(None);
+                    let deadline = this.deadline.take();
+                    return Poll::Ready(answer.map(|(resp, guard)| match guard {
+                        Some(guard) => {
+                            resp.map(|b| Body::new(GuardedBody::new(b, guard, deadline)))
+                        }
+                        None => resp,
+                    }));
+                }
                 CallState::Routed { channel, req } => match tower::Service::poll_ready(channel, cx)
                 {
                     Poll::Pending => return Poll::Pending,
@@ -867,7 +915,8 @@ impl Future for ResponseFuture {
 /// `grpc-status` of a trailers-only response; for an answer that is not gRPC's (an HTTP error
 /// from a proxy, no `grpc-status`), the code gRPC maps its HTTP status to, and a failure of the
 /// instance. `None` for a response whose status comes in its trailers.
-fn head_status(resp: &http::Response<Body>) -> Option<(tonic::Code, Outcome)> {
+#[inline]
+pub(crate) fn head_status(resp: &http::Response<Body>) -> Option<(tonic::Code, Outcome)> {
     let ended = http_body::Body::is_end_stream(resp.body());
     if resp.status() == http::StatusCode::OK && !ended {
         return None;
@@ -895,7 +944,7 @@ fn from_http_status(status: http::StatusCode) -> tonic::Code {
 
 /// A connection that broke under a call is UNAVAILABLE (see [`broken_connection`]); errors
 /// that carry a status keep it.
-fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
+pub(crate) fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
     if sources(&*e).any(|err| err.is::<tonic::Status>()) || !is_transport(&*e) {
         return e;
     }
@@ -909,7 +958,7 @@ fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
 /// UNAVAILABLE for a call that the instance did not process: its connection closed before the
 /// request was written (hyper reports it as canceled, which tonic would turn into CANCELLED: the
 /// caller cancelled nothing), or the server refused it (GOAWAY, REFUSED_STREAM).
-fn not_processed(addr: &str, e: BoxError) -> tonic::Status {
+pub(crate) fn not_processed(addr: &str, e: BoxError) -> tonic::Status {
     let reason = format!(
         "tonic-balancer: {addr} did not process the call (its connection closed or refused it): {}",
         crate::error::chain(&*e)
@@ -917,7 +966,7 @@ fn not_processed(addr: &str, e: BoxError) -> tonic::Status {
     unavailable(addr, reason, Some(Arc::from(e)))
 }
 
-enum ErrorKind {
+pub(crate) enum ErrorKind {
     /// tonic's own timer (an `Endpoint::timeout` or the `grpc-timeout`) ran out.
     Timeout,
     /// The request did not go out: a connect error, or a connection that was closed before the
@@ -928,7 +977,7 @@ enum ErrorKind {
     Other,
 }
 
-fn classify_error(e: &(dyn std::error::Error + 'static)) -> ErrorKind {
+pub(crate) fn classify_error(e: &(dyn std::error::Error + 'static)) -> ErrorKind {
     for err in sources(e) {
         if err.is::<tonic::TimeoutExpired>() {
             return ErrorKind::Timeout;

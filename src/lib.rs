@@ -59,6 +59,10 @@
 //!   (NOT_FOUND, INVALID_ARGUMENT, ...) never count against an instance.
 //! - With a [`RetryPolicy`], a failed call is retried on an instance it has not tried; when no
 //!   retry is possible the caller gets the last answer (status, message, trailers) unchanged.
+//! - With a [`HedgingPolicy`] for the idempotent methods that need it, a call without an
+//!   answer after a delay is sent again to an instance it has not tried; the first answer wins
+//!   and the other attempts are cancelled. A server's `grpc-retry-pushback-ms` delays or stops
+//!   retries and hedges.
 //! - Membership changes ([`BalancedChannel::replace_all`], discovery) publish the new set in
 //!   one step: no call ever sees a set in between.
 //! - With no usable instance a call fails at once with UNAVAILABLE and a message that says why;
@@ -86,9 +90,11 @@ mod error;
 mod guard;
 mod headers;
 mod health;
+mod hedge;
 mod instance;
 mod pick;
 mod pool;
+mod pushback;
 mod retry;
 mod shutdown;
 mod stats;
@@ -104,6 +110,7 @@ pub use error::Error;
 #[cfg(feature = "health-check")]
 pub use health::HealthCheck;
 pub use health::{Backoff, Ejection};
+pub use hedge::HedgingPolicy;
 pub use instance::State;
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 pub use stats::{EndpointStats, ServedBy};

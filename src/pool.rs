@@ -69,6 +69,8 @@ pub(crate) struct Pool {
     /// The retry policy, if any, and its budget.
     pub(crate) retry: Option<RetryPolicy>,
     pub(crate) budget: Option<Budget>,
+    /// The hedged methods and their policies, if any.
+    pub(crate) hedging: Option<Box<crate::hedge::Hedging>>,
     /// Cap on the request body kept for another attempt.
     pub(crate) max_replay_body: usize,
     /// Whether instances added from now on warm up (slow start); off for the initial set.
@@ -96,6 +98,7 @@ impl Pool {
             replay: true,
             retry: None,
             budget: None,
+            hedging: None,
             max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
             warm_new: std::sync::atomic::AtomicBool::new(false),
             discovery_wake: Arc::new(tokio::sync::Notify::new()),

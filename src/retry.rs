@@ -192,12 +192,17 @@ pub(crate) struct Budget {
 
 impl Budget {
     pub(crate) fn new(policy: &RetryPolicy) -> Budget {
-        let min = i64::from(policy.budget_min_per_sec);
+        Budget::with(policy.budget_ratio, policy.budget_min_per_sec)
+    }
+
+    /// A budget of `ratio` of a retry per call plus `min_per_sec` per second.
+    pub(crate) fn with(ratio: f64, min_per_sec: u32) -> Budget {
+        let min = i64::from(min_per_sec);
         Budget {
             balance: AtomicI64::new(min * 1000),
             topped_at: AtomicU64::new(0),
             epoch: Instant::now(),
-            ratio_milli: (policy.budget_ratio * 1000.0) as i64,
+            ratio_milli: (ratio * 1000.0) as i64,
             min_per_sec: min,
             cap_milli: (min * 1000).max(10_000) + 100_000,
         }
@@ -533,6 +538,41 @@ impl Replay {
             attempt,
             source: Source::Unclaimed,
         });
+        Some(self.head(body, time_left))
+    }
+
+    /// For hedging: the request for an attempt alongside the ones in flight, whose body is the
+    /// recording of what the caller sent (the slot is left to its owner). `None` unless the
+    /// recording holds the whole body.
+    pub(crate) fn copy(&self, time_left: Option<Duration>) -> Option<http::Request<Body>> {
+        let source = {
+            let slot = lock(&self.slot);
+            if slot.committed || !slot.complete || slot.dropped {
+                return None;
+            }
+            Source::Recorded {
+                frames: slot.frames.clone().into_iter(),
+                trailers: slot.trailers.clone(),
+            }
+        };
+        let body = Body::new(AttemptBody {
+            slot: self.slot.clone(),
+            // Never the slot's owner: this attempt does not claim the slot.
+            attempt: u32::MAX,
+            source,
+        });
+        Some(self.head(body, time_left))
+    }
+
+    /// For hedging: whether the attempt that reads the caller's body is recording it and has
+    /// not finished, so that [`copy`](Self::copy) may succeed later.
+    pub(crate) fn recording(&self) -> bool {
+        let slot = lock(&self.slot);
+        slot.claimed && slot.record && !slot.complete && !slot.dropped && !slot.committed
+    }
+
+    /// A request with the call's head and this body.
+    fn head(&self, body: Body, time_left: Option<Duration>) -> http::Request<Body> {
         let mut req = http::Request::new(body);
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
@@ -545,7 +585,7 @@ impl Replay {
                 crate::deadline::encode(left),
             );
         }
-        Some(req)
+        req
     }
 }
 
@@ -654,6 +694,37 @@ mod tests {
         );
         drop(slot);
         assert!(replay.request(None).is_none());
+    }
+
+    #[test]
+    fn a_hedge_sends_the_recording_alongside_the_first_attempt() {
+        let (req, replay) = Replay::wrap(request(&["a", "b"]), true, 1024);
+        let mut first = req.into_body();
+        assert!(replay.copy(None).is_none(), "nothing recorded yet");
+        assert_eq!(next(&mut first).unwrap().unwrap(), "a");
+        assert!(replay.recording());
+        assert!(
+            replay.copy(None).is_none(),
+            "the recording is not whole yet"
+        );
+        assert_eq!(read_all(&mut first), ["b"]);
+        assert!(!replay.recording());
+        // Two hedges, each with the whole body; the slot stays the first attempt's.
+        let mut second = replay.copy(None).unwrap().into_body();
+        let mut third = replay.copy(None).unwrap().into_body();
+        assert_eq!(read_all(&mut third), ["a", "b"]);
+        assert_eq!(read_all(&mut second), ["a", "b"]);
+        replay.commit();
+        assert!(replay.copy(None).is_none(), "no attempt after the commit");
+    }
+
+    #[test]
+    fn a_body_over_the_limit_is_never_copied() {
+        let (req, replay) = Replay::wrap(request(&["aaaa", "bbbb"]), true, 6);
+        let mut first = req.into_body();
+        assert_eq!(read_all(&mut first).len(), 2);
+        assert!(!replay.recording());
+        assert!(replay.copy(None).is_none());
     }
 
     #[test]

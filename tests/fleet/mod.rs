@@ -65,6 +65,15 @@ pub enum Behavior {
         other: Duration,
         client_stream: Duration,
     },
+    /// Each call waits `stall` with probability `p`, else `base`, before its answer starts (a
+    /// server-streaming call before its response headers, so that a client may still hedge
+    /// it): stalls that no balancer can route around. The draws come from a fixed
+    /// pseudo-random sequence per instance (seeded by its name, stepped by its calls served).
+    Stall {
+        p: f64,
+        stall: Duration,
+        base: Duration,
+    },
 }
 
 /// The shared state of one instance: survives a stop and a restart.
@@ -87,6 +96,10 @@ pub struct Shared {
     pub health_hang: std::sync::atomic::AtomicBool,
     /// The `:authority` of the first request it received (set once: no lock per request).
     pub authority: std::sync::OnceLock<String>,
+    /// The ids of the unary calls that reached the handler, once [`Instance::record_ids`]
+    /// turned recording on (off, no lock is taken).
+    recording: std::sync::atomic::AtomicBool,
+    ids: Mutex<Vec<u64>>,
 }
 
 /// The standard health service, answering from [`Shared::serving`].
@@ -148,6 +161,8 @@ impl Shared {
             health_checks: AtomicU64::new(0),
             health_hang: std::sync::atomic::AtomicBool::new(false),
             authority: std::sync::OnceLock::new(),
+            recording: std::sync::atomic::AtomicBool::new(false),
+            ids: Mutex::new(Vec::new()),
         })
     }
 
@@ -215,6 +230,16 @@ impl Shared {
                 tokio::time::sleep(other).await;
                 Ok(())
             }
+            Behavior::Stall { p, stall, base } => {
+                let salt = self
+                    .name
+                    .bytes()
+                    .fold(0u64, |h, b| h.wrapping_mul(31) ^ b as u64);
+                let draw = splitmix(self.served.load(Ordering::SeqCst) ^ salt.rotate_left(32));
+                let unit = (draw >> 11) as f64 / (1u64 << 53) as f64;
+                tokio::time::sleep(if unit < p { stall } else { base }).await;
+                Ok(())
+            }
         }
     }
 
@@ -247,6 +272,9 @@ type ReplyStream = Pin<Box<dyn Stream<Item = Result<Reply, Status>> + Send>>;
 impl FleetService for Svc {
     async fn unary(&self, req: Request<Req>) -> Result<Response<Reply>, Status> {
         let _a = self.0.enter();
+        if self.0.recording.load(Ordering::Relaxed) {
+            self.0.ids.lock().unwrap().push(req.get_ref().id);
+        }
         self.0.behave().await?;
         let req = req.into_inner();
         let mut r = self.0.reply(req.id, 0);
@@ -261,6 +289,16 @@ impl FleetService for Svc {
     async fn server_stream(&self, req: Request<Req>) -> Result<Response<ReplyStream>, Status> {
         let shared = self.0.clone();
         let req = req.into_inner();
+        let stalls = matches!(*shared.behavior.lock().unwrap(), Behavior::Stall { .. });
+        if stalls {
+            // The stall before the response headers, then every reply at once.
+            let _a = shared.enter();
+            shared.behave().await?;
+            let replies: Vec<_> = (0..req.count)
+                .map(|seq| Ok(shared.reply(req.id, seq)))
+                .collect();
+            return Ok(Response::new(Box::pin(futures::stream::iter(replies))));
+        }
         let s = async_stream(move |tx| async move {
             let _a = shared.enter();
             for seq in 0..req.count {
@@ -326,6 +364,14 @@ impl FleetService for Svc {
         });
         Ok(Response::new(s))
     }
+}
+
+/// splitmix64: a well-mixed 64-bit value for each input.
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A stream fed by a task: the task gets the sender.
@@ -488,6 +534,18 @@ impl Instance {
             cold,
             warm,
         });
+    }
+
+    /// Records the id of every unary call that reaches the handler from now on ([`ids`]).
+    ///
+    /// [`ids`]: Instance::ids
+    pub fn record_ids(&self) {
+        self.shared.recording.store(true, Ordering::SeqCst);
+    }
+
+    /// The ids of the unary calls recorded since [`record_ids`](Instance::record_ids).
+    pub fn ids(&self) -> Vec<u64> {
+        self.shared.ids.lock().unwrap().clone()
     }
 
     /// Lets `n` held calls go on.
