@@ -405,12 +405,14 @@ fn route(
     } else {
         (req, None)
     };
+    let mut guard = CallGuard::new(inst.clone());
+    let channel = crate::conns::channel(inst, &mut guard);
     let mut fut = ResponseFuture {
         state: CallState::Routed {
-            channel: inst.channel.clone(),
+            channel,
             req: Some(req),
         },
-        guard: Some(CallGuard::new(inst.clone())),
+        guard: Some(guard),
         deadline,
         again,
         unreachable: None,
@@ -596,9 +598,11 @@ impl ResponseFuture {
         };
         let inst = &snap[idx];
         tracing::debug!(to = %inst.target.name, reason = %why, "call sent again");
-        self.guard = Some(CallGuard::new(inst.clone()));
+        let mut guard = CallGuard::new(inst.clone());
+        let channel = crate::conns::channel(inst, &mut guard);
+        self.guard = Some(guard);
         self.state = CallState::Routed {
-            channel: inst.channel.clone(),
+            channel,
             req: Some(req),
         };
         self.watch(inst);

@@ -78,6 +78,7 @@
 
 mod builder;
 mod channel;
+mod conns;
 mod deadline;
 pub mod discover;
 mod error;
@@ -94,6 +95,7 @@ mod target;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use channel::{BalancedChannel, ResponseFuture};
+pub use conns::{DEFAULT_CONNECTION_IDLE, DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION};
 #[cfg(feature = "hickory-dns")]
 pub use discover::DnsSettings;
 pub use discover::{Dns, Resolve};
