@@ -65,6 +65,8 @@
 
 #[path = "../tests/fleet/mod.rs"]
 mod fleet;
+#[path = "shootout/streams.rs"]
+mod streams;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -527,6 +529,8 @@ struct Opts {
     sweep: bool,
     /// The sweep's rates.
     rates: Vec<f64>,
+    /// The `stream-limit` scenario (run on its own: see `streams`).
+    streams: bool,
 }
 
 /// The schedule of one run: calls per second (open loop), measured time, warm-up before it.
@@ -542,7 +546,9 @@ usage: cargo run --release --example shootout -- [options]
 
   --scenario NAME    uniform, heterogeneous, fail-fast, unreachable, hang, overload,
                      kill-restart, low-concurrency, mixed-methods; repeatable or a comma
-                     list (default: all; with --sweep: heterogeneous,overload)
+                     list (default: all; with --sweep: heterogeneous,overload); and
+                     stream-limit (one server limited to 100 streams per connection; only
+                     when named)
   --contender NAME   least-pending, peak-ewma, p2c, round-robin, tonic, tower-pending,
                      tower-ewma, naive, or all; repeatable or a comma list
                      (default: all but naive)
@@ -573,6 +579,7 @@ fn parse_args() -> Result<Opts, String> {
         svg: String::new(),
         sweep: false,
         rates: vec![],
+        streams: false,
     };
     let (mut rate_set, mut duration_set) = (false, false);
     let parse_rate = |v: &str, flag: &str| -> Result<f64, String> {
@@ -611,6 +618,10 @@ fn parse_args() -> Result<Opts, String> {
         match flag.as_str() {
             "--scenario" => {
                 for name in value()?.split(',').filter(|s| !s.is_empty()) {
+                    if name == streams::KEY {
+                        o.streams = true;
+                        continue;
+                    }
                     let s = SCENARIOS
                         .into_iter()
                         .find(|s| s.key() == name)
@@ -704,7 +715,7 @@ fn parse_args() -> Result<Opts, String> {
     if o.svg.is_empty() {
         o.svg = "target/shootout.svg".to_owned();
     }
-    if o.scenarios.is_empty() {
+    if o.scenarios.is_empty() && !o.streams {
         o.scenarios = SCENARIOS.to_vec();
     }
     if o.contenders.is_empty() {
@@ -1697,6 +1708,12 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if opts.streams {
+        streams::run(opts.rate, opts.duration);
+        if opts.scenarios.is_empty() {
+            return;
+        }
+    }
     let n = opts.instances;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     if opts.sweep {
