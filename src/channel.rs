@@ -392,7 +392,13 @@ fn route(
         if let Some(b) = &pool.budget {
             b.deposit();
         }
-        let (req, replay) = Replay::wrap(req, pool.retry.is_some(), pool.max_replay_body);
+        // Recorded with transparent retry too: a stream the server refuses (REFUSED_STREAM)
+        // has had its body read already, and is sent again from the copy.
+        let (req, replay) = Replay::wrap(
+            req,
+            pool.retry.is_some() || pool.replay,
+            pool.max_replay_body,
+        );
         let again = Box::new(Again {
             replay,
             pool: pool.clone(),
