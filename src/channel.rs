@@ -405,6 +405,7 @@ fn route(
             tried: Vec::new(),
             attempts: 1,
             replays: 0,
+            refused: false,
             deadline_at: deadline.as_ref().map(|d| d.deadline()),
         });
         (req, Some(again))
@@ -468,6 +469,9 @@ struct Again {
     attempts: u32,
     /// Transparent replays on instances already tried (see [`MAX_SAME_INSTANCE_REPLAYS`]).
     replays: u32,
+    /// A stream of the call was refused (REFUSED_STREAM) and sent again: a second refusal is
+    /// left to the retry policy, as gRPC's transparent retry does (gRFC A6).
+    refused: bool,
     /// When the call's deadline passes, if it has one.
     deadline_at: Option<tokio::time::Instant>,
 }
@@ -731,11 +735,15 @@ impl ResponseFuture {
         // include, REFUSED_STREAM), if the request can be had again whole.
         let unsent = matches!(kind, ErrorKind::Unsent { .. }) || crate::error::is_transport(&*e);
         let refused = crate::error::refused_by_server(&*e);
+        let refused_stream = refused && crate::conns::is_refused_stream(&*e);
         let transparent = self.again.as_ref().is_some_and(|a| {
-            a.pool.replay && ((unsent && a.replay.unsent()) || (refused && a.replay.replayable()))
+            a.pool.replay
+                && ((unsent && a.replay.unsent())
+                    || (refused && a.replay.replayable() && !(refused_stream && a.refused)))
         });
         if transparent {
             let again = self.again.as_mut().expect("checked above");
+            again.refused |= refused_stream;
             if connect || again.replays >= MAX_SAME_INSTANCE_REPLAYS {
                 again.tried.push(inst.clone());
             } else {

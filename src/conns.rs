@@ -286,3 +286,12 @@ async fn sweep(inst: Weak<Instance>, idle: Duration) {
         }
     }
 }
+
+/// Whether the server reset the call's stream with REFUSED_STREAM (it did not process it; a
+/// server over its stream limit answers so).
+pub(crate) fn is_refused_stream(e: &(dyn std::error::Error + 'static)) -> bool {
+    crate::error::sources(e).any(|err| {
+        err.downcast_ref::<h2::Error>()
+            .is_some_and(|h| h.is_remote() && h.reason() == Some(h2::Reason::REFUSED_STREAM))
+    })
+}
