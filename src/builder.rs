@@ -478,7 +478,9 @@ impl Builder {
     ///
     /// A call that the server refuses before processing it (an HTTP/2 REFUSED_STREAM, as a
     /// server whose limit is lower than the client assumed sends) is sent again transparently,
-    /// as gRPC's transparent retry does (see [`transparent_retry`](Builder::transparent_retry)).
+    /// once, as gRPC's transparent retry does (see [`transparent_retry`](Builder::transparent_retry)):
+    /// with it on, request bodies are kept (up to [`max_replay_body`](Builder::max_replay_body))
+    /// until the response starts.
     ///
     /// ```no_run
     /// use std::time::Duration;
