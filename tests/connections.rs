@@ -201,6 +201,29 @@ async fn the_stream_limit_opens_a_second_connection() {
     first.cancel().await;
 }
 
+/// With one connection per instance (the behaviour before connection scaling), the 101st
+/// stream waits behind the 100 held ones on the one connection: no second connection opens, the
+/// server holds 100, and the pick sees 101 calls in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_per_instance_opens_no_other() {
+    let server = limited("s", 100);
+    let ch = channel(&server.uri(), 1, Duration::from_secs(30));
+    let streams = Streams::open(&ch, 101);
+    fleet::wait_until("100 streams streaming, 101 in flight", LIMIT, || {
+        streams.streaming() == 100 && fleet::total_in_flight(&ch) == 101
+    })
+    .await;
+    assert_eq!(streams.failed(), 0);
+    assert_eq!(server.held(), 100);
+    assert_eq!(server.connections(), 1);
+    assert_eq!(ch.endpoints()[0].connections(), 1);
+    streams.cancel().await;
+    fleet::wait_until("every count released", LIMIT, || {
+        fleet::total_in_flight(&ch) == 0
+    })
+    .await;
+}
+
 /// Connections stay at or under the cap: with 2 allowed and 300 streams against a limit of 100,
 /// 200 stream and 100 wait for a stream (the pick's view: 300 in flight); once released, all
 /// 300 end well, and at no time was a third connection open.
