@@ -80,6 +80,8 @@
 mod fleet;
 #[path = "support/live.rs"]
 mod live;
+#[path = "shootout/streams.rs"]
+mod streams;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -594,6 +596,8 @@ struct Opts {
     rates: Vec<f64>,
     /// The live view instead of the tables.
     live: bool,
+    /// The `stream-limit` scenario (run on its own: see `streams`).
+    streams: bool,
 }
 
 /// The schedule of one run: calls per second (open loop), measured time, warm-up before it.
@@ -609,7 +613,9 @@ usage: cargo run --release --example shootout -- [options]
 
   --scenario NAME    uniform, heterogeneous, fail-fast, unreachable, hang, overload,
                      kill-restart, low-concurrency, mixed-methods, stalls; repeatable or
-                     a comma list (default: all; with --sweep: heterogeneous,overload)
+                     a comma list (default: all; with --sweep: heterogeneous,overload); and
+                     stream-limit (one server limited to 100 streams per connection; only
+                     when named)
   --contender NAME   least-pending, peak-ewma, p2c, round-robin, tonic, tower-pending,
                      tower-ewma, naive, hedging, or all; repeatable or a comma list
                      (default: all but naive and hedging; stalls always runs
@@ -647,6 +653,7 @@ fn parse_args() -> Result<Opts, String> {
         sweep: false,
         rates: vec![],
         live: false,
+        streams: false,
     };
     let (mut rate_set, mut duration_set) = (false, false);
     let mut instances_set = false;
@@ -690,6 +697,10 @@ fn parse_args() -> Result<Opts, String> {
         match flag.as_str() {
             "--scenario" => {
                 for name in value()?.split(',').filter(|s| !s.is_empty()) {
+                    if name == streams::KEY {
+                        o.streams = true;
+                        continue;
+                    }
                     let s = SCENARIOS
                         .into_iter()
                         .find(|s| s.key() == name)
@@ -787,7 +798,7 @@ fn parse_args() -> Result<Opts, String> {
     if o.svg.is_empty() {
         o.svg = "target/shootout.svg".to_owned();
     }
-    if o.scenarios.is_empty() {
+    if o.scenarios.is_empty() && !o.streams {
         o.scenarios = SCENARIOS.to_vec();
     }
     if o.contenders.is_empty() {
@@ -1870,6 +1881,12 @@ fn main() {
     if opts.live {
         live::run(&opts);
         return;
+    }
+    if opts.streams {
+        streams::run(opts.rate, opts.duration);
+        if opts.scenarios.is_empty() {
+            return;
+        }
     }
     let n = opts.instances;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());

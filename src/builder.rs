@@ -66,6 +66,7 @@ pub struct Builder {
     discovery_timeout: Duration,
     slow_start: Option<Duration>,
     template: Option<Template>,
+    conns: crate::conns::Settings,
 }
 
 /// Where discovery gets its addresses: built in `build()` so that errors surface there.
@@ -141,6 +142,7 @@ impl Builder {
             discovery_interval: Duration::from_secs(30),
             discovery_timeout: DEFAULT_DISCOVERY_TIMEOUT,
             template: None,
+            conns: crate::conns::Settings::default(),
         }
     }
 
@@ -477,6 +479,67 @@ impl Builder {
         self
     }
 
+    /// The most HTTP/2 connections a channel keeps to one instance (default
+    /// [`DEFAULT_MAX_CONNECTIONS`](crate::DEFAULT_MAX_CONNECTIONS), 4; at most 64), after gRPC's
+    /// connection scaling (gRFC A105). A connection carries at most the server's
+    /// MAX_CONCURRENT_STREAMS calls at once (see
+    /// [`max_streams_per_connection`](Builder::max_streams_per_connection)); past that, h2 would
+    /// queue the next calls inside it, behind long-lived streams and unseen by the pick. Instead,
+    /// when each of an instance's connections carries that many calls, the channel opens
+    /// another one to the instance, up to this number; the extra connections close when they
+    /// have carried no call for the [`connection_idle_timeout`](Builder::connection_idle_timeout).
+    /// The pick still sees one instance, with all its calls. When every connection is full and
+    /// the cap is reached, a call waits for a stream on the least busy one. `1` keeps one
+    /// connection per instance, with no per-connection counting at all; `0` is refused by
+    /// [`build`](Builder::build).
+    ///
+    /// A call that the server refuses before processing it (an HTTP/2 REFUSED_STREAM, as a
+    /// server whose limit is lower than the client assumed sends) is sent again transparently,
+    /// once, as gRPC's transparent retry does (see [`transparent_retry`](Builder::transparent_retry)):
+    /// with it on, request bodies are kept (up to [`max_replay_body`](Builder::max_replay_body))
+    /// until the response starts.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// // Servers that allow 100 concurrent streams per connection; clients that hold up to
+    /// // 1,000 long-lived streams to each instance.
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .uri("http://10.0.0.7:50051")
+    ///     .uri("http://10.0.0.8:50051")
+    ///     .max_connections_per_instance(10)
+    ///     .max_streams_per_connection(100)
+    ///     .connection_idle_timeout(Duration::from_secs(60))
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn max_connections_per_instance(mut self, n: usize) -> Builder {
+        self.conns.max = n;
+        self
+    }
+
+    /// The calls one connection carries before another one to the same instance opens
+    /// (default [`DEFAULT_STREAMS_PER_CONNECTION`](crate::DEFAULT_STREAMS_PER_CONNECTION), 100):
+    /// set it to your servers' MAX_CONCURRENT_STREAMS. tonic's channel does not tell the value
+    /// the server announced, so the channel counts against this one; a server that allows more
+    /// only gets an extra connection sooner than needed. Used when
+    /// [`max_connections_per_instance`](Builder::max_connections_per_instance) is above 1; `0` is
+    /// refused by [`build`](Builder::build).
+    pub fn max_streams_per_connection(mut self, n: u32) -> Builder {
+        self.conns.streams = n as usize;
+        self
+    }
+
+    /// How long an extra connection to an instance (see
+    /// [`max_connections_per_instance`](Builder::max_connections_per_instance)) stays open with
+    /// no call on it (default [`DEFAULT_CONNECTION_IDLE`](crate::DEFAULT_CONNECTION_IDLE), 30 s).
+    /// An instance's first connection stays. Zero is refused by [`build`](Builder::build).
+    pub fn connection_idle_timeout(mut self, idle: Duration) -> Builder {
+        self.conns.idle = idle;
+        self
+    }
+
     /// Checks the settings and builds the channel. Must be called within a tokio runtime.
     ///
     /// # Errors
@@ -604,6 +667,28 @@ impl Builder {
                 reason: format!("{} bytes is above the 16 MiB cap", self.max_replay_body),
             });
         }
+        if self.conns.max == 0 || self.conns.max > crate::conns::MAX_CONNECTIONS_CAP {
+            return Err(Error::InvalidSetting {
+                name: "max_connections_per_instance",
+                reason: format!(
+                    "{} is out of range: at least 1 (one connection per instance) and at most {}",
+                    self.conns.max,
+                    crate::conns::MAX_CONNECTIONS_CAP
+                ),
+            });
+        }
+        if self.conns.streams == 0 {
+            return Err(Error::InvalidSetting {
+                name: "max_streams_per_connection",
+                reason: "must be above zero".to_owned(),
+            });
+        }
+        if self.conns.idle.is_zero() {
+            return Err(Error::InvalidSetting {
+                name: "connection_idle_timeout",
+                reason: "must be above zero".to_owned(),
+            });
+        }
         if self.latency_expiry.is_zero() {
             return Err(Error::InvalidSetting {
                 name: "latency_expiry",
@@ -697,6 +782,7 @@ impl Builder {
             discovery_wake: std::sync::OnceLock::new(),
             ejected: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
+            conns: self.conns,
         });
         let mut pool = Pool::new(policy.clone(), self.strategy);
         pool.replay = self.transparent_retry;

@@ -420,25 +420,34 @@ fn route(
         if let Some(b) = &pool.budget {
             b.deposit();
         }
-        let (req, replay) = Replay::wrap(req, pool.retry.is_some(), pool.max_replay_body);
+        // Recorded with transparent retry too: a stream the server refuses (REFUSED_STREAM)
+        // has had its body read already, and is sent again from the copy.
+        let (req, replay) = Replay::wrap(
+            req,
+            pool.retry.is_some() || pool.replay,
+            pool.max_replay_body,
+        );
         let again = Box::new(Again {
             replay,
             pool: pool.clone(),
             tried: Vec::new(),
             attempts: 1,
             replays: 0,
+            refused: false,
             deadline_at: deadline.as_ref().map(|d| d.deadline()),
         });
         (req, Some(again))
     } else {
         (req, None)
     };
+    let mut guard = CallGuard::new(inst.clone(), method);
+    let channel = crate::conns::channel(inst, &mut guard);
     let mut fut = ResponseFuture {
         state: CallState::Routed {
-            channel: inst.channel.clone(),
+            channel,
             req: Some(req),
         },
-        guard: Some(CallGuard::new(inst.clone(), method)),
+        guard: Some(guard),
         deadline,
         again,
         unreachable: None,
@@ -490,6 +499,9 @@ struct Again {
     attempts: u32,
     /// Transparent replays on instances already tried (see [`MAX_SAME_INSTANCE_REPLAYS`]).
     replays: u32,
+    /// A stream of the call was refused (REFUSED_STREAM) and sent again: a second refusal is
+    /// left to the retry policy, as gRPC's transparent retry does (gRFC A6).
+    refused: bool,
     /// When the call's deadline passes, if it has one.
     deadline_at: Option<tokio::time::Instant>,
 }
@@ -629,9 +641,11 @@ impl ResponseFuture {
         };
         let inst = &snap[idx];
         tracing::debug!(to = %inst.target.name, reason = %why, "call sent again");
-        self.guard = Some(CallGuard::new(inst.clone(), Method::of(req.uri().path())));
+        let mut guard = CallGuard::new(inst.clone(), Method::of(req.uri().path()));
+        let channel = crate::conns::channel(inst, &mut guard);
+        self.guard = Some(guard);
         self.state = CallState::Routed {
-            channel: inst.channel.clone(),
+            channel,
             req: Some(req),
         };
         self.watch(inst);
@@ -767,11 +781,15 @@ impl ResponseFuture {
         // include, REFUSED_STREAM), if the request can be had again whole.
         let unsent = matches!(kind, ErrorKind::Unsent { .. }) || crate::error::is_transport(&*e);
         let refused = crate::error::refused_by_server(&*e);
+        let refused_stream = refused && crate::conns::is_refused_stream(&*e);
         let transparent = self.again.as_ref().is_some_and(|a| {
-            a.pool.replay && ((unsent && a.replay.unsent()) || (refused && a.replay.replayable()))
+            a.pool.replay
+                && ((unsent && a.replay.unsent())
+                    || (refused && a.replay.replayable() && !(refused_stream && a.refused)))
         });
         if transparent {
             let again = self.again.as_mut().expect("checked above");
+            again.refused |= refused_stream;
             if connect || again.replays >= MAX_SAME_INSTANCE_REPLAYS {
                 again.tried.push(inst.clone());
             } else {

@@ -38,6 +38,8 @@ pub(crate) struct CallGuard {
     breaks_at: u32,
     /// The call's method, for the tie-break's per-method reference.
     method: Method,
+    /// The connection of its instance it counts against (`crate::conns`).
+    pub(crate) conn: u8,
     outcome: Option<Outcome>,
 }
 
@@ -54,6 +56,7 @@ impl CallGuard {
             inst,
             connecting,
             answered: false,
+            conn: crate::conns::UNCOUNTED,
             start: Instant::now(),
             outcome: None,
         }
@@ -136,6 +139,9 @@ impl Drop for CallGuard {
     #[inline]
     fn drop(&mut self) {
         self.inst.in_flight.fetch_sub(1, Ordering::Release);
+        if self.conn != crate::conns::UNCOUNTED {
+            crate::conns::release(&self.inst, self.conn);
+        }
         if self.outcome.is_none() && !self.answered && !self.connecting {
             // Dropped by the caller (a timeout of its own, a tower `Timeout`) while the
             // instance had not answered: not a failure of the instance, but the call took at

@@ -75,6 +75,9 @@ impl std::fmt::Display for State {
 #[repr(C, align(64))]
 pub(crate) struct Instance {
     pub(crate) in_flight: AtomicUsize,
+    /// The calls on its own connection (`channel`), counted only when it may have more than one
+    /// connection (see `crate::conns`).
+    pub(crate) conn_in_flight: AtomicUsize,
     state: AtomicU8,
     /// Connection breaks seen under calls: the calls that were on a connection when it broke
     /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
@@ -95,6 +98,8 @@ pub(crate) struct Instance {
     /// `ServedBy` of the responses it serves), identity, settings and how it is reached.
     pub(crate) target: Target,
     pub(crate) channel: Channel,
+    /// Its extra connections, if it may have more than one (see `crate::conns`).
+    pub(crate) extra: Option<Box<crate::conns::Extra>>,
     pub(crate) policy: Arc<Policy>,
     pub(crate) started: AtomicU64,
     pub(crate) failed: AtomicU64,
@@ -136,6 +141,8 @@ impl Instance {
         let now_ns = policy.now_ns();
         Instance {
             in_flight: AtomicUsize::new(0),
+            conn_in_flight: AtomicUsize::new(0),
+            extra: crate::conns::Extra::new(&policy.conns),
             state: AtomicU8::new(state as u8),
             breaks: AtomicU32::new(0),
             tie: Tie::new(),

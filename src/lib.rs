@@ -84,6 +84,7 @@
 
 mod builder;
 mod channel;
+mod conns;
 mod deadline;
 pub mod discover;
 mod error;
@@ -103,6 +104,7 @@ mod tiebreak;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use channel::{BalancedChannel, ResponseFuture};
+pub use conns::{DEFAULT_CONNECTION_IDLE, DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION};
 #[cfg(feature = "hickory-dns")]
 pub use discover::DnsSettings;
 pub use discover::{Dns, Resolve};

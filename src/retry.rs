@@ -287,6 +287,10 @@ enum Source {
         recording: bool,
         /// Whether it yielded anything (then it may have gone out, and is never handed back).
         yielded: bool,
+        /// What the body had ready after a data frame it yielded (looked at while recording,
+        /// so that a unary body's end is recorded with its message: a stream the server refuses
+        /// before the connection reads that end can still be sent again); yielded next.
+        peeked: Option<Option<Result<Frame<Bytes>, tonic::Status>>>,
     },
     /// The recording of an earlier attempt.
     Recorded {
@@ -319,6 +323,7 @@ impl AttemptBody {
                 body,
                 recording: slot.record && !slot.dropped && !slot.committed,
                 yielded: false,
+                peeked: None,
             }
         } else if slot.complete && !slot.dropped {
             let source = Source::Recorded {
@@ -387,8 +392,12 @@ impl HttpBody for AttemptBody {
                 body,
                 recording,
                 yielded,
+                peeked,
             } => {
-                let res = Pin::new(body).poll_frame(cx);
+                let res = match peeked.take() {
+                    Some(next) => Poll::Ready(next),
+                    None => Pin::new(&mut *body).poll_frame(cx),
+                };
                 if matches!(res, Poll::Ready(Some(Ok(_)))) {
                     *yielded = true;
                 }
@@ -423,6 +432,20 @@ impl HttpBody for AttemptBody {
                         }
                     }
                 }
+                if *recording && matches!(&res, Poll::Ready(Some(Ok(f))) if f.is_data()) {
+                    // Look ahead: a body whose end is ready now is recorded whole at once.
+                    let mut now = Context::from_waker(std::task::Waker::noop());
+                    if let Poll::Ready(next) = Pin::new(&mut *body).poll_frame(&mut now) {
+                        if next.is_none() {
+                            let mut slot = lock(&this.slot);
+                            if !slot.committed && !slot.dropped {
+                                slot.complete = true;
+                            }
+                            *recording = false;
+                        }
+                        *peeked = Some(next);
+                    }
+                }
                 res
             }
         }
@@ -432,7 +455,10 @@ impl HttpBody for AttemptBody {
         match &self.source {
             // Unknown until it is read: the connection reads it to find out.
             Source::Unclaimed => false,
-            Source::Caller { body, .. } => body.is_end_stream(),
+            Source::Caller { body, peeked, .. } => match peeked {
+                Some(next) => next.is_none(),
+                None => body.is_end_stream(),
+            },
             Source::Recorded { frames, trailers } => frames.len() == 0 && trailers.is_none(),
             Source::Done => true,
         }

@@ -43,6 +43,7 @@ pub struct EndpointStats {
     uri: String,
     state: State,
     in_flight: usize,
+    connections: usize,
     started: u64,
     failed: u64,
     consecutive_failures: u32,
@@ -58,6 +59,7 @@ impl EndpointStats {
             uri: i.target.name.to_string(),
             state: i.state(),
             in_flight: i.in_flight.load(Ordering::Acquire),
+            connections: 1 + i.extra.as_deref().map_or(0, crate::conns::Extra::open),
             started: i.started.load(Ordering::Relaxed),
             failed: i.failed.load(Ordering::Relaxed),
             consecutive_failures: i.consecutive_failures.load(Ordering::Relaxed),
@@ -83,6 +85,14 @@ impl EndpointStats {
     /// its stream ends or is dropped).
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// The HTTP/2 connections the channel keeps to it now: its own, and the extra ones opened
+    /// because the others were at their stream limit (see
+    /// [`Builder::max_connections_per_instance`](crate::Builder::max_connections_per_instance)).
+    /// Its own counts even before it connects.
+    pub fn connections(&self) -> usize {
+        self.connections
     }
 
     /// Calls routed to it since it joined (a call replayed elsewhere counts on each instance it

@@ -86,6 +86,8 @@ pub(crate) struct Policy {
     pub(crate) ejected: AtomicUsize,
     /// Instances in the set now (not draining).
     pub(crate) members: AtomicUsize,
+    /// Connections per instance.
+    pub(crate) conns: crate::conns::Settings,
 }
 
 impl Policy {

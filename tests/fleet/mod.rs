@@ -74,6 +74,10 @@ pub enum Behavior {
         stall: Duration,
         base: Duration,
     },
+    /// Unary and streaming-input calls answer at once; a server-streaming call sends its
+    /// replies, then stays open (a long-lived stream) until the test releases it
+    /// ([`Instance::release`]) or the client goes away.
+    HoldStreams,
 }
 
 /// The shared state of one instance: survives a stop and a restart.
@@ -100,6 +104,12 @@ pub struct Shared {
     /// turned recording on (off, no lock is taken).
     recording: std::sync::atomic::AtomicBool,
     ids: Mutex<Vec<u64>>,
+    /// TCP connections accepted since it started.
+    pub connections: AtomicUsize,
+    /// TCP connections open now.
+    pub open_connections: AtomicUsize,
+    /// The most TCP connections that were open at once.
+    pub peak_connections: AtomicUsize,
 }
 
 /// The standard health service, answering from [`Shared::serving`].
@@ -163,6 +173,9 @@ impl Shared {
             authority: std::sync::OnceLock::new(),
             recording: std::sync::atomic::AtomicBool::new(false),
             ids: Mutex::new(Vec::new()),
+            connections: AtomicUsize::new(0),
+            open_connections: AtomicUsize::new(0),
+            peak_connections: AtomicUsize::new(0),
         })
     }
 
@@ -240,6 +253,7 @@ impl Shared {
                 tokio::time::sleep(if unit < p { stall } else { base }).await;
                 Ok(())
             }
+            Behavior::HoldStreams => Ok(()),
         }
     }
 
@@ -305,6 +319,15 @@ impl FleetService for Svc {
                 if tx.send(Ok(shared.reply(req.id, seq))).await.is_err() {
                     return;
                 }
+            }
+            if *shared.behavior.lock().unwrap() == Behavior::HoldStreams {
+                shared.held.fetch_add(1, Ordering::SeqCst);
+                tokio::select! {
+                    p = shared.release.acquire() => p.expect("semaphore open").forget(),
+                    _ = tx.closed() => {}
+                }
+                shared.held.fetch_sub(1, Ordering::SeqCst);
+                return;
             }
             if let Err(status) = shared.behave().await {
                 let _ = tx.send(Err(status)).await;
@@ -402,6 +425,81 @@ pub struct ServerOptions {
     pub tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
+/// A server's TCP connection, counted in its instance's `connections` and `open_connections`.
+pub struct Counted {
+    io: tokio::net::TcpStream,
+    shared: Arc<Shared>,
+}
+
+impl Counted {
+    fn new(io: tokio::net::TcpStream, shared: Arc<Shared>) -> Counted {
+        shared.connections.fetch_add(1, Ordering::SeqCst);
+        let open = shared.open_connections.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.peak_connections.fetch_max(open, Ordering::SeqCst);
+        Counted { io, shared }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.shared.open_connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl tonic::transport::server::Connected for Counted {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
 /// One instance: a server on its own runtime, on a port that stays its own across restarts.
 pub struct Instance {
     pub shared: Arc<Shared>,
@@ -459,6 +557,10 @@ impl Instance {
                     // response on a connection waits for the client's delayed ACK (40 ms).
                     let incoming = tonic::transport::server::TcpIncoming::from(listener)
                         .with_nodelay(Some(true));
+                    let counts = shared.clone();
+                    let incoming = futures::StreamExt::map(incoming, move |io| {
+                        io.map(|io| Counted::new(io, counts.clone()))
+                    });
                     // Tests cancel many calls at once; hyper's default (20 reset streams
                     // pending accept) would close the connection under them.
                     let mut builder = tonic::transport::Server::builder()
@@ -559,6 +661,21 @@ impl Instance {
 
     pub fn held(&self) -> usize {
         self.shared.held.load(Ordering::SeqCst)
+    }
+
+    /// TCP connections it accepted since it started.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// TCP connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.shared.open_connections.load(Ordering::SeqCst)
+    }
+
+    /// The most TCP connections that were open at once.
+    pub fn peak_connections(&self) -> usize {
+        self.shared.peak_connections.load(Ordering::SeqCst)
     }
 
     pub fn active(&self) -> usize {

@@ -1,0 +1,297 @@
+//! More than one HTTP/2 connection per instance, after gRPC's connection scaling (gRFC A105,
+//! "MAX_CONCURRENT_STREAMS Connection Scaling").
+//!
+//! One HTTP/2 connection carries at most the server's `SETTINGS_MAX_CONCURRENT_STREAMS` calls at
+//! once; past that, h2 queues the next streams inside the connection, where the pick cannot see
+//! them, behind calls that may be long-lived streams. So an instance may have up to
+//! [`Settings::max`] connections: its own (the tonic `Channel` it always has) and extra ones,
+//! opened when every connection it has carries [`Settings::streams`] calls, and closed when they
+//! have carried none for [`Settings::idle`]. The pick still sees one instance, with the total of
+//! its calls in flight.
+//!
+//! **The limit is a setting, not the server's SETTINGS frame.** tonic's `Channel` owns its hyper
+//! connection, and hyper's `SendRequest` does not expose the peer's MAX_CONCURRENT_STREAMS (only
+//! hyper's `Connection` does, and tonic keeps that inside its own task); reading it would mean
+//! building the HTTP/2 connections here instead of tonic, and with them TLS, the origin, the
+//! user agent and every other `Endpoint` setting, which an `Endpoint` does not even let one read.
+//! So each connection counts its calls against a limit the user sets
+//! ([`Builder::max_streams_per_connection`](crate::Builder::max_streams_per_connection), default
+//! 100, the value most servers and proxies announce, and RFC 9113's recommended minimum). A
+//! server that allows more only makes an extra connection open sooner than needed; one that
+//! allows fewer queues the difference inside the connection, as today.
+//!
+//! Each call reserves its place on a connection with one atomic add on that connection's count
+//! (two calls can never both take a connection's last place), and its [`CallGuard`] gives it back
+//! exactly once when the call is over, with the instance's count. With one connection allowed
+//! (`max_connections_per_instance(1)`) nothing of this runs: the call takes the instance's
+//! channel as it always did. An extra connection is a lazy tonic `Channel`: the calls sent to it
+//! while it connects wait in its buffer, so that a burst does not pile onto the full connection
+//! meanwhile. When every connection is full and the cap is reached, the call goes to the least
+//! busy connection, where h2 queues it (the behaviour with one connection).
+//!
+//! Unlike A105, whose default is one connection and which leaves idle connections to the
+//! server's MAX_CONNECTION_IDLE, the default here is [`DEFAULT_MAX_CONNECTIONS`], and extra
+//! connections close on the client's side once idle.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use tonic::transport::Channel;
+
+use crate::guard::CallGuard;
+use crate::instance::Instance;
+
+/// The connections an instance may have at most, unless
+/// [`Builder::max_connections_per_instance`](crate::Builder::max_connections_per_instance) says
+/// otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4;
+
+/// The calls a connection carries before another one opens, unless
+/// [`Builder::max_streams_per_connection`](crate::Builder::max_streams_per_connection) says
+/// otherwise: the MAX_CONCURRENT_STREAMS most servers announce.
+pub const DEFAULT_STREAMS_PER_CONNECTION: usize = 100;
+
+/// How long an extra connection stays open without calls, unless
+/// [`Builder::connection_idle_timeout`](crate::Builder::connection_idle_timeout) says otherwise.
+pub const DEFAULT_CONNECTION_IDLE: Duration = Duration::from_secs(30);
+
+/// The largest [`Settings::max`] accepted: each instance keeps one slot per connection.
+pub(crate) const MAX_CONNECTIONS_CAP: usize = 64;
+
+/// Added to a connection's count while it is being closed: every reservation fails meanwhile.
+const CLOSING: usize = usize::MAX / 2;
+
+/// The guard's `conn` for a call that holds no connection count (one connection allowed).
+pub(crate) const UNCOUNTED: u8 = 0;
+/// The guard's `conn` for a call on the instance's own connection; extra slot `k` is `k + 2`.
+pub(crate) const FIRST: u8 = 1;
+
+/// The connection settings of a channel.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// Connections per instance, at least 1.
+    pub(crate) max: usize,
+    /// Calls per connection before another one opens, at least 1.
+    pub(crate) streams: usize,
+    /// How long an extra connection stays open without calls.
+    pub(crate) idle: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max: DEFAULT_MAX_CONNECTIONS,
+            streams: DEFAULT_STREAMS_PER_CONNECTION,
+            idle: DEFAULT_CONNECTION_IDLE,
+        }
+    }
+}
+
+/// An instance's extra connections (none with one connection allowed).
+pub(crate) struct Extra {
+    slots: Box<[Slot]>,
+    /// Extra connections open now.
+    open: AtomicUsize,
+    /// Whether the task that closes idle connections runs.
+    sweeping: AtomicBool,
+}
+
+/// One extra connection's place.
+struct Slot {
+    /// Calls on it (plus [`CLOSING`] while it closes).
+    in_flight: AtomicUsize,
+    channel: ArcSwapOption<Channel>,
+    /// When its last call ended (or it opened), in nanoseconds since the pool's epoch.
+    idle_since: AtomicU64,
+}
+
+impl Extra {
+    /// The extra slots for `settings`, if more than one connection is allowed.
+    pub(crate) fn new(settings: &Settings) -> Option<Box<Extra>> {
+        (settings.max > 1).then(|| {
+            Box::new(Extra {
+                slots: (1..settings.max)
+                    .map(|_| Slot {
+                        in_flight: AtomicUsize::new(0),
+                        channel: ArcSwapOption::empty(),
+                        idle_since: AtomicU64::new(0),
+                    })
+                    .collect(),
+                open: AtomicUsize::new(0),
+                sweeping: AtomicBool::new(false),
+            })
+        })
+    }
+
+    /// Extra connections open now.
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+}
+
+/// The channel for a call just routed to `inst` (whose `guard` counts it): the instance's own
+/// connection if it has room, else an extra one with room, opened if need be. The guard records
+/// the connection it counts against.
+#[inline]
+pub(crate) fn channel(inst: &Arc<Instance>, guard: &mut CallGuard) -> Channel {
+    let Some(extra) = inst.extra.as_deref() else {
+        return inst.channel.clone();
+    };
+    let limit = inst.policy.conns.streams;
+    if inst.conn_in_flight.fetch_add(1, Ordering::AcqRel) < limit {
+        guard.conn = FIRST;
+        return inst.channel.clone();
+    }
+    inst.conn_in_flight.fetch_sub(1, Ordering::AcqRel);
+    spill(inst, extra, limit, guard)
+}
+
+/// The instance's own connection is full: an extra one.
+#[cold]
+#[inline(never)]
+fn spill(inst: &Arc<Instance>, extra: &Extra, limit: usize, guard: &mut CallGuard) -> Channel {
+    // Each round either finds room, or opens a connection (at most one per free slot), or
+    // finds every slot full.
+    for _ in 0..=extra.slots.len() {
+        let mut free = None;
+        for (k, slot) in extra.slots.iter().enumerate() {
+            let held = slot.channel.load_full();
+            let Some(ch) = held else {
+                free.get_or_insert(k);
+                continue;
+            };
+            if slot.in_flight.fetch_add(1, Ordering::AcqRel) < limit {
+                // Still the connection it counted on (not closed and replaced meanwhile)?
+                let now = slot.channel.load();
+                if (*now).as_ref().is_some_and(|n| Arc::ptr_eq(n, &ch)) {
+                    guard.conn = k as u8 + 2;
+                    return (*ch).clone();
+                }
+            }
+            release_slot(inst, extra, k);
+        }
+        let Some(k) = free else { break };
+        open(inst, extra, k);
+    }
+    // Every connection is full and the cap is reached: the least busy one, where the call
+    // waits for a stream as it would with one connection.
+    let mut best = (inst.conn_in_flight.load(Ordering::Relaxed), None);
+    for (k, slot) in extra.slots.iter().enumerate() {
+        let n = slot.in_flight.load(Ordering::Relaxed);
+        if n < best.0 && slot.channel.load().is_some() {
+            best = (n, Some(k));
+        }
+    }
+    if let Some(k) = best.1 {
+        let slot = &extra.slots[k];
+        slot.in_flight.fetch_add(1, Ordering::AcqRel);
+        if let Some(ch) = slot.channel.load_full() {
+            guard.conn = k as u8 + 2;
+            return (*ch).clone();
+        }
+        release_slot(inst, extra, k);
+    }
+    inst.conn_in_flight.fetch_add(1, Ordering::AcqRel);
+    guard.conn = FIRST;
+    inst.channel.clone()
+}
+
+/// Opens an extra connection in free slot `k` (unless another call did meanwhile).
+fn open(inst: &Arc<Instance>, extra: &Extra, k: usize) {
+    let channel = {
+        let _rt = inst.policy.runtime.enter();
+        Arc::new(inst.target.connect_lazy())
+    };
+    let slot = &extra.slots[k];
+    slot.idle_since
+        .store(inst.policy.now_ns(), Ordering::Relaxed);
+    let prev = slot
+        .channel
+        .compare_and_swap(&None::<Arc<Channel>>, Some(channel));
+    if prev.is_some() {
+        // Another call opened it first; this channel never connected.
+        return;
+    }
+    let open = extra.open.fetch_add(1, Ordering::SeqCst) + 2;
+    tracing::debug!(addr = %inst.target.name, connections = open, "connection opened: the others are at their stream limit");
+    if !extra.sweeping.swap(true, Ordering::SeqCst) {
+        let weak = Arc::downgrade(inst);
+        inst.spawn(sweep(weak, inst.policy.conns.idle));
+    }
+}
+
+/// A call on connection `conn` (a guard's) is over.
+#[inline]
+pub(crate) fn release(inst: &Instance, conn: u8) {
+    if conn == FIRST {
+        inst.conn_in_flight.fetch_sub(1, Ordering::AcqRel);
+    } else if let Some(extra) = inst.extra.as_deref() {
+        release_slot(inst, extra, usize::from(conn - 2));
+    }
+}
+
+fn release_slot(inst: &Instance, extra: &Extra, k: usize) {
+    let slot = &extra.slots[k];
+    if slot.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+        slot.idle_since
+            .store(inst.policy.now_ns(), Ordering::Relaxed);
+    }
+}
+
+/// Closes the extra connections that carried no call for `idle`; ends when none is open (the
+/// next one to open starts it again) or the instance is gone.
+async fn sweep(inst: Weak<Instance>, idle: Duration) {
+    let idle_ns = idle.as_nanos() as u64;
+    let tick = (idle / 4).max(Duration::from_millis(1));
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(inst) = inst.upgrade() else { return };
+        let Some(extra) = inst.extra.as_deref() else {
+            return;
+        };
+        for (k, slot) in extra.slots.iter().enumerate() {
+            if slot.in_flight.load(Ordering::Acquire) != 0 || slot.channel.load().is_none() {
+                continue;
+            }
+            let now = inst.policy.now_ns();
+            if now.saturating_sub(slot.idle_since.load(Ordering::Relaxed)) < idle_ns {
+                continue;
+            }
+            // No call may take it while it closes.
+            if slot
+                .in_flight
+                .compare_exchange(0, CLOSING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            // A call may have come and gone between the two looks.
+            if now.saturating_sub(slot.idle_since.load(Ordering::Relaxed)) >= idle_ns
+                && slot.channel.swap(None).is_some()
+            {
+                let left = extra.open.fetch_sub(1, Ordering::Relaxed);
+                tracing::debug!(addr = %inst.target.name, connections = left, slot = k, "idle connection closed");
+            }
+            slot.in_flight.fetch_sub(CLOSING, Ordering::AcqRel);
+        }
+        if extra.open.load(Ordering::Relaxed) == 0 {
+            extra.sweeping.store(false, Ordering::SeqCst);
+            // A connection that opened as this task decided to end found it running.
+            if extra.open.load(Ordering::SeqCst) == 0 || extra.sweeping.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// Whether the server reset the call's stream with REFUSED_STREAM (it did not process it; a
+/// server over its stream limit answers so).
+pub(crate) fn is_refused_stream(e: &(dyn std::error::Error + 'static)) -> bool {
+    crate::error::sources(e).any(|err| {
+        err.downcast_ref::<h2::Error>()
+            .is_some_and(|h| h.is_remote() && h.reason() == Some(h2::Reason::REFUSED_STREAM))
+    })
+}

@@ -1,0 +1,399 @@
+//! More than one connection per instance (gRFC A105): against tonic servers that allow 100
+//! concurrent streams per connection, the stream limit opens another connection, connections
+//! stay at or under the cap, idle extra connections close, and refused streams are sent again.
+mod fleet;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet::pb::fleet_client::FleetClient;
+use fleet::pb::Req;
+use fleet::{Behavior, Instance, ServerOptions};
+use tokio::sync::watch;
+use tonic_balancer::{BalancedChannel, Error};
+
+/// Generous bounds for a loaded 2-core machine: these are correctness bounds, not speed.
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A server that allows `streams` concurrent streams per connection, holding server streams
+/// open until released.
+fn limited(name: &str, streams: u32) -> Instance {
+    Instance::start_with(
+        name,
+        "127.0.0.1:0".parse().unwrap(),
+        Behavior::HoldStreams,
+        ServerOptions {
+            max_concurrent_streams: Some(streams),
+            ..Default::default()
+        },
+    )
+}
+
+/// Long-lived server streams held by the test: each task opens one, reads its first message,
+/// counts itself as streaming, then holds the stream until `stop` turns true (then drops it:
+/// the caller cancels) or the server ends it.
+struct Streams {
+    streaming: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    ended_ok: Arc<AtomicUsize>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Streams {
+    fn open(ch: &BalancedChannel, n: u64) -> Streams {
+        let streaming = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let ended_ok = Arc::new(AtomicUsize::new(0));
+        let (stop, stopped) = watch::channel(false);
+        let tasks = (0..n)
+            .map(|id| {
+                let mut client = FleetClient::new(ch.clone());
+                let (streaming, failed, ended_ok) =
+                    (streaming.clone(), failed.clone(), ended_ok.clone());
+                let mut stopped = stopped.clone();
+                tokio::spawn(async move {
+                    let req = Req {
+                        id,
+                        count: 1,
+                        ..Default::default()
+                    };
+                    let mut stream = match client.server_stream(req).await {
+                        Ok(r) => r.into_inner(),
+                        Err(_) => {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                    };
+                    match stream.message().await {
+                        Ok(Some(_)) => streaming.fetch_add(1, Ordering::SeqCst),
+                        _ => {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                    };
+                    tokio::select! {
+                        _ = stopped.wait_for(|s| *s) => {}
+                        end = stream.message() => match end {
+                            Ok(None) => {
+                                ended_ok.fetch_add(1, Ordering::SeqCst);
+                            }
+                            _ => {
+                                failed.fetch_add(1, Ordering::SeqCst);
+                            }
+                        },
+                    }
+                })
+            })
+            .collect();
+        Streams {
+            streaming,
+            failed,
+            ended_ok,
+            stop,
+            tasks,
+        }
+    }
+
+    fn streaming(&self) -> usize {
+        self.streaming.load(Ordering::SeqCst)
+    }
+
+    fn failed(&self) -> usize {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// Drops every stream (the caller cancels them) and waits for the tasks.
+    async fn cancel(self) {
+        self.stop.send_replace(true);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+    }
+
+    /// Waits for every task to end on its own (the server ended its stream).
+    async fn join(self) -> (usize, usize) {
+        for t in self.tasks {
+            tokio::time::timeout(LIMIT, t)
+                .await
+                .expect("a stream ended")
+                .unwrap();
+        }
+        (
+            self.ended_ok.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst),
+        )
+    }
+}
+
+fn channel(uri: &str, max: usize, idle: Duration) -> BalancedChannel {
+    BalancedChannel::builder()
+        .uri(uri)
+        .max_connections_per_instance(max)
+        .connection_idle_timeout(idle)
+        .build()
+        .unwrap()
+}
+
+/// The target: 1,000 concurrent server-streaming calls to one instance whose server
+/// allows 100 streams per connection are all streaming at once (each got its first message
+/// while all the others hold theirs open), none fails, and the instance is reached over exactly
+/// the 10 connections that takes, never more. With one connection, at most 100 could be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_streams_to_one_instance_all_stream_at_once() {
+    let server = limited("s", 100);
+    let ch = channel(&server.uri(), 10, Duration::from_secs(30));
+    let streams = Streams::open(&ch, 1000);
+    fleet::wait_until("all 1,000 streams streaming", LIMIT, || {
+        streams.streaming() + streams.failed() == 1000
+    })
+    .await;
+    assert_eq!(streams.failed(), 0, "some streams failed");
+    assert_eq!(server.held(), 1000, "the server holds every stream at once");
+    assert_eq!(
+        fleet::total_in_flight(&ch),
+        1000,
+        "the pick sees every call"
+    );
+    assert_eq!(
+        server.peak_connections(),
+        10,
+        "1,000 streams at 100 per connection take 10 connections, and no more"
+    );
+    assert_eq!(ch.endpoints()[0].connections(), 10);
+    streams.cancel().await;
+    fleet::wait_until("every count released", LIMIT, || {
+        fleet::total_in_flight(&ch) == 0
+    })
+    .await;
+}
+
+/// The 101st concurrent stream to a server that allows 100 per connection opens a second
+/// connection (and streams at once), where the 100 before it did not; with one connection
+/// allowed, it would wait behind the 100 held streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_limit_opens_a_second_connection() {
+    let server = limited("s", 100);
+    let ch = channel(&server.uri(), 4, Duration::from_secs(30));
+    let first = Streams::open(&ch, 100);
+    fleet::wait_until("100 streams streaming", LIMIT, || {
+        first.streaming() + first.failed() == 100
+    })
+    .await;
+    assert_eq!(first.failed(), 0);
+    assert_eq!(server.connections(), 1, "100 streams fit on one connection");
+    assert_eq!(ch.endpoints()[0].connections(), 1);
+    let more = Streams::open(&ch, 1);
+    fleet::wait_until("the 101st stream streaming", LIMIT, || {
+        more.streaming() + more.failed() == 1
+    })
+    .await;
+    assert_eq!(more.failed(), 0);
+    assert_eq!(
+        server.connections(),
+        2,
+        "the 101st stream opened a second connection"
+    );
+    assert_eq!(ch.endpoints()[0].connections(), 2);
+    assert_eq!(server.held(), 101);
+    more.cancel().await;
+    first.cancel().await;
+}
+
+/// With one connection per instance (the behaviour before connection scaling), the 101st
+/// stream waits behind the 100 held ones on the one connection: no second connection opens, the
+/// server holds 100, and the pick sees 101 calls in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_per_instance_opens_no_other() {
+    let server = limited("s", 100);
+    let ch = channel(&server.uri(), 1, Duration::from_secs(30));
+    let streams = Streams::open(&ch, 101);
+    fleet::wait_until("100 streams streaming, 101 in flight", LIMIT, || {
+        streams.streaming() == 100 && fleet::total_in_flight(&ch) == 101
+    })
+    .await;
+    assert_eq!(streams.failed(), 0);
+    assert_eq!(server.held(), 100);
+    assert_eq!(server.connections(), 1);
+    assert_eq!(ch.endpoints()[0].connections(), 1);
+    streams.cancel().await;
+    fleet::wait_until("every count released", LIMIT, || {
+        fleet::total_in_flight(&ch) == 0
+    })
+    .await;
+}
+
+/// Connections stay at or under the cap: with 2 allowed and 300 streams against a limit of 100,
+/// 200 stream and 100 wait for a stream (the pick's view: 300 in flight); once released, all
+/// 300 end well, and at no time was a third connection open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_stay_at_or_under_the_cap() {
+    let server = limited("s", 100);
+    let ch = channel(&server.uri(), 2, Duration::from_secs(30));
+    let streams = Streams::open(&ch, 300);
+    fleet::wait_until("200 streams streaming", LIMIT, || {
+        streams.streaming() == 200
+    })
+    .await;
+    fleet::wait_until("300 calls in flight", LIMIT, || {
+        fleet::total_in_flight(&ch) == 300
+    })
+    .await;
+    assert_eq!(server.held(), 200, "two connections carry 200 streams");
+    assert_eq!(streams.failed(), 0);
+    server.release(300);
+    let (ok, failed) = streams.join().await;
+    assert_eq!((ok, failed), (300, 0), "every stream ended well");
+    assert!(
+        server.peak_connections() <= 2,
+        "{} connections were open at once (cap 2)",
+        server.peak_connections()
+    );
+    assert_eq!(server.connections(), 2);
+    assert_eq!(fleet::total_in_flight(&ch), 0);
+}
+
+/// Idle extra connections close: 300 streams open 3 connections; once they are cancelled (their
+/// counts released on cancellation), the two extra connections close after the idle time, the
+/// instance's own stays, and 100 new streams fit on it again without a new connection; 150
+/// streams then open an extra connection again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_extra_connections_close() {
+    let server = limited("s", 100);
+    let ch = channel(&server.uri(), 4, Duration::from_millis(100));
+    let streams = Streams::open(&ch, 300);
+    fleet::wait_until("300 streams streaming", LIMIT, || {
+        streams.streaming() + streams.failed() == 300
+    })
+    .await;
+    assert_eq!(streams.failed(), 0);
+    assert_eq!(server.open_connections(), 3);
+    streams.cancel().await;
+    fleet::wait_until("the extra connections closed", LIMIT, || {
+        server.open_connections() == 1
+    })
+    .await;
+    assert_eq!(ch.endpoints()[0].connections(), 1);
+    assert_eq!(fleet::total_in_flight(&ch), 0);
+    let accepted = server.connections();
+
+    let again = Streams::open(&ch, 100);
+    fleet::wait_until("100 streams streaming", LIMIT, || {
+        again.streaming() + again.failed() == 100
+    })
+    .await;
+    assert_eq!(again.failed(), 0);
+    assert_eq!(
+        server.connections(),
+        accepted,
+        "100 streams took a new connection: the first connection's count leaked"
+    );
+    let more = Streams::open(&ch, 50);
+    fleet::wait_until("150 streams streaming", LIMIT, || {
+        more.streaming() + more.failed() == 50
+    })
+    .await;
+    assert_eq!(more.failed(), 0);
+    assert_eq!(
+        server.open_connections(),
+        2,
+        "an extra connection opened again"
+    );
+    more.cancel().await;
+    again.cancel().await;
+}
+
+/// A stream the server refuses (REFUSED_STREAM: a burst sent on a new connection before the
+/// server's SETTINGS said it allows 10 streams, while the client assumed 100) is sent again
+/// transparently: of 60 calls that the server holds, 10 are held and the other 50 stay in flight
+/// (none fails), the refused ones sent again, where they wait for a stream. Whether a burst is
+/// refused depends on when the server's SETTINGS arrive, so bursts (each on a fresh server and
+/// channel) go on until one was: its calls were routed more than 60 times in all (`started`).
+/// (Before the request bodies were kept for transparent replays, the refused calls failed
+/// UNAVAILABLE at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_streams_are_sent_again() {
+    let mut refused_bursts = 0;
+    for _ in 0..30 {
+        let server = Instance::start_with(
+            "s",
+            "127.0.0.1:0".parse().unwrap(),
+            Behavior::Hold,
+            ServerOptions {
+                max_concurrent_streams: Some(10),
+                ..Default::default()
+            },
+        );
+        let ch = BalancedChannel::builder()
+            .uri(&server.uri())
+            .build()
+            .unwrap();
+        let failed = Arc::new(AtomicUsize::new(0));
+        let calls: Vec<_> = (0..60)
+            .map(|id| {
+                let mut client = FleetClient::new(ch.clone());
+                let failed = failed.clone();
+                tokio::spawn(async move {
+                    if client.unary(fleet::req(id)).await.is_err() {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        fleet::wait_until("10 calls held, 50 waiting, or a failure", LIMIT, || {
+            failed.load(Ordering::SeqCst) > 0
+                || (server.held() == 10 && fleet::total_in_flight(&ch) == 60)
+        })
+        .await;
+        assert_eq!(failed.load(Ordering::SeqCst), 0, "refused calls failed");
+        let started = ch.endpoints()[0].started();
+        for c in calls {
+            c.abort();
+            let _ = c.await;
+        }
+        fleet::wait_until("every count released", LIMIT, || {
+            fleet::total_in_flight(&ch) == 0
+        })
+        .await;
+        if started > 60 {
+            refused_bursts += 1;
+            if refused_bursts == 3 {
+                return;
+            }
+        }
+    }
+    assert!(
+        refused_bursts > 0,
+        "the server refused no stream in 30 bursts: the test shows nothing"
+    );
+}
+
+/// Bad connection settings are refused by build(), naming the setting.
+#[tokio::test]
+async fn bad_connection_settings_are_refused_by_name() {
+    let cases: [(&str, tonic_balancer::Builder); 4] = [
+        (
+            "max_connections_per_instance",
+            BalancedChannel::builder().max_connections_per_instance(0),
+        ),
+        (
+            "max_connections_per_instance",
+            BalancedChannel::builder().max_connections_per_instance(65),
+        ),
+        (
+            "max_streams_per_connection",
+            BalancedChannel::builder().max_streams_per_connection(0),
+        ),
+        (
+            "connection_idle_timeout",
+            BalancedChannel::builder().connection_idle_timeout(Duration::ZERO),
+        ),
+    ];
+    for (want, builder) in cases {
+        match builder.uri("http://127.0.0.1:1").build() {
+            Err(Error::InvalidSetting { name, .. }) => assert_eq!(name, want),
+            other => panic!("{want}: expected InvalidSetting, got {other:?}"),
+        }
+    }
+}
