@@ -87,6 +87,8 @@ pub(crate) struct Instance {
     pub(crate) steady_ns: AtomicU64,
     /// When the estimates were last updated, in nanoseconds since the pool's epoch.
     pub(crate) latency_at: AtomicU64,
+    /// What it reported of its load (ORCA), as the pick reads it.
+    pub(crate) reported: crate::orca::Reported,
     /// Its name (in logs, errors, `EndpointStats` and, shared rather than copied, the
     /// `ServedBy` of the responses it serves), identity, settings and how it is reached.
     pub(crate) target: Target,
@@ -135,6 +137,7 @@ impl Instance {
             state: AtomicU8::new(state as u8),
             breaks: AtomicU32::new(0),
             latency_ns: AtomicU64::new(0),
+            reported: crate::orca::Reported::default(),
             steady_ns: AtomicU64::new(0),
             latency_at: AtomicU64::new(now_ns),
             target,

@@ -85,12 +85,14 @@ mod guard;
 mod headers;
 mod health;
 mod instance;
+pub mod orca;
 mod pick;
 mod pool;
 mod retry;
 mod shutdown;
 mod stats;
 mod target;
+mod wrr;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use channel::{BalancedChannel, ResponseFuture};
@@ -127,6 +129,12 @@ pub enum Strategy {
     /// The lowest (calls in flight + 1) × peak-sensitive moving average of latency, as in
     /// Finagle and linkerd.
     PeakEwma,
+    /// Weighted round robin from the instances' load reports, as gRPC specifies it (gRFC
+    /// A58): weights from the reported queries, errors and utilization, an
+    /// earliest-deadline-first order; plain round robin until two instances have weights.
+    /// Needs servers that report their load (see [`orca`]); set its settings with
+    /// [`Builder::weighted_round_robin`].
+    WeightedRoundRobin,
 }
 
 #[doc(hidden)]

@@ -48,6 +48,7 @@ pub struct EndpointStats {
     consecutive_failures: u32,
     ejections: u32,
     latency: Option<Duration>,
+    load_report: Option<std::sync::Arc<crate::orca::LoadReport>>,
 }
 
 impl EndpointStats {
@@ -62,6 +63,7 @@ impl EndpointStats {
             consecutive_failures: i.consecutive_failures.load(Ordering::Relaxed),
             ejections: i.ejections.load(Ordering::Relaxed),
             latency: (lat > 0.0).then(|| Duration::from_nanos(lat as u64)),
+            load_report: i.reported.last(),
         }
     }
 
@@ -110,6 +112,11 @@ impl EndpointStats {
     /// if it answered at least once.
     pub fn latency(&self) -> Option<Duration> {
         self.latency
+    }
+
+    /// The last load report it sent (ORCA, see [`orca`](crate::orca)), if any.
+    pub fn load_report(&self) -> Option<&crate::orca::LoadReport> {
+        self.load_report.as_deref()
     }
 }
 

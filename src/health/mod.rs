@@ -83,6 +83,8 @@ pub(crate) struct Policy {
     pub(crate) ejected: AtomicUsize,
     /// Instances in the set now (not draining).
     pub(crate) members: AtomicUsize,
+    /// What the pick does with server-reported load.
+    pub(crate) orca: crate::orca::Settings,
 }
 
 impl Policy {
