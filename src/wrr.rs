@@ -115,7 +115,7 @@ pub(crate) fn weight_of(report: &LoadReport, penalty: f64) -> f64 {
     } else {
         report.cpu_utilization
     };
-    if !(qps > 0.0 && u > 0.0) || !qps.is_finite() || !u.is_finite() {
+    if !(qps > 0.0 && u > 0.0 && qps.is_finite() && u.is_finite()) {
         return 0.0;
     }
     let errors = if eps > 0.0 && penalty > 0.0 {
@@ -218,7 +218,7 @@ impl Ord for Entry {
 }
 
 /// The earliest-deadline-first order of `len` picks over instances of these weights (each
-/// > 0 and finite): instance `i` is due every `1 / weights[i]`, first at a random point of its
+/// above 0 and finite): instance `i` is due every `1 / weights[i]`, first at a random point of its
 /// first period.
 pub(crate) fn edf_cycle(weights: &[f64], len: usize, rng: &mut Rng) -> Vec<u32> {
     let mut heap: BinaryHeap<Entry> = weights
@@ -356,12 +356,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn report(qps: f64, eps: f64, cpu: f64, app: f64) -> LoadReport {
-        let mut r = LoadReport::default();
-        r.rps_fractional = qps;
-        r.eps = eps;
-        r.cpu_utilization = cpu;
-        r.application_utilization = app;
-        r
+        LoadReport {
+            rps_fractional: qps,
+            eps,
+            cpu_utilization: cpu,
+            application_utilization: app,
+            ..LoadReport::default()
+        }
     }
 
     /// The weight is gRPC's formula: qps / (utilization + eps / qps × penalty), with the
