@@ -285,12 +285,13 @@ impl BalancedChannel {
                         pick::peak_ewma(snap, &mut rng, policy.default_latency_ns, load)
                     }
                     Strategy::PowerOfTwoChoices => pick::power_of_two(snap, &mut rng, load),
-                    Strategy::WeightedRoundRobin => {
-                        pool.wrr.pick(snap, |i| load(i).is_some()).or_else(|| {
+                    Strategy::WeightedRoundRobin => pool
+                        .wrr
+                        .pick(snap, &mut rng, |i| load(i).is_some())
+                        .or_else(|| {
                             let c = pool.rr.fetch_add(1, Ordering::Relaxed);
                             pick::round_robin(snap, c, load)
-                        })
-                    }
+                        }),
                     _ => {
                         let c = pool.rr.fetch_add(1, Ordering::Relaxed);
                         pick::round_robin(snap, c, load)

@@ -64,6 +64,15 @@
 //!   `tonic::Request::set_timeout`) bounds the whole call, stream included, and ends it with
 //!   DEADLINE_EXCEEDED.
 //!
+//! # Many clients: server-reported load
+//!
+//! A channel counts only its own calls. Where many clients share the instances, servers can
+//! report their load in each response (ORCA, gRFC A51; the `orca` feature's
+//! [`OrcaLayer`](orca) does it for tonic servers in one line): the channel reads the reports by
+//! itself, and the least-pending pick then counts the calls an instance serves for every
+//! client, as long as its report is fresh. [`Strategy::WeightedRoundRobin`] weighs instances by
+//! their reported queries, errors and utilization, as gRPC does. See [`orca`].
+//!
 //! # Observability
 //!
 //! [`BalancedChannel::endpoints`] returns an [`EndpointStats`] per instance; every response
@@ -157,6 +166,11 @@ pub mod __bench {
         /// `n` instances on 127.0.0.1 ports 1..=n (never connected). Needs a tokio runtime.
         pub fn new(n: usize, strategy: crate::Strategy) -> Picker {
             let mut b = crate::BalancedChannel::builder().strategy(strategy);
+            if strategy == crate::Strategy::WeightedRoundRobin {
+                let mut wrr = crate::orca::WrrConfig::default();
+                wrr.blackout_period = Duration::ZERO;
+                b = b.weighted_round_robin(wrr);
+            }
             for port in 1..=n {
                 b = b.uri(&format!("http://127.0.0.1:{port}"));
             }
@@ -182,6 +196,26 @@ pub mod __bench {
             } else {
                 crate::State::Ejected
             });
+        }
+
+        /// Gives instance `i` a weighted-round-robin weight (a report of `weight` queries per
+        /// second at utilization 1), then rebuilds the schedule as the channel's task does.
+        /// For a channel built with [`Strategy::WeightedRoundRobin`](crate::Strategy) and no
+        /// blackout.
+        pub fn set_weights(&self, weights: &[f64]) {
+            let pool = &self.channel.pool;
+            let snap = pool.snapshot();
+            let cfg = pool.policy.orca.wrr;
+            let now = pool.policy.now_ns();
+            for (inst, &w) in snap.iter().zip(weights) {
+                let report = crate::orca::LoadReport {
+                    rps_fractional: w,
+                    cpu_utilization: 1.0,
+                    ..Default::default()
+                };
+                inst.reported.wrr.update(&report, now, &cfg);
+            }
+            pool.wrr.rebuild(&snap, now, &cfg);
         }
 
         /// One pick, exactly as a call makes it.

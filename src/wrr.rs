@@ -20,9 +20,12 @@
 //! `1 / weight` (the first at a random point of its first period, so that clients do not move
 //! in step), and the next pick is the instance with the earliest deadline. The task
 //! precomputes a cycle of that order (32 picks per instance), and a pick is one atomic
-//! increment and a read of the cycle: no lock, no heap on the call path. Picks skip instances
-//! that cannot take calls; until the first schedule exists, and for a moment after a
-//! membership change (until the next rebuild), the pick is plain round robin.
+//! increment and a read of the cycle: no lock, no heap on the call path. The schedule covers
+//! the instances that could take calls when it was built (as gRPC's covers its READY ones);
+//! where the next entry cannot take the call (ejected since, or already tried by this call),
+//! the pick draws a random entry of the cycle instead, which keeps the others' proportions.
+//! Until the first schedule exists, and for a moment after a membership change (until the
+//! next rebuild), the pick is plain round robin.
 //!
 //! Differences from gRPC: the schedule is recomputed on the period only, not also when the
 //! set changes; an instance's blackout does not restart when it reconnects.
@@ -284,18 +287,25 @@ impl Default for Wrr {
 }
 
 impl Wrr {
-    /// Rebuilds the schedule for this set from the weights that count at `now_ns`.
+    /// Rebuilds the schedule for this set from the weights that count at `now_ns`, over the
+    /// instances that can take calls now (as gRPC's schedule covers its READY ones).
     pub(crate) fn rebuild(&self, members: &Arc<Members>, now_ns: u64, cfg: &WrrConfig) {
-        let weights: Vec<f64> = members
+        let usable: Vec<u32> = (0..members.len() as u32)
+            .filter(|&i| members[i as usize].is_usable())
+            .collect();
+        let weights: Vec<f64> = usable
             .iter()
-            .map(|i| i.reported.wrr.get(now_ns, cfg))
+            .map(|&i| members[i as usize].reported.wrr.get(now_ns, cfg))
             .collect();
         let cycle = match schedule_weights(&weights) {
             Some(w) => {
                 let len = (w.len() * CYCLE_PER_INSTANCE).min(MAX_CYCLE);
                 let mut rng = Rng::thread();
-                let cycle = edf_cycle(&w, len, &mut rng);
+                let mut cycle = edf_cycle(&w, len, &mut rng);
                 rng.store();
+                for i in &mut cycle {
+                    *i = usable[*i as usize];
+                }
                 cycle
             }
             None => Vec::new(),
@@ -311,12 +321,15 @@ impl Wrr {
         }));
     }
 
-    /// The next instance of the schedule that `usable` accepts; `None` when there is no
-    /// schedule for this set (the caller goes round robin) or nothing usable was met.
+    /// The next instance of the schedule, if `usable` accepts it; else the instance at a
+    /// random place of the cycle (the entry after a skipped one would get its share too),
+    /// a few times. `None` when there is no schedule for this set (the caller goes round
+    /// robin) or nothing usable was met.
     #[inline]
     pub(crate) fn pick(
         &self,
         members: &Members,
+        rng: &mut Rng,
         mut usable: impl FnMut(&Arc<Instance>) -> bool,
     ) -> Option<usize> {
         let s = self.schedule.load();
@@ -324,10 +337,14 @@ impl Wrr {
         if len == 0 || !std::ptr::eq(s.members.as_ptr(), members) {
             return None;
         }
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let at = self.next.fetch_add(1, Ordering::Relaxed) % len;
+        let i = s.cycle[at] as usize;
+        if usable(&members[i]) {
+            return Some(i);
+        }
         // Bounded: with most instances unusable, round robin finds the rest.
-        for k in 0..len.min(4 * members.len() + 8) {
-            let i = s.cycle[(start.wrapping_add(k)) % len] as usize;
+        for _ in 0..16 {
+            let i = s.cycle[rng.below(len)] as usize;
             if usable(&members[i]) {
                 return Some(i);
             }

@@ -19,7 +19,7 @@
 //! - [`Strategy::WeightedRoundRobin`](crate::Strategy::WeightedRoundRobin): weights from the
 //!   reported queries, errors and utilization, as gRFC A58 specifies (see [`WrrConfig`]).
 //!
-//! The report types need no feature; the server side ([`OrcaLayer`], [`OrcaHandle`]) is in
+//! The report types need no feature; the server side (`OrcaLayer`, `OrcaHandle`) is in
 //! the `orca` feature.
 
 use std::collections::BTreeMap;
