@@ -106,10 +106,13 @@ impl LoadReport {
     }
 }
 
+/// A name made once: looking up a `&str` would parse and check it on every response.
+static NAME: http::HeaderName = http::HeaderName::from_static(TRAILER);
+
 /// Reads and decodes the report in these headers or trailers, if any. Takes the map apart to
 /// reuse tonic's base64 decoding, and puts it back as it was.
 pub(crate) fn read(map: &mut http::HeaderMap) -> Option<LoadReport> {
-    if !map.contains_key(TRAILER) {
+    if !map.contains_key(&NAME) {
         return None;
     }
     let md = tonic::metadata::MetadataMap::from_headers(std::mem::take(map));
@@ -207,6 +210,14 @@ impl Reported {
 /// counts the call.
 #[inline]
 pub(crate) fn take_report(inst: &crate::instance::Instance, map: &mut http::HeaderMap) {
+    // Most responses have none: one lookup, and the rest out of line.
+    if map.contains_key(&NAME) {
+        take_report_slow(inst, map);
+    }
+}
+
+#[inline(never)]
+fn take_report_slow(inst: &crate::instance::Instance, map: &mut http::HeaderMap) {
     let Some(report) = read(map) else { return };
     let policy = &inst.policy;
     let now = policy.now_ns();
