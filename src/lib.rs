@@ -167,9 +167,10 @@ pub mod __bench {
         pub fn new(n: usize, strategy: crate::Strategy) -> Picker {
             let mut b = crate::BalancedChannel::builder().strategy(strategy);
             if strategy == crate::Strategy::WeightedRoundRobin {
-                let mut wrr = crate::orca::WrrConfig::default();
-                wrr.blackout_period = Duration::ZERO;
-                b = b.weighted_round_robin(wrr);
+                b = b.weighted_round_robin(crate::orca::WrrConfig {
+                    blackout_period: Duration::ZERO,
+                    ..Default::default()
+                });
             }
             for port in 1..=n {
                 b = b.uri(&format!("http://127.0.0.1:{port}"));
