@@ -494,8 +494,7 @@ impl Builder {
     /// use std::time::Duration;
     /// use tonic_balancer::orca::WrrConfig;
     ///
-    /// let mut wrr = WrrConfig::default();
-    /// wrr.blackout_period = Duration::from_secs(2);
+    /// let wrr = WrrConfig::default().blackout_period(Duration::from_secs(2));
     /// let channel = tonic_balancer::BalancedChannel::builder()
     ///     .uris(["http://10.0.0.7:50051", "http://10.0.0.8:50051"])
     ///     .weighted_round_robin(wrr)

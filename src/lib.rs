@@ -167,10 +167,9 @@ pub mod __bench {
         pub fn new(n: usize, strategy: crate::Strategy) -> Picker {
             let mut b = crate::BalancedChannel::builder().strategy(strategy);
             if strategy == crate::Strategy::WeightedRoundRobin {
-                b = b.weighted_round_robin(crate::orca::WrrConfig {
-                    blackout_period: Duration::ZERO,
-                    ..Default::default()
-                });
+                b = b.weighted_round_robin(
+                    crate::orca::WrrConfig::default().blackout_period(Duration::ZERO),
+                );
             }
             for port in 1..=n {
                 b = b.uri(&format!("http://127.0.0.1:{port}"));

@@ -51,24 +51,20 @@ use crate::pool::{Members, Pool};
 /// use std::time::Duration;
 /// use tonic_balancer::orca::WrrConfig;
 ///
-/// let mut wrr = WrrConfig::default();
-/// wrr.blackout_period = Duration::from_secs(2);
-/// assert_eq!(wrr.weight_update_period, Duration::from_secs(1));
+/// let wrr = WrrConfig::default()
+///     .blackout_period(Duration::from_secs(2))
+///     .error_utilization_penalty(2.0);
+/// # let _ = wrr;
 /// ```
+///
+/// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
+/// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
 #[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
 pub struct WrrConfig {
-    /// How long after the first report of a run an instance's weight starts to count
-    /// (default 10 s; zero: at once).
-    pub blackout_period: Duration,
-    /// Without a report for this long, an instance's weight no longer counts (default 3 min).
-    pub weight_expiration_period: Duration,
-    /// How often the schedule is rebuilt from the weights (default 1 s; below 100 ms counts
-    /// as 100 ms, as in gRPC).
-    pub weight_update_period: Duration,
-    /// How much errors weigh against an instance: errors per query × this is added to its
-    /// utilization (default 1.0; must be finite and ≥ 0).
-    pub error_utilization_penalty: f64,
+    pub(crate) blackout_period: Duration,
+    pub(crate) weight_expiration_period: Duration,
+    pub(crate) weight_update_period: Duration,
+    pub(crate) error_utilization_penalty: f64,
 }
 
 impl Default for WrrConfig {
@@ -79,6 +75,36 @@ impl Default for WrrConfig {
             weight_update_period: Duration::from_secs(1),
             error_utilization_penalty: 1.0,
         }
+    }
+}
+
+impl WrrConfig {
+    /// How long after the first report of a run an instance's weight starts to count
+    /// (default 10 s; zero: at once).
+    pub fn blackout_period(mut self, d: Duration) -> Self {
+        self.blackout_period = d;
+        self
+    }
+
+    /// Without a report for this long, an instance's weight no longer counts, and the next
+    /// report starts a new blackout (default 3 min; must be above zero).
+    pub fn weight_expiration_period(mut self, d: Duration) -> Self {
+        self.weight_expiration_period = d;
+        self
+    }
+
+    /// How often the schedule is rebuilt from the weights (default 1 s; below 100 ms counts
+    /// as 100 ms, as in gRPC).
+    pub fn weight_update_period(mut self, d: Duration) -> Self {
+        self.weight_update_period = d;
+        self
+    }
+
+    /// How much errors weigh against an instance: errors per query × this is added to its
+    /// utilization (default 1.0; must be finite and ≥ 0).
+    pub fn error_utilization_penalty(mut self, p: f64) -> Self {
+        self.error_utilization_penalty = p;
+        self
     }
 }
 

@@ -255,9 +255,9 @@ async fn weighted_round_robin_follows_reported_utilization() {
     let (b, hb) = reporting("b", Behavior::Ok);
     ha.set_application_utilization(0.2);
     hb.set_application_utilization(0.8);
-    let mut wrr = WrrConfig::default();
-    wrr.blackout_period = Duration::ZERO;
-    wrr.weight_update_period = Duration::from_millis(100);
+    let wrr = WrrConfig::default()
+        .blackout_period(Duration::ZERO)
+        .weight_update_period(Duration::from_millis(100));
     let ch = BalancedChannel::builder()
         .uris([a.uri(), b.uri()])
         .weighted_round_robin(wrr)

@@ -47,3 +47,37 @@ async fn round_robin_until_two_weights() {
         assert!(got.abs_diff(want) <= 40, "{c:?}");
     }
 }
+
+/// Settings that make no sense are refused by `build()`, naming the setting: a penalty that
+/// is negative or not finite, an expiration period of zero.
+#[tokio::test]
+async fn bad_settings_are_refused() {
+    use tonic_balancer::orca::WrrConfig;
+    use tonic_balancer::{BalancedChannel, Error};
+    let build = |cfg: WrrConfig| {
+        BalancedChannel::builder()
+            .uri("http://127.0.0.1:1")
+            .weighted_round_robin(cfg)
+            .build()
+    };
+    for (cfg, setting) in [
+        (
+            WrrConfig::default().error_utilization_penalty(-1.0),
+            "weighted_round_robin.error_utilization_penalty",
+        ),
+        (
+            WrrConfig::default().error_utilization_penalty(f64::NAN),
+            "weighted_round_robin.error_utilization_penalty",
+        ),
+        (
+            WrrConfig::default().weight_expiration_period(Duration::ZERO),
+            "weighted_round_robin.weight_expiration_period",
+        ),
+    ] {
+        match build(cfg) {
+            Err(Error::InvalidSetting { name, .. }) => assert_eq!(name, setting),
+            other => panic!("{setting}: {other:?}"),
+        }
+    }
+    assert!(build(WrrConfig::default()).is_ok());
+}
