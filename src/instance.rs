@@ -221,6 +221,7 @@ impl Instance {
             .is_ok();
         if ok {
             tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
+            self.left_service(to);
         }
         ok
     }
@@ -230,8 +231,17 @@ impl Instance {
         let from = State::from_u8(self.state.swap(to as u8, Ordering::AcqRel));
         if from != to {
             tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
+            self.left_service(to);
         }
         from
+    }
+
+    /// Out of service (failing, ejected, unhealthy, draining): its weighted-round-robin weight
+    /// must earn its blackout again when it is back (gRFC A58).
+    fn left_service(&self, to: State) {
+        if !to.is_usable() {
+            self.reported.wrr.reset();
+        }
     }
 
     /// The latency estimate in nanoseconds (0: unknown), fading linearly to 0 over `expiry`

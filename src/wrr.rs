@@ -27,8 +27,9 @@
 //! Until the first schedule exists, and for a moment after a membership change (until the
 //! next rebuild), the pick is plain round robin.
 //!
-//! Differences from gRPC: the schedule is recomputed on the period only, not also when the
-//! set changes; an instance's blackout does not restart when it reconnects.
+//! An instance that leaves service (failing, ejected, unhealthy) loses its weight, and its next
+//! report starts a new blackout, as gRPC resets an endpoint that leaves READY. Difference from
+//! gRPC: the schedule is recomputed on the period only, not also when the set changes.
 
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
@@ -186,6 +187,12 @@ impl EndpointWeight {
         );
         self.weight.store(w.to_bits(), Ordering::Relaxed);
         self.last_update.store(now_ns, Ordering::Relaxed);
+    }
+
+    /// The instance left service: its weight no longer counts, and its next report starts a
+    /// new blackout.
+    pub(crate) fn reset(&self) {
+        self.non_empty_since.store(0, Ordering::Relaxed);
     }
 
     /// The weight that counts now: 0 before the blackout is over, after expiry, or without
@@ -457,6 +464,11 @@ mod tests {
         let f = EndpointWeight::default();
         f.update(&report(50.0, 0.0, 0.5, 0.0), s, &none);
         assert_eq!(f.get(s, &none), 100.0, "no blackout");
+        e.reset();
+        assert_eq!(e.get(201 * s, &cfg), 0.0, "reset: no weight");
+        e.update(&report(100.0, 0.0, 0.5, 0.0), 202 * s, &cfg);
+        assert_eq!(e.get(205 * s, &cfg), 0.0, "reset: a new blackout");
+        assert_eq!(e.get(213 * s, &cfg), 200.0);
     }
 
     /// With fewer than two weights there is no schedule; missing weights get the mean.

@@ -81,3 +81,21 @@ async fn bad_settings_are_refused() {
     }
     assert!(build(WrrConfig::default()).is_ok());
 }
+
+/// An instance that leaves service loses its weight: back in service, it gets the mean of
+/// the others' weights until it reports again (gRPC resets an endpoint that leaves READY).
+#[tokio::test]
+async fn leaving_service_resets_the_weight() {
+    let p = Picker::new(4, Strategy::WeightedRoundRobin);
+    p.set_weights(&[1.0, 1.0, 2.0, 4.0]);
+    p.set(3, 0, Duration::from_millis(1), false);
+    p.set(3, 0, Duration::from_millis(1), true);
+    // Rebuild only (weights of 0 are no report): 1, 1, 2 and the mean 4/3.
+    p.set_weights(&[0.0; 4]);
+    let c = shares(&p, 4, 8000);
+    let total = 1.0 + 1.0 + 2.0 + 4.0 / 3.0;
+    for (got, w) in c.iter().zip([1.0, 1.0, 2.0, 4.0 / 3.0]) {
+        let want = (8000.0 * w / total) as usize;
+        assert!(got.abs_diff(want) <= 160, "{c:?}");
+    }
+}
