@@ -67,6 +67,8 @@ pub struct Builder {
     slow_start: Option<Duration>,
     template: Option<Template>,
     conns: crate::conns::Settings,
+    load_report_max_age: Duration,
+    wrr: crate::orca::WrrConfig,
 }
 
 /// Where discovery gets its addresses: built in `build()` so that errors surface there.
@@ -136,6 +138,8 @@ impl Builder {
             health_check: None,
             max_replay_body: DEFAULT_MAX_REPLAY_BODY,
             latency_expiry: Duration::from_secs(5),
+            load_report_max_age: crate::orca::DEFAULT_LOAD_REPORT_MAX_AGE,
+            wrr: crate::orca::WrrConfig::default(),
             latency_decay: Duration::from_secs(1),
             discovery: None,
             slow_start: None,
@@ -540,6 +544,50 @@ impl Builder {
         self
     }
 
+    /// How old a server's load report may be for [`Strategy::LeastPending`] to count the
+    /// calls it reports in flight (default 1 s; zero: reports are never used by the pick).
+    /// See [`orca`](crate::orca): where an instance reports its calls in flight (the
+    /// [`IN_FLIGHT_METRIC`](crate::orca::IN_FLIGHT_METRIC) of an ORCA report, as the
+    /// `orca` feature's `OrcaLayer` sends), the pick compares the calls it serves for every
+    /// client rather than this channel's alone. An instance without a fresh report is counted
+    /// by this channel's calls only.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// use std::time::Duration;
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .uris(["http://10.0.0.7:50051", "http://10.0.0.8:50051"])
+    ///     .load_report_max_age(Duration::from_millis(500))
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn load_report_max_age(mut self, max_age: Duration) -> Builder {
+        self.load_report_max_age = max_age;
+        self
+    }
+
+    /// The settings of [`Strategy::WeightedRoundRobin`] (default: gRPC's, see
+    /// [`WrrConfig`](crate::orca::WrrConfig)); also selects that strategy.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// use std::time::Duration;
+    /// use tonic_balancer::orca::WrrConfig;
+    ///
+    /// let wrr = WrrConfig::default().blackout_period(Duration::from_secs(2));
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .uris(["http://10.0.0.7:50051", "http://10.0.0.8:50051"])
+    ///     .weighted_round_robin(wrr)
+    ///     .build()?;
+    /// assert_eq!(channel.strategy(), tonic_balancer::Strategy::WeightedRoundRobin);
+    /// # Ok(()) }
+    /// ```
+    pub fn weighted_round_robin(mut self, config: crate::orca::WrrConfig) -> Builder {
+        self.wrr = config;
+        self.strategy = Strategy::WeightedRoundRobin;
+        self
+    }
+
     /// Checks the settings and builds the channel. Must be called within a tokio runtime.
     ///
     /// # Errors
@@ -695,6 +743,7 @@ impl Builder {
                 reason: "must be above zero".to_owned(),
             });
         }
+        self.wrr.validate()?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::NoRuntime);
         };
@@ -783,6 +832,7 @@ impl Builder {
             ejected: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
             conns: self.conns,
+            orca: crate::orca::Settings::new(self.load_report_max_age, self.wrr),
         });
         let mut pool = Pool::new(policy.clone(), self.strategy);
         pool.replay = self.transparent_retry;
@@ -832,6 +882,9 @@ impl Builder {
         }
         if let Some(every) = policy.ejection.success_rate_interval {
             pool.spawn(success_rate_task(Arc::downgrade(&pool), every));
+        }
+        if self.strategy == Strategy::WeightedRoundRobin {
+            pool.spawn(crate::wrr::task(Arc::downgrade(&pool), self.wrr));
         }
         Ok(BalancedChannel { pool })
     }

@@ -224,6 +224,8 @@ impl BalancedChannel {
         let now = policy.clock.load(Ordering::Relaxed);
         let expiry = policy.latency_expiry_ns;
         let inv_expiry = policy.inv_latency_expiry;
+        // Calls in flight: this channel's, plus the other clients' as of a fresh load report.
+        let max_age = policy.orca.max_age_ticks;
         let mut rng = Rng::thread();
         // An independent stream for the slow-start draws (the strategy's own draws use `rng`).
         let mut gate =
@@ -254,7 +256,11 @@ impl BalancedChannel {
                 snap,
                 &mut rng,
                 &snap.strides,
-                |i| i.is_usable().then(|| i.in_flight.load(Ordering::Relaxed)),
+                |i| {
+                    i.is_usable().then(|| {
+                        i.in_flight.load(Ordering::Relaxed) + i.reported.others(now, max_age)
+                    })
+                },
                 |i| i.tie.turn(now),
             )
             .map(|c| took_turn(snap, c)),
@@ -262,14 +268,19 @@ impl BalancedChannel {
                 snap,
                 &mut rng,
                 &snap.strides,
-                |i| usable(i).then(|| i.in_flight.load(Ordering::Relaxed)),
+                |i| {
+                    usable(i).then(|| {
+                        i.in_flight.load(Ordering::Relaxed) + i.reported.others(now, max_age)
+                    })
+                },
                 |i| i.tie.turn(now),
             )
             .map(|c| took_turn(snap, c)),
             strategy => {
-                let load = |i: &Arc<Instance>| -> Option<Load> {
+                let mut load = |i: &Arc<Instance>| -> Option<Load> {
                     usable(i).then(|| Load {
-                        in_flight: i.in_flight.load(Ordering::Relaxed),
+                        in_flight: i.in_flight.load(Ordering::Relaxed)
+                            + i.reported.others(now, max_age),
                         latency_ns: i.latency(now, expiry, inv_expiry),
                     })
                 };
@@ -278,6 +289,13 @@ impl BalancedChannel {
                         pick::peak_ewma(snap, &mut rng, policy.default_latency_ns, load)
                     }
                     Strategy::PowerOfTwoChoices => pick::power_of_two(snap, &mut rng, load),
+                    Strategy::WeightedRoundRobin => pool
+                        .wrr
+                        .pick(snap, &mut rng, |i| load(i).is_some())
+                        .or_else(|| {
+                            let c = pool.rr.fetch_add(1, Ordering::Relaxed);
+                            pick::round_robin(snap, c, load)
+                        }),
                     _ => {
                         let c = pool.rr.fetch_add(1, Ordering::Relaxed);
                         pick::round_robin(snap, c, load)
@@ -732,6 +750,8 @@ impl ResponseFuture {
         resp.extensions_mut()
             .insert(ServedBy::new(guard.instance().target.name.clone()));
         if let Some((code, outcome)) = head_status(&resp) {
+            // A trailers-only response carries its load report in its head.
+            crate::orca::take_report(guard.instance(), resp.headers_mut());
             guard.finish(outcome);
             if code != tonic::Code::Ok {
                 self.tried(guard.instance());

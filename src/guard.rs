@@ -216,8 +216,10 @@ impl HttpBody for GuardedBody {
         }
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(trailers) = frame.trailers_ref() {
+            Poll::Ready(Some(Ok(mut frame))) => {
+                if let Some(trailers) = frame.trailers_mut() {
+                    // Before the guard goes: the report counts this call as the server did.
+                    crate::orca::take_report(guard.instance(), trailers);
                     let code = grpc_status(trailers);
                     let late = this.deadline.as_deref().is_some_and(deadline::passed);
                     if late && code.is_some_and(|c| c != tonic::Code::Ok) {

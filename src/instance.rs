@@ -94,6 +94,8 @@ pub(crate) struct Instance {
     /// scheduling hiccup does not move it much, while a consistently slow instance moves it
     /// within a few calls.
     pub(crate) steady_ns: AtomicU64,
+    /// What it reported of its load (ORCA), as the pick reads it.
+    pub(crate) reported: crate::orca::Reported,
     /// Its name (in logs, errors, `EndpointStats` and, shared rather than copied, the
     /// `ServedBy` of the responses it serves), identity, settings and how it is reached.
     pub(crate) target: Target,
@@ -147,6 +149,7 @@ impl Instance {
             breaks: AtomicU32::new(0),
             tie: Tie::new(),
             latency_ns: AtomicU64::new(0),
+            reported: crate::orca::Reported::default(),
             latency_at: AtomicU64::new(now_ns),
             steady_ns: AtomicU64::new(0),
             target,
@@ -230,6 +233,7 @@ impl Instance {
             .is_ok();
         if ok {
             tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
+            self.left_service(to);
         }
         ok
     }
@@ -239,8 +243,17 @@ impl Instance {
         let from = State::from_u8(self.state.swap(to as u8, Ordering::AcqRel));
         if from != to {
             tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
+            self.left_service(to);
         }
         from
+    }
+
+    /// Out of service (failing, ejected, unhealthy, draining): its weighted-round-robin weight
+    /// must earn its blackout again when it is back (gRFC A58).
+    fn left_service(&self, to: State) {
+        if !to.is_usable() {
+            self.reported.wrr.reset();
+        }
     }
 
     /// The latency estimate in nanoseconds (0: unknown), fading linearly to 0 over `expiry`

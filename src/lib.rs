@@ -70,6 +70,15 @@
 //!   `tonic::Request::set_timeout`) bounds the whole call, stream included, and ends it with
 //!   DEADLINE_EXCEEDED.
 //!
+//! # Many clients: server-reported load
+//!
+//! A channel counts only its own calls. Where many clients share the instances, servers can
+//! report their load in each response (ORCA, gRFC A51; the `orca` feature's
+//! [`OrcaLayer`](orca) does it for tonic servers in one line): the channel reads the reports by
+//! itself, and the least-pending pick then counts the calls an instance serves for every
+//! client, as long as its report is fresh. [`Strategy::WeightedRoundRobin`] weighs instances by
+//! their reported queries, errors and utilization, as gRPC does. See [`orca`].
+//!
 //! # Observability
 //!
 //! [`BalancedChannel::endpoints`] returns an [`EndpointStats`] per instance; every response
@@ -93,6 +102,7 @@ mod headers;
 mod health;
 mod hedge;
 mod instance;
+pub mod orca;
 mod pick;
 mod pool;
 mod pushback;
@@ -101,6 +111,7 @@ mod shutdown;
 mod stats;
 mod target;
 mod tiebreak;
+mod wrr;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use channel::{BalancedChannel, ResponseFuture};
@@ -140,6 +151,12 @@ pub enum Strategy {
     /// The lowest (calls in flight + 1) × peak-sensitive moving average of latency, as in
     /// Finagle and linkerd.
     PeakEwma,
+    /// Weighted round robin from the instances' load reports, as gRPC specifies it (gRFC
+    /// A58): weights from the reported queries, errors and utilization, an
+    /// earliest-deadline-first order; plain round robin until two instances have weights.
+    /// Needs servers that report their load (see [`orca`]); set its settings with
+    /// [`Builder::weighted_round_robin`].
+    WeightedRoundRobin,
 }
 
 #[doc(hidden)]
@@ -162,6 +179,11 @@ pub mod __bench {
         /// `n` instances on 127.0.0.1 ports 1..=n (never connected). Needs a tokio runtime.
         pub fn new(n: usize, strategy: crate::Strategy) -> Picker {
             let mut b = crate::BalancedChannel::builder().strategy(strategy);
+            if strategy == crate::Strategy::WeightedRoundRobin {
+                b = b.weighted_round_robin(
+                    crate::orca::WrrConfig::default().blackout_period(Duration::ZERO),
+                );
+            }
             for port in 1..=n {
                 b = b.uri(&format!("http://127.0.0.1:{port}"));
             }
@@ -189,6 +211,26 @@ pub mod __bench {
             } else {
                 crate::State::Ejected
             });
+        }
+
+        /// Gives instance `i` a weighted-round-robin weight (a report of `weight` queries per
+        /// second at utilization 1), then rebuilds the schedule as the channel's task does.
+        /// For a channel built with [`Strategy::WeightedRoundRobin`](crate::Strategy) and no
+        /// blackout.
+        pub fn set_weights(&self, weights: &[f64]) {
+            let pool = &self.channel.pool;
+            let snap = pool.snapshot();
+            let cfg = pool.policy.orca.wrr;
+            let now = pool.policy.now_ns();
+            for (inst, &w) in snap.iter().zip(weights) {
+                let report = crate::orca::LoadReport {
+                    rps_fractional: w,
+                    cpu_utilization: 1.0,
+                    ..Default::default()
+                };
+                inst.reported.wrr.update(&report, now, &cfg);
+            }
+            pool.wrr.rebuild(&snap, now, &cfg);
         }
 
         /// One pick, exactly as a call makes it.

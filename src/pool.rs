@@ -64,6 +64,8 @@ pub(crate) struct Pool {
     pub(crate) policy: Arc<Policy>,
     pub(crate) strategy: Strategy,
     pub(crate) rr: AtomicUsize,
+    /// Weighted round robin's schedule (used with that strategy only).
+    pub(crate) wrr: crate::wrr::Wrr,
     /// Transparent retry on (see `Builder::transparent_retry`).
     pub(crate) replay: bool,
     /// The retry policy, if any, and its budget.
@@ -95,6 +97,7 @@ impl Pool {
             policy,
             strategy,
             rr: AtomicUsize::new(0),
+            wrr: crate::wrr::Wrr::default(),
             replay: true,
             retry: None,
             budget: None,

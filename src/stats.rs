@@ -50,6 +50,7 @@ pub struct EndpointStats {
     ejections: u32,
     latency: Option<Duration>,
     slowness: Option<f64>,
+    load_report: Option<std::sync::Arc<crate::orca::LoadReport>>,
 }
 
 impl EndpointStats {
@@ -66,6 +67,7 @@ impl EndpointStats {
             ejections: i.ejections.load(Ordering::Relaxed),
             latency: (lat > 0.0).then(|| Duration::from_nanos(lat as u64)),
             slowness: i.tie.slowness(),
+            load_report: i.reported.last(),
         }
     }
 
@@ -130,6 +132,11 @@ impl EndpointStats {
     /// least once.
     pub fn slowness(&self) -> Option<f64> {
         self.slowness
+    }
+
+    /// The last load report it sent (ORCA, see [`orca`](crate::orca)), if any.
+    pub fn load_report(&self) -> Option<&crate::orca::LoadReport> {
+        self.load_report.as_deref()
     }
 }
 

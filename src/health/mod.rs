@@ -88,6 +88,8 @@ pub(crate) struct Policy {
     pub(crate) members: AtomicUsize,
     /// Connections per instance.
     pub(crate) conns: crate::conns::Settings,
+    /// What the pick does with server-reported load.
+    pub(crate) orca: crate::orca::Settings,
 }
 
 impl Policy {

@@ -423,6 +423,9 @@ pub struct ServerOptions {
     pub max_concurrent_streams: Option<u32>,
     /// Serves TLS with this identity (certificate and key).
     pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// Reports its load (ORCA) on every response through this handle (`OrcaLayer`).
+    #[cfg(feature = "orca")]
+    pub orca: Option<tonic_balancer::orca::OrcaHandle>,
 }
 
 /// A server's TCP connection, counted in its instance's `connections` and `open_connections`.
@@ -572,6 +575,18 @@ impl Instance {
                     if let Some(tls) = options.tls {
                         builder = builder.tls_config(tls).expect("the test's TLS identity");
                     }
+                    #[cfg(feature = "orca")]
+                    let orca = tower::util::option_layer(options.orca.map(|handle| {
+                        tower::ServiceBuilder::new()
+                            .map_response(
+                                |r: http::Response<
+                                    tonic_balancer::orca::OrcaBody<tonic::body::Body>,
+                                >| r.map(tonic::body::Body::new),
+                            )
+                            .layer(tonic_balancer::orca::OrcaLayer::new(handle))
+                    }));
+                    #[cfg(not(feature = "orca"))]
+                    let orca = tower::layer::util::Identity::new();
                     let seen = shared.clone();
                     let server = builder
                         .layer(tower::util::MapRequestLayer::new(
@@ -584,6 +599,7 @@ impl Instance {
                                 req
                             },
                         ))
+                        .layer(orca)
                         .add_service(FleetServer::new(Svc(shared.clone())))
                         .add_service(tonic_health::pb::health_server::HealthServer::new(
                             HealthSvc(shared),

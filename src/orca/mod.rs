@@ -1,0 +1,301 @@
+//! Server-reported load (ORCA, gRFC A51): the report an instance attaches to its responses,
+//! and what the channel keeps of it.
+//!
+//! A server that reports its load puts a trailer [`TRAILER`] (`endpoint-load-metrics-bin`) on
+//! its responses: a binary `xds.data.orca.v3.OrcaLoadReport` ([`LoadReport`]). The channel
+//! reads it from every response that has one (in the trailers, or in the headers of a
+//! trailers-only response) and keeps the latest per instance; a response without a report,
+//! or with one that does not decode, changes nothing.
+//!
+//! What the pick does with reports:
+//!
+//! - [`Strategy::LeastPending`](crate::Strategy::LeastPending): where an instance reports its
+//!   calls in flight (the named metric [`IN_FLIGHT_METRIC`], which the server-side
+//!   `OrcaLayer` of the `orca` feature sets), the count the pick compares is the calls the
+//!   instance serves for every client, not only this channel's: the others' calls as of the
+//!   report plus this channel's calls now. Reports older than
+//!   [`Builder::load_report_max_age`](crate::Builder::load_report_max_age) (1 s by default)
+//!   are not used: the pick falls back to its own count.
+//! - [`Strategy::WeightedRoundRobin`](crate::Strategy::WeightedRoundRobin): weights from the
+//!   reported queries, errors and utilization, as gRFC A58 specifies (see [`WrrConfig`]).
+//!
+//! The report types need no feature; the server side (`OrcaLayer`, `OrcaHandle`) is in
+//! the `orca` feature.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+
+#[cfg(feature = "orca")]
+mod server;
+mod wire;
+
+#[cfg(feature = "orca")]
+pub use server::{OrcaBody, OrcaFuture, OrcaHandle, OrcaLayer, OrcaService};
+
+pub use crate::wrr::WrrConfig;
+
+/// The trailer that carries a per-call load report (gRFC A51).
+pub const TRAILER: &str = "endpoint-load-metrics-bin";
+
+/// The named metric (in [`LoadReport::named_metrics`]) that holds the calls the instance has in
+/// flight, for every client, when the report was made.
+pub const IN_FLIGHT_METRIC: &str = "calls_in_flight";
+
+/// An ORCA load report (`xds.data.orca.v3.OrcaLoadReport`), as the instance sent it.
+///
+/// Decoded and encoded by this crate's own code of the protobuf wire format (no protobuf
+/// dependency). The deprecated integer `rps` (field 3) is skipped; use `rps_fractional`.
+///
+/// ```
+/// use tonic_balancer::orca::LoadReport;
+///
+/// let mut report = LoadReport::default();
+/// report.rps_fractional = 120.0;
+/// report.application_utilization = 0.6;
+/// report.named_metrics.insert("calls_in_flight".into(), 7.0);
+/// let bytes = report.encode();
+/// assert_eq!(LoadReport::decode(&bytes), Some(report));
+/// assert_eq!(LoadReport::decode(b"\x0a\xff"), None); // malformed
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct LoadReport {
+    /// CPU utilization, a fraction of the CPU available (may exceed 1).
+    pub cpu_utilization: f64,
+    /// Memory utilization, a fraction of the memory available.
+    pub mem_utilization: f64,
+    /// Application-specific costs of the request.
+    pub request_cost: BTreeMap<String, f64>,
+    /// Utilization of named resources, fractions.
+    pub utilization: BTreeMap<String, f64>,
+    /// Queries per second the instance serves (for every client).
+    pub rps_fractional: f64,
+    /// Errors per second the instance serves.
+    pub eps: f64,
+    /// Application-specific metrics ([`IN_FLIGHT_METRIC`] among them).
+    pub named_metrics: BTreeMap<String, f64>,
+    /// Utilization as the application sees it (for example the higher of CPU and memory);
+    /// weighted round robin prefers it to `cpu_utilization` when it is above 0.
+    pub application_utilization: f64,
+}
+
+impl LoadReport {
+    /// Decodes a serialised report; `None` if it is malformed. Unknown fields are skipped.
+    pub fn decode(bytes: &[u8]) -> Option<LoadReport> {
+        wire::decode(bytes)
+    }
+
+    /// Serialises the report (protobuf wire format; fields at their default are left out).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        wire::encode(self, &mut out);
+        out
+    }
+
+    /// The instance's calls in flight, if it reports them (a finite value ≥ 0 of the named
+    /// metric [`IN_FLIGHT_METRIC`]).
+    pub fn calls_in_flight(&self) -> Option<f64> {
+        self.named_metrics
+            .get(IN_FLIGHT_METRIC)
+            .copied()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    }
+}
+
+/// A name made once: looking up a `&str` would parse and check it on every response.
+static NAME: http::HeaderName = http::HeaderName::from_static(TRAILER);
+
+/// Reads and decodes the report in these headers or trailers, if any. Takes the map apart to
+/// reuse tonic's base64 decoding, and puts it back as it was.
+pub(crate) fn read(map: &mut http::HeaderMap) -> Option<LoadReport> {
+    if !map.contains_key(&NAME) {
+        return None;
+    }
+    let md = tonic::metadata::MetadataMap::from_headers(std::mem::take(map));
+    let report = md
+        .get_bin(TRAILER)
+        .and_then(|v| v.to_bytes().ok())
+        .and_then(|b| LoadReport::decode(&b));
+    *map = md.into_headers();
+    report
+}
+
+/// The clock of the in-flight estimate: nanoseconds >> 20 (about a millisecond), plus one so
+/// that 0 means "no report".
+const TICK_SHIFT: u32 = 20;
+
+#[inline]
+fn tick(ns: u64) -> u32 {
+    ((ns >> TICK_SHIFT) as u32).wrapping_add(1)
+}
+
+/// The report settings of one channel (see the `Builder` methods).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// Reports older than this many ticks are not used by the least-pending pick (0: never).
+    pub(crate) max_age_ticks: u32,
+    pub(crate) wrr: WrrConfig,
+}
+
+/// The default [`Builder::load_report_max_age`](crate::Builder::load_report_max_age).
+pub const DEFAULT_LOAD_REPORT_MAX_AGE: Duration = Duration::from_secs(1);
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings::new(DEFAULT_LOAD_REPORT_MAX_AGE, WrrConfig::default())
+    }
+}
+
+impl Settings {
+    pub(crate) fn new(max_age: Duration, wrr: WrrConfig) -> Settings {
+        let ticks = (max_age.as_nanos() >> TICK_SHIFT).min(u128::from(u32::MAX / 2)) as u32;
+        // A non-zero age shorter than a tick still uses reports of the same tick.
+        let max_age_ticks = if max_age.is_zero() { 0 } else { ticks.max(1) };
+        Settings { max_age_ticks, wrr }
+    }
+}
+
+/// What one instance reported last, as the pick reads it: atomics only.
+#[derive(Default)]
+pub(crate) struct Reported {
+    /// The calls in flight of the other clients as of the last report (low 32 bits) and the
+    /// report's tick (high 32 bits); 0: none.
+    others: AtomicU64,
+    /// Weighted round robin's state (gRFC A58).
+    pub(crate) wrr: crate::wrr::EndpointWeight,
+    /// The last report whole, for [`EndpointStats`](crate::EndpointStats).
+    last: ArcSwapOption<LoadReport>,
+}
+
+impl Reported {
+    /// The other clients' calls in flight on this instance, from a report at most
+    /// `max_age_ticks` old as of `now_ns`; 0 when there is none.
+    #[inline]
+    pub(crate) fn others(&self, now_ns: u64, max_age_ticks: u32) -> usize {
+        let w = self.others.load(Ordering::Relaxed);
+        if w == 0 || max_age_ticks == 0 {
+            return 0;
+        }
+        let age = tick(now_ns).wrapping_sub((w >> 32) as u32);
+        if age > max_age_ticks {
+            // Stale, or (a wrapped difference) from after `now`, which the coarse clock can
+            // lag: fresh then.
+            if age < u32::MAX / 2 {
+                return 0;
+            }
+        }
+        (w & 0xffff_ffff) as usize
+    }
+
+    /// The last report, if any.
+    pub(crate) fn last(&self) -> Option<Arc<LoadReport>> {
+        self.last.load_full()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_others(&self, others: u32, at_ns: u64) {
+        self.others.store(
+            u64::from(tick(at_ns)) << 32 | u64::from(others),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Reads the load report in a response's trailers (or trailers-only head) from `inst`, if
+/// there is one, and keeps what the pick needs of it. Called while the call's guard still
+/// counts the call.
+#[inline]
+pub(crate) fn take_report(inst: &crate::instance::Instance, map: &mut http::HeaderMap) {
+    // Most responses have none: one lookup, and the rest out of line.
+    if map.contains_key(&NAME) {
+        take_report_slow(inst, map);
+    }
+}
+
+#[inline(never)]
+fn take_report_slow(inst: &crate::instance::Instance, map: &mut http::HeaderMap) {
+    let Some(report) = read(map) else { return };
+    let policy = &inst.policy;
+    let now = policy.now_ns();
+    // The pick's coarse clock moves on with every report.
+    policy.clock.fetch_max(now, Ordering::Relaxed);
+    let own = inst.in_flight.load(Ordering::Relaxed);
+    tracing::trace!(addr = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "load report");
+    observe(&inst.reported, report, own, now, &policy.orca);
+}
+
+/// Takes in a report from `inst`, received at `now_ns` while this channel had `own` calls in
+/// flight there (the call that carried it included, as the server counted it).
+pub(crate) fn observe(
+    reported: &Reported,
+    report: LoadReport,
+    own: usize,
+    now_ns: u64,
+    settings: &Settings,
+) {
+    if let Some(total) = report.calls_in_flight() {
+        let others = (total.round() - own as f64).clamp(0.0, f64::from(u32::MAX)) as u64;
+        reported
+            .others
+            .store(u64::from(tick(now_ns)) << 32 | others, Ordering::Relaxed);
+    }
+    reported.wrr.update(&report, now_ns, &settings.wrr);
+    reported.last.store(Some(Arc::new(report)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-flight estimate uses only fresh reports: a report at most the age old counts,
+    /// an older one does not, and a report from the future (the coarse clock lags) counts.
+    #[test]
+    fn others_only_while_fresh() {
+        let s = Settings::new(Duration::from_millis(100), WrrConfig::default());
+        let r = Reported::default();
+        assert_eq!(r.others(5_000_000_000, s.max_age_ticks), 0);
+        let at = 5_000_000_000u64;
+        r.set_others(7, at);
+        assert_eq!(r.others(at, s.max_age_ticks), 7);
+        assert_eq!(r.others(at + 90_000_000, s.max_age_ticks), 7);
+        assert_eq!(r.others(at + 200_000_000, s.max_age_ticks), 0);
+        assert_eq!(r.others(at - 50_000_000, s.max_age_ticks), 7);
+        let off = Settings::new(Duration::ZERO, WrrConfig::default());
+        assert_eq!(r.others(at + 2_000_000, off.max_age_ticks), 0);
+    }
+
+    /// A report's count of the other clients' calls is its total minus this channel's own
+    /// (never below zero); a report without the metric leaves the estimate alone.
+    #[test]
+    fn observe_subtracts_own_calls() {
+        let s = Settings::default();
+        let r = Reported::default();
+        let mut rep = LoadReport::default();
+        rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), 12.0);
+        observe(&r, rep.clone(), 4, 1_000, &s);
+        assert_eq!(r.others(1_000, s.max_age_ticks), 8);
+        rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), 2.0);
+        observe(&r, rep, 4, 1_000, &s);
+        assert_eq!(r.others(1_000, s.max_age_ticks), 0);
+        let mut other = LoadReport::default();
+        other.named_metrics.insert(IN_FLIGHT_METRIC.into(), 9.0);
+        observe(&r, other, 1, 1_000, &s);
+        observe(&r, LoadReport::default(), 1, 2_000, &s);
+        assert_eq!(r.others(2_000, s.max_age_ticks), 8);
+        assert_eq!(r.last().as_deref(), Some(&LoadReport::default()));
+    }
+
+    /// A report with a negative, infinite or NaN in-flight metric is not used for the count.
+    #[test]
+    fn nonsense_in_flight_is_ignored() {
+        for v in [-1.0, f64::NAN, f64::INFINITY] {
+            let mut rep = LoadReport::default();
+            rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), v);
+            assert_eq!(rep.calls_in_flight(), None);
+        }
+    }
+}

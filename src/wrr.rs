@@ -1,0 +1,530 @@
+//! Weighted round robin from server-reported load, as gRPC specifies it (gRFC A58,
+//! `weighted_round_robin`).
+//!
+//! Each instance's weight comes from its load reports ([`LoadReport`]):
+//!
+//! ```text
+//! utilization = application_utilization if > 0, else cpu_utilization
+//! weight      = rps_fractional / (utilization + eps / rps_fractional × error_utilization_penalty)
+//! ```
+//!
+//! A report with a utilization or a query rate of 0 is ignored. A weight counts only after a
+//! *blackout period* since the first report of a run of reports (10 s by default: a new
+//! instance's first figures are often unrepresentative) and stops counting after an
+//! *expiration period* without a report (3 min); the blackout starts again then.
+//!
+//! Every *weight update period* (1 s, at least 100 ms) a background task of the channel
+//! rebuilds the schedule: with fewer than two instances with a weight, plain round robin;
+//! otherwise instances without a weight get the mean of the others' weights, and the picks
+//! follow an earliest-deadline-first order: each instance's next deadline is its last plus
+//! `1 / weight` (the first at a random point of its first period, so that clients do not move
+//! in step), and the next pick is the instance with the earliest deadline. The task
+//! precomputes a cycle of that order (32 picks per instance), and a pick is one atomic
+//! increment and a read of the cycle: no lock, no heap on the call path. The schedule covers
+//! the instances that could take calls when it was built (as gRPC's covers its READY ones);
+//! where the next entry cannot take the call (ejected since, or already tried by this call),
+//! the pick draws a random entry of the cycle instead, which keeps the others' proportions.
+//! Until the first schedule exists, and for a moment after a membership change (until the
+//! next rebuild), the pick is plain round robin.
+//!
+//! An instance that leaves service (failing, ejected, unhealthy) loses its weight, and its next
+//! report starts a new blackout, as gRPC resets an endpoint that leaves READY. Difference from
+//! gRPC: the schedule is recomputed on the period only, not also when the set changes.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::instance::Instance;
+use crate::orca::LoadReport;
+use crate::pick::Rng;
+use crate::pool::{Members, Pool};
+
+/// The settings of [`Strategy::WeightedRoundRobin`](crate::Strategy::WeightedRoundRobin),
+/// with gRPC's defaults (gRFC A58); set with
+/// [`Builder::weighted_round_robin`](crate::Builder::weighted_round_robin).
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_balancer::orca::WrrConfig;
+///
+/// let wrr = WrrConfig::default()
+///     .blackout_period(Duration::from_secs(2))
+///     .error_utilization_penalty(2.0);
+/// # let _ = wrr;
+/// ```
+///
+/// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
+/// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WrrConfig {
+    pub(crate) blackout_period: Duration,
+    pub(crate) weight_expiration_period: Duration,
+    pub(crate) weight_update_period: Duration,
+    pub(crate) error_utilization_penalty: f64,
+}
+
+impl Default for WrrConfig {
+    fn default() -> WrrConfig {
+        WrrConfig {
+            blackout_period: Duration::from_secs(10),
+            weight_expiration_period: Duration::from_secs(180),
+            weight_update_period: Duration::from_secs(1),
+            error_utilization_penalty: 1.0,
+        }
+    }
+}
+
+impl WrrConfig {
+    /// How long after the first report of a run an instance's weight starts to count
+    /// (default 10 s; zero: at once).
+    pub fn blackout_period(mut self, d: Duration) -> Self {
+        self.blackout_period = d;
+        self
+    }
+
+    /// Without a report for this long, an instance's weight no longer counts, and the next
+    /// report starts a new blackout (default 3 min; must be above zero).
+    pub fn weight_expiration_period(mut self, d: Duration) -> Self {
+        self.weight_expiration_period = d;
+        self
+    }
+
+    /// How often the schedule is rebuilt from the weights (default 1 s; below 100 ms counts
+    /// as 100 ms, as in gRPC).
+    pub fn weight_update_period(mut self, d: Duration) -> Self {
+        self.weight_update_period = d;
+        self
+    }
+
+    /// How much errors weigh against an instance: errors per query × this is added to its
+    /// utilization (default 1.0; must be finite and ≥ 0).
+    pub fn error_utilization_penalty(mut self, p: f64) -> Self {
+        self.error_utilization_penalty = p;
+        self
+    }
+}
+
+/// The shortest weight update period (gRPC's floor).
+pub(crate) const MIN_UPDATE_PERIOD: Duration = Duration::from_millis(100);
+
+impl WrrConfig {
+    /// Refuses settings that make no sense, naming them.
+    pub(crate) fn validate(&self) -> Result<(), crate::Error> {
+        let p = self.error_utilization_penalty;
+        if !p.is_finite() || p < 0.0 {
+            return Err(crate::Error::InvalidSetting {
+                name: "weighted_round_robin.error_utilization_penalty",
+                reason: format!("must be finite and at least 0, not {p}"),
+            });
+        }
+        if self.weight_expiration_period.is_zero() {
+            return Err(crate::Error::InvalidSetting {
+                name: "weighted_round_robin.weight_expiration_period",
+                reason: "must be above zero".into(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn update_period(&self) -> Duration {
+        self.weight_update_period.max(MIN_UPDATE_PERIOD)
+    }
+}
+
+/// gRPC's weight of one report (0: the report is ignored).
+pub(crate) fn weight_of(report: &LoadReport, penalty: f64) -> f64 {
+    let qps = report.rps_fractional;
+    let eps = report.eps;
+    let u = if report.application_utilization > 0.0 {
+        report.application_utilization
+    } else {
+        report.cpu_utilization
+    };
+    if !(qps > 0.0 && u > 0.0 && qps.is_finite() && u.is_finite()) {
+        return 0.0;
+    }
+    let errors = if eps > 0.0 && penalty > 0.0 {
+        eps / qps * penalty
+    } else {
+        0.0
+    };
+    let w = qps / (u + errors);
+    if w.is_finite() {
+        w
+    } else {
+        0.0
+    }
+}
+
+/// One instance's weight and its timestamps (nanoseconds since the pool's epoch).
+#[derive(Default)]
+pub(crate) struct EndpointWeight {
+    /// `f64` bits of the last weight.
+    weight: AtomicU64,
+    /// When the last weight came.
+    last_update: AtomicU64,
+    /// When the current run of reports began, plus one; 0: no run.
+    non_empty_since: AtomicU64,
+}
+
+impl EndpointWeight {
+    /// Takes in one report.
+    pub(crate) fn update(&self, report: &LoadReport, now_ns: u64, cfg: &WrrConfig) {
+        let w = weight_of(report, cfg.error_utilization_penalty);
+        if w <= 0.0 {
+            return;
+        }
+        let _ = self.non_empty_since.compare_exchange(
+            0,
+            now_ns + 1,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        self.weight.store(w.to_bits(), Ordering::Relaxed);
+        self.last_update.store(now_ns, Ordering::Relaxed);
+    }
+
+    /// The instance left service: its weight no longer counts, and its next report starts a
+    /// new blackout.
+    pub(crate) fn reset(&self) {
+        self.non_empty_since.store(0, Ordering::Relaxed);
+    }
+
+    /// The weight that counts now: 0 before the blackout is over, after expiry, or without
+    /// reports. Expiry ends the run (the next report starts a new blackout).
+    pub(crate) fn get(&self, now_ns: u64, cfg: &WrrConfig) -> f64 {
+        let since = self.non_empty_since.load(Ordering::Relaxed);
+        if since == 0 {
+            return 0.0;
+        }
+        let last = self.last_update.load(Ordering::Relaxed);
+        if now_ns.saturating_sub(last) >= cfg.weight_expiration_period.as_nanos() as u64 {
+            let _ = self.non_empty_since.compare_exchange(
+                since,
+                0,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            return 0.0;
+        }
+        let blackout = cfg.blackout_period.as_nanos() as u64;
+        if blackout > 0 && now_ns.saturating_sub(since - 1) < blackout {
+            return 0.0;
+        }
+        f64::from_bits(self.weight.load(Ordering::Relaxed))
+    }
+}
+
+/// Picks per instance in one precomputed cycle of the schedule.
+const CYCLE_PER_INSTANCE: usize = 32;
+/// The longest cycle (a very large set).
+const MAX_CYCLE: usize = 1 << 16;
+
+/// An entry of the earliest-deadline-first queue: the earliest deadline first, then the
+/// lowest index.
+struct Entry {
+    deadline: f64,
+    index: u32,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == CmpOrdering::Equal
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        // BinaryHeap is a max-heap: reversed.
+        other
+            .deadline
+            .total_cmp(&self.deadline)
+            .then_with(|| other.index.cmp(&self.index))
+    }
+}
+
+/// The earliest-deadline-first order of `len` picks over instances of these weights (each
+/// above 0 and finite): instance `i` is due every `1 / weights[i]`, first at a random point of its
+/// first period.
+pub(crate) fn edf_cycle(weights: &[f64], len: usize, rng: &mut Rng) -> Vec<u32> {
+    let mut heap: BinaryHeap<Entry> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| Entry {
+            deadline: rng.unit() / w,
+            index: i as u32,
+        })
+        .collect();
+    let mut out = Vec::with_capacity(len);
+    if heap.is_empty() {
+        return out;
+    }
+    for _ in 0..len {
+        let mut e = heap.pop().expect("not empty");
+        out.push(e.index);
+        e.deadline += 1.0 / weights[e.index as usize];
+        heap.push(e);
+    }
+    out
+}
+
+/// The weights the schedule uses: `None` with fewer than two weights (round robin); else
+/// every missing weight replaced by the mean of the others.
+pub(crate) fn schedule_weights(weights: &[f64]) -> Option<Vec<f64>> {
+    let known: Vec<f64> = weights.iter().copied().filter(|w| *w > 0.0).collect();
+    if known.len() < 2 {
+        return None;
+    }
+    let mean = known.iter().sum::<f64>() / known.len() as f64;
+    Some(
+        weights
+            .iter()
+            .map(|&w| if w > 0.0 { w } else { mean })
+            .collect(),
+    )
+}
+
+/// One schedule: the set it was made for and its cycle (empty: round robin).
+struct Schedule {
+    /// A weak pointer keeps the address from being reused while it is compared.
+    members: Weak<Members>,
+    cycle: Vec<u32>,
+}
+
+/// The weighted round robin state of a channel.
+pub(crate) struct Wrr {
+    schedule: ArcSwap<Schedule>,
+    next: AtomicUsize,
+}
+
+impl Default for Wrr {
+    fn default() -> Wrr {
+        Wrr {
+            schedule: ArcSwap::from_pointee(Schedule {
+                members: Weak::new(),
+                cycle: Vec::new(),
+            }),
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Wrr {
+    /// Rebuilds the schedule for this set from the weights that count at `now_ns`, over the
+    /// instances that can take calls now (as gRPC's schedule covers its READY ones).
+    pub(crate) fn rebuild(&self, members: &Arc<Members>, now_ns: u64, cfg: &WrrConfig) {
+        let usable: Vec<u32> = (0..members.len() as u32)
+            .filter(|&i| members[i as usize].is_usable())
+            .collect();
+        let weights: Vec<f64> = usable
+            .iter()
+            .map(|&i| members[i as usize].reported.wrr.get(now_ns, cfg))
+            .collect();
+        let cycle = match schedule_weights(&weights) {
+            Some(w) => {
+                let len = (w.len() * CYCLE_PER_INSTANCE).min(MAX_CYCLE);
+                let mut rng = Rng::thread();
+                let mut cycle = edf_cycle(&w, len, &mut rng);
+                rng.store();
+                for i in &mut cycle {
+                    *i = usable[*i as usize];
+                }
+                cycle
+            }
+            None => Vec::new(),
+        };
+        tracing::trace!(
+            instances = members.len(),
+            weighted = !cycle.is_empty(),
+            "weighted round robin schedule rebuilt"
+        );
+        self.schedule.store(Arc::new(Schedule {
+            members: Arc::downgrade(members),
+            cycle,
+        }));
+    }
+
+    /// The next instance of the schedule, if `usable` accepts it; else the instance at a
+    /// random place of the cycle (the entry after a skipped one would get its share too),
+    /// a few times. `None` when there is no schedule for this set (the caller goes round
+    /// robin) or nothing usable was met.
+    #[inline]
+    pub(crate) fn pick(
+        &self,
+        members: &Members,
+        rng: &mut Rng,
+        mut usable: impl FnMut(&Arc<Instance>) -> bool,
+    ) -> Option<usize> {
+        let s = self.schedule.load();
+        let len = s.cycle.len();
+        if len == 0 || !std::ptr::eq(s.members.as_ptr(), members) {
+            return None;
+        }
+        let at = self.next.fetch_add(1, Ordering::Relaxed) % len;
+        let i = s.cycle[at] as usize;
+        if usable(&members[i]) {
+            return Some(i);
+        }
+        // Bounded: with most instances unusable, round robin finds the rest.
+        for _ in 0..16 {
+            let i = s.cycle[rng.below(len)] as usize;
+            if usable(&members[i]) {
+                return Some(i);
+            }
+        }
+        None
+    }
+}
+
+/// The channel's background task that rebuilds the schedule every update period, until the
+/// channel is dropped.
+pub(crate) async fn task(pool: Weak<Pool>, cfg: WrrConfig) {
+    let mut tick = tokio::time::interval(cfg.update_period());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        let members = pool.snapshot();
+        pool.wrr.rebuild(&members, pool.policy.now_ns(), &cfg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pick::Rng;
+    use proptest::prelude::*;
+
+    fn report(qps: f64, eps: f64, cpu: f64, app: f64) -> LoadReport {
+        LoadReport {
+            rps_fractional: qps,
+            eps,
+            cpu_utilization: cpu,
+            application_utilization: app,
+            ..LoadReport::default()
+        }
+    }
+
+    /// The weight is gRPC's formula: qps / (utilization + eps / qps × penalty), with the
+    /// application utilization preferred to the CPU's when above 0; a report without queries
+    /// or utilization gives no weight.
+    #[test]
+    fn weight_is_grpcs_formula() {
+        assert_eq!(weight_of(&report(100.0, 0.0, 0.5, 0.0), 1.0), 200.0);
+        assert_eq!(weight_of(&report(100.0, 0.0, 0.5, 0.25), 1.0), 400.0);
+        // 100 / (0.5 + 10/100 × 2) = 100 / 0.7
+        let w = weight_of(&report(100.0, 10.0, 0.5, 0.0), 2.0);
+        assert!((w - 100.0 / 0.7).abs() < 1e-9, "{w}");
+        assert_eq!(weight_of(&report(100.0, 10.0, 0.5, 0.0), 0.0), 200.0);
+        assert_eq!(weight_of(&report(0.0, 0.0, 0.5, 0.0), 1.0), 0.0);
+        assert_eq!(weight_of(&report(100.0, 0.0, 0.0, 0.0), 1.0), 0.0);
+        assert_eq!(weight_of(&report(f64::NAN, 0.0, 0.5, 0.0), 1.0), 0.0);
+    }
+
+    /// A weight counts only after the blackout since the first report, stops counting after
+    /// the expiration period without reports, and the next report starts a new blackout.
+    #[test]
+    fn blackout_and_expiry() {
+        let cfg = WrrConfig {
+            blackout_period: Duration::from_secs(10),
+            weight_expiration_period: Duration::from_secs(180),
+            ..WrrConfig::default()
+        };
+        let s = 1_000_000_000u64;
+        let e = EndpointWeight::default();
+        assert_eq!(e.get(s, &cfg), 0.0);
+        e.update(&report(100.0, 0.0, 0.5, 0.0), s, &cfg);
+        assert_eq!(e.get(5 * s, &cfg), 0.0, "in the blackout");
+        e.update(&report(100.0, 0.0, 0.25, 0.0), 9 * s, &cfg);
+        assert_eq!(
+            e.get(12 * s, &cfg),
+            400.0,
+            "after the blackout, the last weight"
+        );
+        // An ignored report (no utilization) does not refresh it.
+        e.update(&report(100.0, 0.0, 0.0, 0.0), 100 * s, &cfg);
+        assert_eq!(e.get(189 * s, &cfg), 0.0, "expired");
+        e.update(&report(100.0, 0.0, 0.5, 0.0), 190 * s, &cfg);
+        assert_eq!(e.get(195 * s, &cfg), 0.0, "a new blackout");
+        assert_eq!(e.get(200 * s, &cfg), 200.0);
+        let none = WrrConfig {
+            blackout_period: Duration::ZERO,
+            ..cfg
+        };
+        let f = EndpointWeight::default();
+        f.update(&report(50.0, 0.0, 0.5, 0.0), s, &none);
+        assert_eq!(f.get(s, &none), 100.0, "no blackout");
+        e.reset();
+        assert_eq!(e.get(201 * s, &cfg), 0.0, "reset: no weight");
+        e.update(&report(100.0, 0.0, 0.5, 0.0), 202 * s, &cfg);
+        assert_eq!(e.get(205 * s, &cfg), 0.0, "reset: a new blackout");
+        assert_eq!(e.get(213 * s, &cfg), 200.0);
+    }
+
+    /// With fewer than two weights there is no schedule; missing weights get the mean.
+    #[test]
+    fn schedule_weights_fill_with_mean() {
+        assert_eq!(schedule_weights(&[0.0, 5.0, 0.0]), None);
+        assert_eq!(
+            schedule_weights(&[0.0, 2.0, 4.0]),
+            Some(vec![3.0, 2.0, 4.0])
+        );
+    }
+
+    proptest! {
+        /// The earliest-deadline-first cycle gives each instance its share of picks in
+        /// proportion to its weight: within about one pick per instance of the exact share.
+        #[test]
+        fn edf_respects_weights(
+            weights in prop::collection::vec(0.01f64..1000.0, 1..40),
+            per in 8usize..64,
+            seed: u64,
+        ) {
+            let len = weights.len() * per;
+            let mut rng = Rng::seeded(seed);
+            let cycle = edf_cycle(&weights, len, &mut rng);
+            prop_assert_eq!(cycle.len(), len);
+            let total: f64 = weights.iter().sum();
+            let n = weights.len() as f64;
+            let mut counts = vec![0usize; weights.len()];
+            for &i in &cycle {
+                counts[i as usize] += 1;
+            }
+            for (i, &w) in weights.iter().enumerate() {
+                let share = w / total;
+                let expected = len as f64 * share;
+                let slack = 1.0 + n * share + 1e-9;
+                prop_assert!(
+                    (counts[i] as f64 - expected).abs() <= slack,
+                    "instance {} weight {} got {} picks, expected {:.2} (±{:.2})",
+                    i, w, counts[i], expected, slack
+                );
+            }
+        }
+
+        /// Equal weights: a cycle is a sequence of rounds that each visit every instance
+        /// once (no instance twice before all the others once).
+        #[test]
+        fn equal_weights_are_round_robin(n in 1usize..30, seed: u64) {
+            let mut rng = Rng::seeded(seed);
+            let cycle = edf_cycle(&vec![3.0; n], n * 4, &mut rng);
+            for round in cycle.chunks(n) {
+                let mut seen = vec![false; n];
+                for &i in round {
+                    prop_assert!(!seen[i as usize], "{:?}", cycle);
+                    seen[i as usize] = true;
+                }
+            }
+        }
+    }
+}
