@@ -65,6 +65,8 @@ pub struct Builder {
     discovery_timeout: Duration,
     slow_start: Option<Duration>,
     template: Option<Template>,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: crate::metrics::Settings,
 }
 
 /// Where discovery gets its addresses: built in `build()` so that errors surface there.
@@ -139,6 +141,8 @@ impl Builder {
             discovery_interval: Duration::from_secs(30),
             discovery_timeout: DEFAULT_DISCOVERY_TIMEOUT,
             template: None,
+            #[cfg(feature = "metrics")]
+            metrics: Default::default(),
         }
     }
 
@@ -567,6 +571,10 @@ impl Builder {
             }
         }
         self.backoff.validate()?;
+        #[cfg(feature = "metrics")]
+        self.metrics.validate()?;
+        #[cfg(feature = "metrics")]
+        let metrics = (self.metrics.clone(), self.default_target());
         self.ejection.validate()?;
         if let Some(r) = &self.retry {
             r.validate()?;
@@ -673,6 +681,7 @@ impl Builder {
             discovery_wake: std::sync::OnceLock::new(),
             ejected: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
+            observe: Default::default(),
         });
         let mut pool = Pool::new(policy.clone(), self.strategy);
         pool.replay = self.transparent_retry;
@@ -680,6 +689,8 @@ impl Builder {
         pool.retry = self.retry;
         pool.max_replay_body = self.max_replay_body;
         let pool = Arc::new(pool);
+        #[cfg(feature = "metrics")]
+        crate::metrics::configure(&pool, metrics.0, metrics.1);
         for target in self.endpoints {
             let channel = connected.remove(&target.key);
             pool.insert_with(target, channel);
@@ -698,6 +709,7 @@ impl Builder {
                 })
             });
             tracing::info!(source = %source.name(), "discovery on");
+            pool.policy.observe.set_source(source.name());
             crate::discover::spawn(
                 &pool,
                 crate::discover::Discovery {
@@ -711,6 +723,9 @@ impl Builder {
             );
         }
         if let Some(task) = push {
+            pool.policy
+                .observe
+                .set_source("discovery stream".to_owned());
             if pool.snapshot().is_empty() {
                 pool.discovered.send_replace(false);
             }
@@ -719,7 +734,25 @@ impl Builder {
         if let Some(every) = policy.ejection.success_rate_interval {
             pool.spawn(success_rate_task(Arc::downgrade(&pool), every));
         }
+        crate::metrics::spawn(&pool);
         Ok(BalancedChannel { pool })
+    }
+
+    /// What the channel's metrics call it (`grpc.target`) unless told otherwise.
+    #[cfg(feature = "metrics")]
+    fn default_target(&self) -> String {
+        match &self.discovery {
+            Some(Source::Dns { target, .. }) => {
+                let rest = target.split_once("://").map_or(target.as_str(), |(_, r)| r);
+                format!("dns:///{rest}")
+            }
+            Some(Source::Custom(r)) => r.name(),
+            Some(Source::Push(_)) => "discovery stream".to_owned(),
+            None => {
+                let names: Vec<&str> = self.endpoints.iter().map(|t| &*t.name).collect();
+                names.join(",")
+            }
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use crate::guard::{CallGuard, GuardedBody};
 use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
 use crate::instance::Instance;
+use crate::observe::CallObs;
 use crate::pick::{self, Load, Rng};
 use crate::pool::{Members, Pool, Snapshot};
 use crate::retry::Replay;
@@ -323,7 +324,8 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
             let _rt = self.pool.policy.runtime.enter();
             Box::pin(tokio::time::sleep(d))
         });
-        route(&self.pool, req, deadline)
+        let obs = CallObs::new(&self.pool, &req);
+        route(&self.pool, req, deadline, obs)
     }
 }
 
@@ -358,6 +360,7 @@ fn route(
     pool: &Arc<Pool>,
     req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
+    mut obs: CallObs,
 ) -> ResponseFuture {
     let (snap, picked) = pick_now(pool, &[]);
     let Some(idx) = picked else {
@@ -378,13 +381,16 @@ fn route(
                 deadline,
                 again: None,
                 unreachable: None,
+                obs,
             };
         }
         let msg = no_instance_message(pool, &snap);
         tracing::debug!(reason = %msg, "call refused");
+        obs.refused(pool);
         return ResponseFuture::failed(no_usable_instance(msg));
     };
     let inst = &snap[idx];
+    obs.attempt(inst);
     tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
     // Keep what is needed to send the call again if its instance cannot be reached, its
     // connection closes before the request is written, or (with a retry policy) it fails.
@@ -414,6 +420,7 @@ fn route(
         deadline,
         again,
         unreachable: None,
+        obs,
     };
     fut.watch(inst);
     fut
@@ -487,6 +494,8 @@ pub struct ResponseFuture {
     /// call when that fails, so that it moves on at once instead of waiting in the
     /// connection's queue for its own connect attempt.
     unreachable: Option<Pin<Box<tokio::sync::futures::OwnedNotified>>>,
+    /// The call's span and metrics (moved into the response body with the guard).
+    obs: CallObs,
 }
 
 impl std::fmt::Debug for ResponseFuture {
@@ -507,6 +516,7 @@ impl ResponseFuture {
             deadline: None,
             again: None,
             unreachable: None,
+            obs: CallObs::default(),
         }
     }
 
@@ -595,6 +605,7 @@ impl ResponseFuture {
             return false;
         };
         let inst = &snap[idx];
+        self.obs.attempt(inst);
         tracing::debug!(to = %inst.target.name, reason = %why, "call sent again");
         self.guard = Some(CallGuard::new(inst.clone()));
         self.state = CallState::Routed {
@@ -635,9 +646,11 @@ impl ResponseFuture {
         let budget = again.pool.budget.as_ref()?;
         if !budget.withdraw() {
             tracing::debug!("retry budget spent: not retrying");
+            crate::observe::budget_exhausted(&again.pool);
             return None;
         }
         again.attempts += 1;
+        self.obs.retrying(code, delay);
         Some(delay)
     }
 
@@ -673,6 +686,7 @@ impl ResponseFuture {
         resp.extensions_mut()
             .insert(ServedBy::new(guard.instance().target.name.clone()));
         if let Some((code, outcome)) = head_status(&resp) {
+            self.obs.head(code);
             guard.finish(outcome);
             if code != tonic::Code::Ok {
                 self.tried(guard.instance());
@@ -691,7 +705,12 @@ impl ResponseFuture {
         let deadline = self.deadline.take();
         self.state = CallState::Failed(None);
         Some(Ok(resp.map(|body| {
-            Body::new(GuardedBody::new(body, guard, deadline))
+            Body::new(GuardedBody::new(
+                body,
+                guard,
+                deadline,
+                std::mem::take(&mut self.obs),
+            ))
         })))
     }
 
@@ -710,7 +729,7 @@ impl ResponseFuture {
         if connect {
             health::connect_failed(&inst, &*e);
         } else if crate::error::is_transport(&*e) {
-            health::disconnected(&inst);
+            health::disconnected(&inst, &*e);
         }
         // The connection failed the attempt before it read any of the request's body (a
         // connect error, a connection closed or refused by a GOAWAY before the request was
@@ -784,7 +803,17 @@ impl ResponseFuture {
 impl Future for ResponseFuture {
     type Output = CallResult;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let span = self.obs.span().clone();
+        let _in_span = span.enter();
+        let result = std::task::ready!(self.as_mut().poll_call(cx));
+        self.obs.ended(&result);
+        Poll::Ready(result)
+    }
+}
+
+impl ResponseFuture {
+    fn poll_call(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
         let this = self.get_mut();
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
@@ -809,8 +838,9 @@ impl Future for ResponseFuture {
                         return Poll::Pending;
                     }
                     let (pool, req) = (pool.clone(), req.take().expect("routed once"));
-                    *this = route(&pool, req, this.deadline.take());
-                    return Pin::new(this).poll(cx);
+                    let obs = std::mem::take(&mut this.obs);
+                    *this = route(&pool, req, this.deadline.take(), obs);
+                    return Pin::new(this).poll_call(cx);
                 }
                 CallState::Backoff(b) => {
                     if b.sleep.as_mut().poll(cx).is_pending() {

@@ -85,6 +85,11 @@ mod guard;
 mod headers;
 mod health;
 mod instance;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
+mod observe;
 mod pick;
 mod pool;
 mod retry;
@@ -102,6 +107,7 @@ pub use error::Error;
 pub use health::HealthCheck;
 pub use health::{Backoff, Ejection};
 pub use instance::State;
+pub use observe::{ChannelStats, DiscoveryState};
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 pub use stats::{EndpointStats, ServedBy};
 
