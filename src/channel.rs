@@ -526,6 +526,7 @@ impl ResponseFuture {
         }
         self.unreachable = None;
         self.state = CallState::Failed(None);
+        self.obs.finish(crate::observe::code_of(&*error));
         Poll::Ready(Err(error))
     }
 
@@ -680,6 +681,7 @@ impl ResponseFuture {
             // CANCELLED "Timeout expired"): report it as what it is. The instance answered.
             guard.finish(guard.deadline_outcome());
             self.state = CallState::Failed(None);
+            self.obs.finish(tonic::Code::DeadlineExceeded);
             return Some(Err(deadline_exceeded().into()));
         }
         health::connected(guard.instance());
@@ -803,18 +805,9 @@ impl ResponseFuture {
 impl Future for ResponseFuture {
     type Output = CallResult;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let span = self.obs.span().clone();
-        let _in_span = span.enter();
-        let result = std::task::ready!(self.as_mut().poll_call(cx));
-        self.obs.ended(&result);
-        Poll::Ready(result)
-    }
-}
-
-impl ResponseFuture {
-    fn poll_call(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        let _in_span = this.obs.span().map(|s| s.clone().entered());
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
                 return this.fail_deadline();
@@ -831,6 +824,7 @@ impl ResponseFuture {
                     let status = status
                         .take()
                         .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
+                    this.obs.finish(status.code());
                     return Poll::Ready(Err(status.into()));
                 }
                 CallState::Discovering { wait, req, pool } => {
@@ -840,7 +834,7 @@ impl ResponseFuture {
                     let (pool, req) = (pool.clone(), req.take().expect("routed once"));
                     let obs = std::mem::take(&mut this.obs);
                     *this = route(&pool, req, this.deadline.take(), obs);
-                    return Pin::new(this).poll_call(cx);
+                    return Pin::new(this).poll(cx);
                 }
                 CallState::Backoff(b) => {
                     if b.sleep.as_mut().poll(cx).is_pending() {
@@ -854,6 +848,7 @@ impl ResponseFuture {
                     if !this.reroute(&"retry policy") {
                         // The set changed while the call waited: the caller gets the last
                         // answer as it was.
+                        this.obs.ended(&b.last);
                         return Poll::Ready(b.last);
                     }
                 }

@@ -15,6 +15,8 @@ use crate::instance::Instance;
 use crate::pool::Pool;
 use crate::BalancedChannel;
 
+type CallResult = Result<http::Response<tonic::body::Body>, tower::BoxError>;
+
 /// Counters and settings every instance of one channel shares (in its `Policy`).
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
@@ -102,7 +104,9 @@ pub(crate) fn membership(pool: &Pool, added: usize, removed: usize) {
 /// its future into its response body; what it records is recorded once, when the call is over
 /// (or, if the caller drops it first, when it is dropped: CANCELLED).
 pub(crate) struct CallObs {
-    span: tracing::Span,
+    /// The span, if a subscriber wants it (boxed: a call without one carries a word, not a
+    /// whole `Span`, through its future and its body).
+    span: Option<Box<tracing::Span>>,
     /// Attempts so far (the first one included).
     attempts: u32,
     /// The next attempt is a retry of the retry policy (not a transparent replay).
@@ -119,7 +123,7 @@ impl Default for CallObs {
     /// Nothing to record: what a call's future keeps once its body took the real one.
     fn default() -> Self {
         CallObs {
-            span: tracing::Span::none(),
+            span: None,
             attempts: 0,
             retry_next: false,
             done: true,
@@ -134,13 +138,13 @@ impl CallObs {
     /// A call starts, for the method of this request.
     #[inline]
     pub(crate) fn new(pool: &Pool, req: &http::Request<tonic::body::Body>) -> CallObs {
-        let span = tracing::debug_span!(
-            "tonic_balancer.call",
-            method = %req.uri().path(),
-            instance = tracing::field::Empty,
-            attempt = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-        );
+        // The level first, in line: the span's own code stays out of the call path (inlined,
+        // it made the channel's `call` too large to inline what it inlined before).
+        let span = if tracing::level_enabled!(tracing::Level::DEBUG) {
+            call_span(req)
+        } else {
+            None
+        };
         #[cfg(not(feature = "metrics"))]
         let _ = pool;
         CallObs {
@@ -154,15 +158,15 @@ impl CallObs {
         }
     }
 
-    /// The call's span, to enter while the call is polled.
+    /// The call's span, to enter while the call is polled (`None`: no subscriber wants it).
     #[inline]
-    pub(crate) fn span(&self) -> &tracing::Span {
-        &self.span
+    pub(crate) fn span(&self) -> Option<&tracing::Span> {
+        self.span.as_deref()
     }
 
     /// An attempt of the call goes to `inst`: the first, a transparent replay, or (after
     /// [`retrying`](Self::retrying)) a retry of the retry policy.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn attempt(&mut self, inst: &Instance) {
         self.attempts += 1;
         self.head = None;
@@ -176,9 +180,8 @@ impl CallObs {
             };
             counter.fetch_add(1, Ordering::Relaxed);
         }
-        if !self.span.is_disabled() {
-            self.span.record("instance", &*inst.target.name);
-            self.span.record("attempt", self.attempts);
+        if let Some(span) = &self.span {
+            record_attempt(span, inst, self.attempts);
         }
         #[cfg(feature = "metrics")]
         if let Some(m) = self.metrics.as_mut() {
@@ -220,8 +223,8 @@ impl CallObs {
         }
         self.done = true;
         let code = self.head.unwrap_or(code);
-        if !self.span.is_disabled() {
-            self.span.record("outcome", code_name(code));
+        if let Some(span) = &self.span {
+            span.record("outcome", code_name(code));
         }
         #[cfg(feature = "metrics")]
         if let Some(m) = self.metrics.as_mut() {
@@ -231,13 +234,15 @@ impl CallObs {
 
     /// The call is over with this result of its future; an answer that goes on in a body
     /// records its status when the body ends.
-    pub(crate) fn ended(
-        &mut self,
-        result: &Result<http::Response<tonic::body::Body>, tower::BoxError>,
-    ) {
-        if self.done {
-            return;
+    #[inline]
+    pub(crate) fn ended(&mut self, result: &CallResult) {
+        if !self.done {
+            self.ended_here(result);
         }
+    }
+
+    #[inline(never)]
+    fn ended_here(&mut self, result: &CallResult) {
         match result {
             Err(e) => self.finish(code_of(&**e)),
             Ok(resp) => {
@@ -278,6 +283,25 @@ pub(crate) fn code_name(code: tonic::Code) -> &'static str {
         DataLoss => "DATA_LOSS",
         Unauthenticated => "UNAUTHENTICATED",
     }
+}
+
+#[inline(never)]
+fn record_attempt(span: &tracing::Span, inst: &Instance, attempt: u32) {
+    span.record("instance", &*inst.target.name);
+    span.record("attempt", attempt);
+}
+
+/// The span of a call, if a subscriber wants it.
+#[inline(never)]
+fn call_span(req: &http::Request<tonic::body::Body>) -> Option<Box<tracing::Span>> {
+    let span = tracing::debug_span!(
+        "tonic_balancer.call",
+        method = %req.uri().path(),
+        instance = tracing::field::Empty,
+        attempt = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    (!span.is_disabled()).then(|| Box::new(span))
 }
 
 /// The status code a caller sees for this error.

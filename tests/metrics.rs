@@ -427,3 +427,31 @@ async fn discovery_lookups_and_failures_are_counted() {
     assert!(s.sum("tonic_balancer_discovery_lookups_total", &t) >= 3.0);
     assert!(ch.stats().discovery_failures() >= 3);
 }
+
+/// A method name that is neither `pkg.Service/Method` nor `pkg.Service` is refused when the
+/// channel is built, with an error that names the setting and quotes it; so is an empty target.
+#[tokio::test]
+async fn malformed_metric_settings_are_refused_at_build() {
+    for bad in ["", "/", "a b/c", "pkg.Svc/Method/extra", "pkg.Svc/"] {
+        let err = BalancedChannel::builder()
+            .uri("http://127.0.0.1:1")
+            .metrics_methods([bad])
+            .build()
+            .expect_err(bad);
+        let text = err.to_string();
+        assert!(text.contains("metrics_methods"), "{bad:?}: {text}");
+        assert!(text.contains(&format!("{bad:?}")), "{bad:?}: {text}");
+    }
+    let err = BalancedChannel::builder()
+        .uri("http://127.0.0.1:1")
+        .metrics_target("")
+        .build()
+        .expect_err("an empty target");
+    assert!(err.to_string().contains("metrics_target"), "{err}");
+    // Well-formed names, with or without their slash, are accepted.
+    BalancedChannel::builder()
+        .uri("http://127.0.0.1:1")
+        .metrics_methods(["/fleet.v1.Fleet/Unary", "fleet.v1.Fleet"])
+        .build()
+        .unwrap();
+}
