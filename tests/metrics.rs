@@ -455,3 +455,77 @@ async fn malformed_metric_settings_are_refused_at_build() {
         .build()
         .unwrap();
 }
+
+/// A connection that breaks under a call counts as a disconnection of its instance, with one of
+/// A94's reasons; the retry the budget then refuses is counted, and so is an instance removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnections_spent_budget_and_removals_are_counted() {
+    recorder();
+    let target = "test.disconnect";
+    let mut fleet = Fleet::start(2, Behavior::Ok);
+    // A budget of no retry at all.
+    let policy = RetryPolicy::default()
+        .budget_ratio(0.0)
+        .budget_min_per_sec(0);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .retry(policy)
+        .metrics_target(target)
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    // Both connected (ready) first.
+    let mut id = 0;
+    while fleet.served().contains(&0) {
+        assert!(id < 500, "an instance never got a call");
+        client.unary(fleet::req(id)).await.unwrap();
+        id += 1;
+    }
+    for i in &fleet.instances {
+        i.set(Behavior::Hold);
+    }
+    let mut held = client.clone();
+    let call = tokio::spawn(async move { held.unary(fleet::req(1_000_000)).await });
+    fleet::wait_until("the call is held", LIMIT, || fleet.held() == 1).await;
+    let k = fleet.instances.iter().position(|i| i.held() == 1).unwrap();
+    let name = fleet::stats(&ch, &fleet.instances[k].uri())
+        .uri()
+        .to_owned();
+    fleet.instances[k].stop();
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let t = ("grpc_target", target);
+    let s = scrape();
+    let inst = [t, ("tonic_balancer_instance", name.as_str())];
+    let broken: Vec<_> = s
+        .matching("grpc_subchannel_disconnections_total", &inst)
+        .collect();
+    assert_eq!(
+        broken.iter().map(|(_, v)| v).sum::<f64>(),
+        1.0,
+        "{}",
+        s.text
+    );
+    let why = broken[0].0.get("grpc_disconnect_error").unwrap();
+    let a94 = [
+        "connection reset",
+        "connection timed out",
+        "connection aborted",
+        "socket error",
+        "unknown",
+    ];
+    assert!(
+        a94.contains(&why.as_str()) || why.starts_with("GOAWAY "),
+        "{why}"
+    );
+    assert_eq!(
+        s.sum("tonic_balancer_client_retry_budget_exhausted_total", &[t]),
+        1.0
+    );
+    assert_eq!(ch.stats().retry_budget_exhausted(), 1);
+    let other = fleet.instances[1 - k].uri();
+    assert!(ch.remove(&other).unwrap());
+    let s = scrape();
+    assert_eq!(s.sum("tonic_balancer_instances_removed_total", &[t]), 1.0);
+    fleet.release_all(1);
+}
