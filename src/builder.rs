@@ -69,6 +69,8 @@ pub struct Builder {
     conns: crate::conns::Settings,
     load_report_max_age: Duration,
     wrr: crate::orca::WrrConfig,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: crate::metrics::Settings,
 }
 
 /// Where discovery gets its addresses: built in `build()` so that errors surface there.
@@ -147,6 +149,8 @@ impl Builder {
             discovery_timeout: DEFAULT_DISCOVERY_TIMEOUT,
             template: None,
             conns: crate::conns::Settings::default(),
+            #[cfg(feature = "metrics")]
+            metrics: Default::default(),
         }
     }
 
@@ -695,6 +699,10 @@ impl Builder {
             }
         }
         self.backoff.validate()?;
+        #[cfg(feature = "metrics")]
+        self.metrics.validate()?;
+        #[cfg(feature = "metrics")]
+        let metrics = (self.metrics.clone(), self.default_target());
         self.ejection.validate()?;
         if let Some(r) = &self.retry {
             r.validate()?;
@@ -833,6 +841,7 @@ impl Builder {
             members: AtomicUsize::new(0),
             conns: self.conns,
             orca: crate::orca::Settings::new(self.load_report_max_age, self.wrr),
+            observe: Default::default(),
         });
         let mut pool = Pool::new(policy.clone(), self.strategy);
         pool.replay = self.transparent_retry;
@@ -844,6 +853,8 @@ impl Builder {
         pool.retry = self.retry;
         pool.max_replay_body = self.max_replay_body;
         let pool = Arc::new(pool);
+        #[cfg(feature = "metrics")]
+        crate::metrics::configure(&pool, metrics.0, metrics.1);
         for target in self.endpoints {
             let channel = connected.remove(&target.key);
             pool.insert_with(target, channel);
@@ -862,6 +873,7 @@ impl Builder {
                 })
             });
             tracing::info!(source = %source.name(), "discovery on");
+            pool.policy.observe.set_source(source.name());
             crate::discover::spawn(
                 &pool,
                 crate::discover::Discovery {
@@ -875,6 +887,9 @@ impl Builder {
             );
         }
         if let Some(task) = push {
+            pool.policy
+                .observe
+                .set_source("discovery stream".to_owned());
             if pool.snapshot().is_empty() {
                 pool.discovered.send_replace(false);
             }
@@ -886,7 +901,25 @@ impl Builder {
         if self.strategy == Strategy::WeightedRoundRobin {
             pool.spawn(crate::wrr::task(Arc::downgrade(&pool), self.wrr));
         }
+        crate::metrics::spawn(&pool);
         Ok(BalancedChannel { pool })
+    }
+
+    /// What the channel's metrics call it (`grpc.target`) unless told otherwise.
+    #[cfg(feature = "metrics")]
+    fn default_target(&self) -> String {
+        match &self.discovery {
+            Some(Source::Dns { target, .. }) => {
+                let rest = target.split_once("://").map_or(target.as_str(), |(_, r)| r);
+                format!("dns:///{rest}")
+            }
+            Some(Source::Custom(r)) => r.name(),
+            Some(Source::Push(_)) => "discovery stream".to_owned(),
+            None => {
+                let names: Vec<&str> = self.endpoints.iter().map(|t| &*t.name).collect();
+                names.join(",")
+            }
+        }
     }
 }
 

@@ -18,6 +18,7 @@ use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
 use crate::hedge::Hedge;
 use crate::instance::Instance;
+use crate::observe::CallObs;
 use crate::pick::{self, Load, Rng};
 use crate::pool::{Members, Pool, Snapshot};
 use crate::retry::Replay;
@@ -352,7 +353,8 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
             let _rt = self.pool.policy.runtime.enter();
             Box::pin(tokio::time::sleep(d))
         });
-        route(&self.pool, req, deadline)
+        let obs = CallObs::new(&self.pool, &req);
+        route(&self.pool, req, deadline, obs)
     }
 }
 
@@ -390,6 +392,7 @@ fn route(
     pool: &Arc<Pool>,
     req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
+    mut obs: CallObs,
 ) -> ResponseFuture {
     let (snap, picked) = pick_now(pool, &[]);
     let Some(idx) = picked else {
@@ -410,13 +413,16 @@ fn route(
                 deadline,
                 again: None,
                 unreachable: None,
+                obs,
             };
         }
         let msg = no_instance_message(pool, &snap);
         tracing::debug!(reason = %msg, "call refused");
+        obs.refused(pool);
         return ResponseFuture::failed(no_usable_instance(msg));
     };
     let inst = &snap[idx];
+    obs.attempt(inst);
     tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
     if let Some(hedging) = &pool.hedging {
         if let Some(policy) = hedging.policy(req.uri().path()) {
@@ -428,6 +434,7 @@ fn route(
                 deadline,
                 again: None,
                 unreachable: None,
+                obs,
             };
         }
     }
@@ -469,6 +476,7 @@ fn route(
         deadline,
         again,
         unreachable: None,
+        obs,
     };
     fut.watch(inst);
     fut
@@ -547,6 +555,8 @@ pub struct ResponseFuture {
     /// call when that fails, so that it moves on at once instead of waiting in the
     /// connection's queue for its own connect attempt.
     unreachable: Option<Pin<Box<tokio::sync::futures::OwnedNotified>>>,
+    /// The call's span and metrics (moved into the response body with the guard).
+    obs: CallObs,
 }
 
 impl std::fmt::Debug for ResponseFuture {
@@ -567,6 +577,7 @@ impl ResponseFuture {
             deadline: None,
             again: None,
             unreachable: None,
+            obs: CallObs::default(),
         }
     }
 
@@ -576,6 +587,7 @@ impl ResponseFuture {
         }
         self.unreachable = None;
         self.state = CallState::Failed(None);
+        self.obs.finish(crate::observe::code_of(&*error));
         Poll::Ready(Err(error))
     }
 
@@ -658,6 +670,7 @@ impl ResponseFuture {
             return false;
         };
         let inst = &snap[idx];
+        self.obs.attempt(inst);
         tracing::debug!(to = %inst.target.name, reason = %why, "call sent again");
         let mut guard = CallGuard::new(inst.clone(), Method::of(req.uri().path()));
         let channel = crate::conns::channel(inst, &mut guard);
@@ -712,9 +725,11 @@ impl ResponseFuture {
         let budget = again.pool.budget.as_ref()?;
         if !budget.withdraw() {
             tracing::debug!("retry budget spent: not retrying");
+            crate::observe::budget_exhausted(&again.pool);
             return None;
         }
         again.attempts += 1;
+        self.obs.retrying(code, delay);
         Some(delay)
     }
 
@@ -744,6 +759,7 @@ impl ResponseFuture {
             // CANCELLED "Timeout expired"): report it as what it is. The instance answered.
             guard.finish(guard.deadline_outcome());
             self.state = CallState::Failed(None);
+            self.obs.finish(tonic::Code::DeadlineExceeded);
             return Some(Err(deadline_exceeded().into()));
         }
         health::connected(guard.instance());
@@ -752,6 +768,7 @@ impl ResponseFuture {
         if let Some((code, outcome)) = head_status(&resp) {
             // A trailers-only response carries its load report in its head.
             crate::orca::take_report(guard.instance(), resp.headers_mut());
+            self.obs.head(code);
             guard.finish(outcome);
             if code != tonic::Code::Ok {
                 self.tried(guard.instance());
@@ -771,7 +788,12 @@ impl ResponseFuture {
         let deadline = self.deadline.take();
         self.state = CallState::Failed(None);
         Some(Ok(resp.map(|body| {
-            Body::new(GuardedBody::new(body, guard, deadline))
+            Body::new(GuardedBody::new(
+                body,
+                guard,
+                deadline,
+                std::mem::take(&mut self.obs),
+            ))
         })))
     }
 
@@ -790,7 +812,7 @@ impl ResponseFuture {
         if connect {
             health::connect_failed(&inst, &*e);
         } else if crate::error::is_transport(&*e) {
-            health::disconnected(&inst);
+            health::disconnected(&inst, &*e);
         }
         // The connection failed the attempt before it read any of the request's body (a
         // connect error, a connection closed or refused by a GOAWAY before the request was
@@ -870,6 +892,7 @@ impl Future for ResponseFuture {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        let _in_span = this.obs.span().map(|s| s.clone().entered());
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
                 return this.fail_deadline();
@@ -886,6 +909,7 @@ impl Future for ResponseFuture {
                     let status = status
                         .take()
                         .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
+                    this.obs.finish(status.code());
                     return Poll::Ready(Err(status.into()));
                 }
                 CallState::Discovering { wait, req, pool } => {
@@ -893,7 +917,8 @@ impl Future for ResponseFuture {
                         return Poll::Pending;
                     }
                     let (pool, req) = (pool.clone(), req.take().expect("routed once"));
-                    *this = route(&pool, req, this.deadline.take());
+                    let obs = std::mem::take(&mut this.obs);
+                    *this = route(&pool, req, this.deadline.take(), obs);
                     return Pin::new(this).poll(cx);
                 }
                 CallState::Backoff(b) => {
@@ -908,6 +933,7 @@ impl Future for ResponseFuture {
                     if !this.reroute(&"retry policy") {
                         // The set changed while the call waited: the caller gets the last
                         // answer as it was.
+                        this.obs.ended(&b.last);
                         return Poll::Ready(b.last);
                     }
                 }
@@ -917,12 +943,22 @@ impl Future for ResponseFuture {
                     };
                     this.state = CallState::Failed(None);
                     let deadline = this.deadline.take();
-                    return Poll::Ready(answer.map(|(resp, guard)| match guard {
-                        Some(guard) => {
-                            resp.map(|b| Body::new(GuardedBody::new(b, guard, deadline)))
+                    let mut obs = std::mem::take(&mut this.obs);
+                    return Poll::Ready(match answer {
+                        Ok((resp, Some(guard))) => {
+                            Ok(resp.map(|b| Body::new(GuardedBody::new(b, guard, deadline, obs))))
                         }
-                        None => resp,
-                    }));
+                        Ok((resp, None)) => {
+                            let result = Ok(resp);
+                            obs.ended(&result);
+                            result
+                        }
+                        Err(e) => {
+                            let result = Err(e);
+                            obs.ended(&result);
+                            result
+                        }
+                    });
                 }
                 CallState::Routed { channel, req } => match tower::Service::poll_ready(channel, cx)
                 {

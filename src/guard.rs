@@ -23,6 +23,7 @@ use crate::deadline;
 use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
 use crate::instance::Instance;
+use crate::observe::CallObs;
 use crate::tiebreak::Method;
 
 /// Holds one call's place in its instance's in-flight count.
@@ -172,26 +173,34 @@ pin_project_lite::pin_project! {
         inner: Body,
         guard: Option<CallGuard>,
         deadline: Option<Pin<Box<Sleep>>>,
+        obs: CallObs,
     }
 }
 
 impl GuardedBody {
-    pub(crate) fn new(inner: Body, guard: CallGuard, deadline: Option<Pin<Box<Sleep>>>) -> Self {
+    pub(crate) fn new(
+        inner: Body,
+        guard: CallGuard,
+        deadline: Option<Pin<Box<Sleep>>>,
+        obs: CallObs,
+    ) -> Self {
         GuardedBody {
             inner,
             guard: Some(guard),
             deadline,
+            obs,
         }
     }
 }
 
-/// The call is over with this outcome: the guard (and with it the count) goes, and the
-/// deadline with it.
-fn end(this: &mut GuardedBodyProj<'_>, outcome: Outcome) {
+/// The call is over with this outcome, and this status for its caller: the guard (and with it
+/// the count) goes, and the deadline with it.
+fn end(this: &mut GuardedBodyProj<'_>, outcome: Outcome, code: tonic::Code) {
     if let Some(mut guard) = this.guard.take() {
         guard.finish(outcome);
     }
     *this.deadline = None;
+    this.obs.finish(code);
 }
 
 impl HttpBody for GuardedBody {
@@ -210,7 +219,7 @@ impl HttpBody for GuardedBody {
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
                 // The instance had answered (this is its response): nothing against it.
-                end(&mut this, Outcome::Cancelled);
+                end(&mut this, Outcome::Cancelled, tonic::Code::DeadlineExceeded);
                 return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
             }
         }
@@ -226,10 +235,11 @@ impl HttpBody for GuardedBody {
                         // The deadline passed as the stream ended with an error (often the
                         // server's own timer, CANCELLED "Timeout expired"): report it as what
                         // it is. The instance had answered: nothing against it.
-                        end(&mut this, Outcome::Cancelled);
+                        end(&mut this, Outcome::Cancelled, tonic::Code::DeadlineExceeded);
                         return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
                     }
-                    end(&mut this, health::classify_status(code));
+                    let status = code.unwrap_or(tonic::Code::Unknown);
+                    end(&mut this, health::classify_status(code), status);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -246,13 +256,14 @@ impl HttpBody for GuardedBody {
                 } else {
                     Outcome::Failure
                 };
-                end(&mut this, outcome);
+                let code = broken.as_ref().map_or(status.code(), tonic::Status::code);
+                end(&mut this, outcome, code);
                 Poll::Ready(Some(Err(broken.unwrap_or(status))))
             }
             Poll::Ready(None) => {
                 // Ended without trailers (a trailers-only response's outcome is set already):
                 // not a gRPC answer.
-                end(&mut this, Outcome::Failure);
+                end(&mut this, Outcome::Failure, tonic::Code::Unknown);
                 Poll::Ready(None)
             }
         }

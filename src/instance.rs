@@ -32,7 +32,7 @@ pub enum State {
 }
 
 impl State {
-    const ALL: [State; 6] = [
+    pub(crate) const ALL: [State; 6] = [
         State::Connecting,
         State::Ready,
         State::Failing,

@@ -81,12 +81,17 @@
 //!
 //! # Observability
 //!
-//! [`BalancedChannel::endpoints`] returns an [`EndpointStats`] per instance; every response
-//! carries a [`ServedBy`] extension naming the instance that served it; a status the channel
-//! makes itself (no usable instance, the deadline, a connection that failed) has an [`Error`]
-//! as its `source()`, so that it can be told from an instance's answer. State changes,
+//! [`BalancedChannel::endpoints`] returns an [`EndpointStats`] per instance and
+//! [`BalancedChannel::stats`] the channel's totals ([`ChannelStats`]: calls, attempts, retries,
+//! refusals, ejections, discovery); every response carries a [`ServedBy`] extension naming the
+//! instance that served it; a status the channel makes itself (no usable instance, the
+//! deadline, a connection that failed) has an [`Error`] as its `source()`, so that it can be
+//! told from an instance's answer. Each call is a `tracing` span, `tonic_balancer.call` at
+//! DEBUG level, with the fields `method`, `instance` (the one that served it), `attempt` and
+//! `outcome` (the status code's name), recorded as they become known. State changes,
 //! membership changes and ejections are `tracing` events with an `addr` field, and each routed
-//! call is a `trace` event.
+//! call is a `trace` event. With the `metrics` feature, the channel records gRPC's standard
+//! client metrics through the `metrics` facade (see the `metrics` module).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -102,6 +107,11 @@ mod headers;
 mod health;
 mod hedge;
 mod instance;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
+mod observe;
 pub mod orca;
 mod pick;
 mod pool;
@@ -125,6 +135,7 @@ pub use health::HealthCheck;
 pub use health::{Backoff, Ejection};
 pub use hedge::HedgingPolicy;
 pub use instance::State;
+pub use observe::{ChannelStats, DiscoveryState};
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 pub use stats::{EndpointStats, ServedBy};
 

@@ -204,6 +204,7 @@ impl Pool {
             return (0, 0);
         }
         self.publish(next);
+        crate::observe::membership(self, added, leaving.len());
         for inst in &leaving {
             inst.drain();
             tracing::info!(
@@ -242,6 +243,9 @@ impl Pool {
         if self.warm_new.load(Ordering::Relaxed) {
             inst.warm_up();
         }
+        if inst.state() == State::Ready {
+            crate::metrics::connection_succeeded(&inst);
+        }
         #[cfg(feature = "health-check")]
         if let Some(cfg) = &self.policy.health_check {
             crate::health::check::spawn(&inst, cfg.clone());
@@ -251,6 +255,7 @@ impl Pool {
 
     /// Records the discovery source's state after a lookup.
     pub(crate) fn discovery_status(&self, error: Option<String>) {
+        crate::observe::discovery_answer(self, error.as_deref());
         *lock(&self.discovery_error) = error;
         self.discovered.send_replace(true);
     }

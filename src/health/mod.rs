@@ -90,6 +90,8 @@ pub(crate) struct Policy {
     pub(crate) conns: crate::conns::Settings,
     /// What the pick does with server-reported load.
     pub(crate) orca: crate::orca::Settings,
+    /// The channel's totals, and what its metrics need.
+    pub(crate) observe: crate::observe::Shared,
 }
 
 impl Policy {
@@ -141,15 +143,17 @@ pub(crate) fn observe_latency(inst: &Instance, method: Method, elapsed: Duration
 /// A response arrived from `inst`: its connection works.
 #[inline]
 pub(crate) fn connected(inst: &Instance) {
-    if inst.state() == State::Connecting {
-        inst.transition(State::Connecting, State::Ready);
+    if inst.state() == State::Connecting && inst.transition(State::Connecting, State::Ready) {
+        crate::metrics::connection_succeeded(inst);
     }
 }
 
 /// The connection of `inst` broke under a call: until a response shows a new one works, calls
 /// routed to it wait for a connection to be opened (and move on if that fails).
-pub(crate) fn disconnected(inst: &Instance) {
-    inst.transition(State::Ready, State::Connecting);
+pub(crate) fn disconnected(inst: &Instance, error: &(dyn std::error::Error + 'static)) {
+    if inst.transition(State::Ready, State::Connecting) {
+        crate::metrics::disconnected(inst, error);
+    }
 }
 
 /// Records the outcome of one call of `inst` (from the guard's `Drop`).
@@ -197,6 +201,7 @@ pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error
     if !inst.transition(prev, State::Failing) {
         return;
     }
+    crate::metrics::connection_failed(inst);
     tracing::warn!(addr = %inst.target.name, error = %error, "cannot connect to instance; reconnecting with backoff");
     // Calls waiting for this connection move on now rather than each waiting for its own
     // connect attempt in the connection's queue.
@@ -225,6 +230,7 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
         let Some(inst) = weak.upgrade() else { return };
         match result {
             Ok(Ok(_probe)) => {
+                crate::metrics::connection_succeeded(&inst);
                 // Connecting (usable): the next call opens the instance's connection.
                 if inst.transition(State::Failing, State::Connecting) {
                     inst.consecutive_failures.store(0, Ordering::Relaxed);
@@ -234,9 +240,11 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
                 return;
             }
             Ok(Err(e)) => {
+                crate::metrics::connection_failed(&inst);
                 tracing::debug!(addr = %name, attempt, error = %e, "reconnect failed");
             }
             Err(_) => {
+                crate::metrics::connection_failed(&inst);
                 tracing::debug!(addr = %name, attempt, "reconnect timed out");
             }
         }

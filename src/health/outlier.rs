@@ -197,6 +197,7 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
         .is_ok();
     if !reserved {
         tracing::debug!(addr = %inst.target.name, cap, "not ejected: ejection cap reached");
+        crate::observe::ejection(inst, why, false);
         return false;
     }
     if !inst.transition(State::Ready, State::Ejected)
@@ -207,6 +208,7 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
     }
     let streak = inst.ejection_streak.fetch_add(1, Ordering::Relaxed);
     inst.ejections.fetch_add(1, Ordering::Relaxed);
+    crate::observe::ejection(inst, why, true);
     let base = policy.ejection.base_time;
     let time = base
         .checked_mul(1u32 << streak.min(16))

@@ -348,7 +348,7 @@ impl Hedge {
         if connect {
             health::connect_failed(&inst, &*e);
         } else if is_transport(&*e) {
-            health::disconnected(&inst);
+            health::disconnected(&inst, &*e);
         }
         let unsent = matches!(kind, ErrorKind::Unsent { .. }) || is_transport(&*e);
         let refused = refused_by_server(&*e);

@@ -1,0 +1,531 @@
+//! The metrics of the `metrics` feature, as a Prometheus scrape shows them: gRPC's standard
+//! names (A66, A94, A91, A96) with their units and labels, and values that match the calls
+//! made through a real fleet.
+#![cfg(feature = "metrics")]
+mod fleet;
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use fleet::pb::fleet_client::FleetClient;
+use fleet::{Behavior, Fleet};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tonic::Code;
+use tonic_balancer::metrics::{
+    CALL_RETRIES, CALL_RETRY_DELAY, CALL_TRANSPARENT_RETRIES, COUNT_BUCKETS, LATENCY_BUCKETS,
+};
+use tonic_balancer::{BalancedChannel, Ejection, RetryPolicy};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// The process's recorder: one for every test of this file (each test labels its channel
+/// with a target of its own).
+fn recorder() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .with_recommended_naming(true)
+            .set_buckets_for_metric(Matcher::Suffix(".duration".into()), LATENCY_BUCKETS)
+            .unwrap()
+            .set_buckets_for_metric(Matcher::Full(CALL_RETRY_DELAY.into()), LATENCY_BUCKETS)
+            .unwrap()
+            .set_buckets_for_metric(Matcher::Full(CALL_RETRIES.into()), COUNT_BUCKETS)
+            .unwrap()
+            .set_buckets_for_metric(
+                Matcher::Full(CALL_TRANSPARENT_RETRIES.into()),
+                COUNT_BUCKETS,
+            )
+            .unwrap()
+            .install_recorder()
+            .expect("the only recorder of this process")
+    })
+}
+
+/// One scrape: every sample line, as (name, labels, value).
+struct Scrape {
+    text: String,
+    samples: Vec<(String, BTreeMap<String, String>, f64)>,
+}
+
+fn scrape() -> Scrape {
+    let text = recorder().render();
+    let mut samples = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (head, value) = line.rsplit_once(' ').expect("a sample line");
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("value of {line}"));
+        let (name, labels) = match head.split_once('{') {
+            Some((name, rest)) => (name, rest.trim_end_matches('}')),
+            None => (head, ""),
+        };
+        let labels = labels
+            .split("\",")
+            .filter(|kv| !kv.is_empty())
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').expect("label=value");
+                (k.to_owned(), v.trim_matches('"').to_owned())
+            })
+            .collect();
+        samples.push((name.to_owned(), labels, value));
+    }
+    Scrape { text, samples }
+}
+
+impl Scrape {
+    /// The sum of the samples of `name` whose labels include all of `with`.
+    fn sum(&self, name: &str, with: &[(&str, &str)]) -> f64 {
+        self.matching(name, with).map(|(_, v)| v).sum()
+    }
+
+    fn matching<'a>(
+        &'a self,
+        name: &'a str,
+        with: &'a [(&'a str, &'a str)],
+    ) -> impl Iterator<Item = (&'a BTreeMap<String, String>, f64)> + 'a {
+        self.samples
+            .iter()
+            .filter(move |(n, labels, _)| {
+                n == name
+                    && with
+                        .iter()
+                        .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|(_, l, v)| (l, *v))
+    }
+
+    /// The `# TYPE` line of a family.
+    fn kind(&self, family: &str) -> Option<&str> {
+        self.text.lines().find_map(|l| {
+            l.strip_prefix("# TYPE ")
+                .and_then(|rest| rest.strip_prefix(family))
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+    }
+}
+
+const UNARY: &str = "fleet.v1.Fleet/Unary";
+
+/// Calls of a registered method and of another: each instrument of A66 and A96 is there with
+/// its unit (seconds for durations), its labels (`grpc_method`, `grpc_target`, `grpc_status`)
+/// and A66's buckets; the counts match the calls made; the method not registered is `other`.
+/// The per-instance gauges show every instance ready with nothing in flight once the calls are
+/// over, and a connection opened to each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_and_instance_metrics_match_the_calls_made() {
+    recorder();
+    let target = "test.calls";
+    let fleet = Fleet::start(3, Behavior::Ok);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .metrics_target(target)
+        .metrics_methods([UNARY])
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    fleet::calls(&mut client, 30).await;
+    for id in 0..5 {
+        let mut stream = client
+            .server_stream(fleet::pb::Req {
+                id,
+                count: 2,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        while stream.message().await.unwrap().is_some() {}
+    }
+    let t = ("grpc_target", target);
+    let unary = [("grpc_method", UNARY), t];
+    let other = [("grpc_method", "other"), t];
+    let ok = [("grpc_method", UNARY), t, ("grpc_status", "OK")];
+    fleet::wait_until("every call recorded, nothing in flight", LIMIT, || {
+        let s = scrape();
+        s.sum("grpc_client_call_duration_seconds_count", &other) == 5.0
+            && s.sum("tonic_balancer_instance_calls_in_flight", &[t]) == 0.0
+            && s.matching("tonic_balancer_instance_calls_in_flight", &[t])
+                .count()
+                == 3
+    })
+    .await;
+    let s = scrape();
+    assert_eq!(
+        s.sum("grpc_client_attempt_started_total", &unary),
+        30.0,
+        "{}",
+        s.text
+    );
+    assert_eq!(s.sum("grpc_client_attempt_started_total", &other), 5.0);
+    assert_eq!(s.sum("grpc_client_call_duration_seconds_count", &ok), 30.0);
+    assert_eq!(
+        s.sum("grpc_client_attempt_duration_seconds_count", &ok),
+        30.0
+    );
+    let other_ok = [("grpc_method", "other"), t, ("grpc_status", "OK")];
+    assert_eq!(
+        s.sum("grpc_client_call_duration_seconds_count", &other_ok),
+        5.0
+    );
+    // Seconds, and sane: positive, each call well under the limit.
+    let took = s.sum("grpc_client_call_duration_seconds_sum", &ok);
+    assert!(took > 0.0 && took < 30.0 * LIMIT.as_secs_f64(), "{took}");
+    // A66's latency buckets, cumulative up to every call.
+    for le in ["0", "1e-5", "0.00005", "0.0003", "0.013", "0.065", "100"] {
+        let le_f: f64 = le.parse().unwrap();
+        let bucket = s
+            .matching("grpc_client_call_duration_seconds_bucket", &ok)
+            .find(|(l, _)| l.get("le").and_then(|v| v.parse::<f64>().ok()) == Some(le_f));
+        assert!(bucket.is_some(), "no bucket le={le} in\n{}", s.text);
+    }
+    let top = s
+        .matching("grpc_client_call_duration_seconds_bucket", &ok)
+        .find(|(l, _)| l.get("le").map(String::as_str) == Some("+Inf"))
+        .map(|(_, v)| v);
+    assert_eq!(top, Some(30.0));
+    assert_eq!(
+        s.kind("grpc_client_call_duration_seconds"),
+        Some("histogram")
+    );
+    assert_eq!(s.kind("grpc_client_attempt_started_total"), Some("counter"));
+    // A96: no retry, no transparent retry, no delay in any call.
+    assert_eq!(s.sum("grpc_client_call_retries_count", &unary), 30.0);
+    assert_eq!(s.sum("grpc_client_call_retries_sum", &unary), 0.0);
+    assert_eq!(
+        s.sum("grpc_client_call_transparent_retries_sum", &unary),
+        0.0
+    );
+    assert_eq!(
+        s.sum("grpc_client_call_retry_delay_seconds_sum", &unary),
+        0.0
+    );
+    // Per instance: labelled by its URI, ready, nothing in flight, one connection each.
+    for uri in fleet.uris() {
+        let name = fleet::stats(&ch, &uri).uri().to_owned();
+        let inst = [t, ("tonic_balancer_instance", name.as_str())];
+        assert_eq!(
+            s.matching("tonic_balancer_instance_calls_in_flight", &inst)
+                .count(),
+            1,
+            "{name} in\n{}",
+            s.text
+        );
+        let ready = [
+            t,
+            ("tonic_balancer_instance", name.as_str()),
+            ("tonic_balancer_state", "ready"),
+        ];
+        assert_eq!(s.sum("tonic_balancer_instance_state", &ready), 1.0);
+        assert_eq!(
+            s.sum("tonic_balancer_instance_state", &inst),
+            1.0,
+            "one state at a time"
+        );
+        let latency = s.sum("tonic_balancer_instance_latency_seconds", &inst);
+        assert!(latency > 0.0 && latency < LIMIT.as_secs_f64(), "{latency}");
+        assert_eq!(
+            s.sum("grpc_subchannel_connection_attempts_succeeded_total", &inst),
+            1.0
+        );
+    }
+    assert_eq!(s.sum("tonic_balancer_instances_added_total", &[t]), 3.0);
+    assert_eq!(
+        s.kind("tonic_balancer_instance_calls_in_flight"),
+        Some("gauge")
+    );
+}
+
+/// One instance of two fails every call with UNAVAILABLE: its attempts show with that status,
+/// the retry policy's retries per call add up to the retries made, every call ends OK, and its
+/// ejection is counted with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_and_ejections_are_counted() {
+    recorder();
+    let target = "test.retries";
+    let fleet = Fleet::start(2, Behavior::Ok);
+    fleet.instances[0].set(Behavior::Fail(Code::Unavailable));
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .retry(RetryPolicy::default())
+        .ejection(Ejection::default().consecutive_failures(2))
+        .metrics_target(target)
+        .metrics_all_methods(true)
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let mut calls = 0;
+    while ch.stats().ejections() == 0 {
+        assert!(calls < 500, "never ejected:{}", fleet::dump(&ch));
+        client.unary(fleet::req(calls)).await.unwrap();
+        calls += 1;
+    }
+    let t = ("grpc_target", target);
+    let unary = [("grpc_method", UNARY), t];
+    fleet::wait_until("every call recorded", LIMIT, || {
+        scrape().sum("grpc_client_call_duration_seconds_count", &unary) == calls as f64
+    })
+    .await;
+    let s = scrape();
+    let stats = ch.stats();
+    let bad = fleet.instances[0].served() as f64;
+    assert!(bad >= 2.0);
+    let unavailable = [("grpc_method", UNARY), t, ("grpc_status", "UNAVAILABLE")];
+    assert_eq!(
+        s.sum("grpc_client_attempt_duration_seconds_count", &unavailable),
+        bad,
+        "{}",
+        s.text
+    );
+    let ok = [("grpc_method", UNARY), t, ("grpc_status", "OK")];
+    assert_eq!(
+        s.sum("grpc_client_call_duration_seconds_count", &ok),
+        calls as f64
+    );
+    assert_eq!(
+        s.sum("grpc_client_call_retries_sum", &unary),
+        stats.retries() as f64
+    );
+    assert_eq!(stats.retries() as f64, bad);
+    assert_eq!(
+        s.sum("grpc_client_attempt_started_total", &unary),
+        (calls + stats.retries()) as f64
+    );
+    // Backoff before each retry: some delay recorded.
+    assert!(s.sum("grpc_client_call_retry_delay_seconds_sum", &unary) > 0.0);
+    let name = fleet::stats(&ch, &fleet.instances[0].uri())
+        .uri()
+        .to_owned();
+    let ejected = [
+        t,
+        ("tonic_balancer_instance", name.as_str()),
+        ("tonic_balancer_ejection_reason", "consecutive_failures"),
+    ];
+    assert_eq!(
+        s.sum(
+            "grpc_lb_outlier_detection_ejections_enforced_total",
+            &ejected
+        ),
+        stats.ejections() as f64
+    );
+}
+
+/// An instance that cannot be reached: its failed connection is counted, and the call that
+/// then finds nothing usable is counted as refused, with UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_failures_and_refusals_are_counted() {
+    recorder();
+    let target = "test.refused";
+    let uri = fleet::unreachable_uri();
+    let ch = BalancedChannel::builder()
+        .uri(&uri)
+        .metrics_target(target)
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    assert!(client.unary(fleet::req(1)).await.is_err());
+    fleet::wait_until("the instance is failing", LIMIT, || {
+        fleet::stats(&ch, &uri).state() == tonic_balancer::State::Failing
+    })
+    .await;
+    assert!(client.unary(fleet::req(2)).await.is_err());
+    let t = ("grpc_target", target);
+    let s = scrape();
+    let name = fleet::stats(&ch, &uri).uri().to_owned();
+    let inst = [t, ("tonic_balancer_instance", name.as_str())];
+    assert!(
+        s.sum("grpc_subchannel_connection_attempts_failed_total", &inst) >= 1.0,
+        "{}",
+        s.text
+    );
+    let other = [("grpc_method", "other"), t];
+    assert_eq!(
+        s.sum("tonic_balancer_client_call_refused_total", &other),
+        1.0
+    );
+    let unavailable = [("grpc_method", "other"), t, ("grpc_status", "UNAVAILABLE")];
+    assert_eq!(
+        s.sum("grpc_client_call_duration_seconds_count", &unavailable),
+        2.0
+    );
+    assert_eq!(s.sum("grpc_client_attempt_started_total", &other), 1.0);
+}
+
+/// A call its caller gives up on (a timeout of the caller's own, which drops the call) is
+/// recorded as CANCELLED, and its instance's in-flight gauge returns to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_call_is_cancelled_and_leaves_nothing_in_flight() {
+    recorder();
+    let target = "test.cancelled";
+    let fleet = Fleet::start(1, Behavior::Hold);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .metrics_target(target)
+        .metrics_all_methods(true)
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let call = client.unary(fleet::req(1));
+    let t = ("grpc_target", target);
+    let name = fleet::stats(&ch, &fleet.uris()[0]).uri().to_owned();
+    let inst = [t, ("tonic_balancer_instance", name.as_str())];
+    tokio::select! {
+        _ = call => panic!("a held call answered"),
+        _ = fleet::wait_until("the call shows in flight", LIMIT, || {
+            scrape().sum("tonic_balancer_instance_calls_in_flight", &inst) == 1.0
+        }) => {}
+    }
+    let cancelled = [("grpc_method", UNARY), t, ("grpc_status", "CANCELLED")];
+    fleet::wait_until(
+        "the dropped call recorded, nothing in flight",
+        LIMIT,
+        || {
+            let s = scrape();
+            s.sum("grpc_client_call_duration_seconds_count", &cancelled) == 1.0
+                && s.sum("tonic_balancer_instance_calls_in_flight", &inst) == 0.0
+        },
+    )
+    .await;
+    fleet.release_all(1);
+}
+
+/// A discovery source's lookups and failures are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_lookups_and_failures_are_counted() {
+    struct Broken;
+    impl tonic_balancer::Resolve for Broken {
+        #[allow(clippy::type_complexity)]
+        fn resolve(
+            &self,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<Vec<std::net::SocketAddr>, tower::BoxError>>
+                    + Send
+                    + '_,
+            >,
+        > {
+            Box::pin(async { Err("registry down".into()) })
+        }
+
+        fn name(&self) -> String {
+            "test.discovery".into()
+        }
+    }
+    recorder();
+    let ch = BalancedChannel::builder()
+        .resolver(Broken)
+        .discovery_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let t = [("grpc_target", "test.discovery")];
+    fleet::wait_until("three failed lookups", LIMIT, || {
+        scrape().sum("tonic_balancer_discovery_failures_total", &t) >= 3.0
+    })
+    .await;
+    let s = scrape();
+    assert!(s.sum("tonic_balancer_discovery_lookups_total", &t) >= 3.0);
+    assert!(ch.stats().discovery_failures() >= 3);
+}
+
+/// A method name that is neither `pkg.Service/Method` nor `pkg.Service` is refused when the
+/// channel is built, with an error that names the setting and quotes it; so is an empty target.
+#[tokio::test]
+async fn malformed_metric_settings_are_refused_at_build() {
+    for bad in ["", "/", "a b/c", "pkg.Svc/Method/extra", "pkg.Svc/"] {
+        let err = BalancedChannel::builder()
+            .uri("http://127.0.0.1:1")
+            .metrics_methods([bad])
+            .build()
+            .expect_err(bad);
+        let text = err.to_string();
+        assert!(text.contains("metrics_methods"), "{bad:?}: {text}");
+        assert!(text.contains(&format!("{bad:?}")), "{bad:?}: {text}");
+    }
+    let err = BalancedChannel::builder()
+        .uri("http://127.0.0.1:1")
+        .metrics_target("")
+        .build()
+        .expect_err("an empty target");
+    assert!(err.to_string().contains("metrics_target"), "{err}");
+    // Well-formed names, with or without their slash, are accepted.
+    BalancedChannel::builder()
+        .uri("http://127.0.0.1:1")
+        .metrics_methods(["/fleet.v1.Fleet/Unary", "fleet.v1.Fleet"])
+        .build()
+        .unwrap();
+}
+
+/// A connection that breaks under a call counts as a disconnection of its instance, with one of
+/// A94's reasons; the retry the budget then refuses is counted, and so is an instance removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnections_spent_budget_and_removals_are_counted() {
+    recorder();
+    let target = "test.disconnect";
+    let mut fleet = Fleet::start(2, Behavior::Ok);
+    // A budget of no retry at all.
+    let policy = RetryPolicy::default()
+        .budget_ratio(0.0)
+        .budget_min_per_sec(0);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .retry(policy)
+        .metrics_target(target)
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    // Both connected (ready) first.
+    let mut id = 0;
+    while fleet.served().contains(&0) {
+        assert!(id < 500, "an instance never got a call");
+        client.unary(fleet::req(id)).await.unwrap();
+        id += 1;
+    }
+    for i in &fleet.instances {
+        i.set(Behavior::Hold);
+    }
+    let mut held = client.clone();
+    let call = tokio::spawn(async move { held.unary(fleet::req(1_000_000)).await });
+    fleet::wait_until("the call is held", LIMIT, || fleet.held() == 1).await;
+    let k = fleet.instances.iter().position(|i| i.held() == 1).unwrap();
+    let name = fleet::stats(&ch, &fleet.instances[k].uri())
+        .uri()
+        .to_owned();
+    fleet.instances[k].stop();
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let t = ("grpc_target", target);
+    let s = scrape();
+    let inst = [t, ("tonic_balancer_instance", name.as_str())];
+    let broken: Vec<_> = s
+        .matching("grpc_subchannel_disconnections_total", &inst)
+        .collect();
+    assert_eq!(
+        broken.iter().map(|(_, v)| v).sum::<f64>(),
+        1.0,
+        "{}",
+        s.text
+    );
+    let why = broken[0].0.get("grpc_disconnect_error").unwrap();
+    let a94 = [
+        "connection reset",
+        "connection timed out",
+        "connection aborted",
+        "socket error",
+        "unknown",
+    ];
+    assert!(
+        a94.contains(&why.as_str()) || why.starts_with("GOAWAY "),
+        "{why}"
+    );
+    assert_eq!(
+        s.sum("tonic_balancer_client_retry_budget_exhausted_total", &[t]),
+        1.0
+    );
+    assert_eq!(ch.stats().retry_budget_exhausted(), 1);
+    let other = fleet.instances[1 - k].uri();
+    assert!(ch.remove(&other).unwrap());
+    let s = scrape();
+    assert_eq!(s.sum("tonic_balancer_instances_removed_total", &[t]), 1.0);
+    fleet.release_all(1);
+}

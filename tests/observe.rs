@@ -1,0 +1,317 @@
+//! What the channel tells of itself without a metrics stack: the `tonic_balancer.call` span of
+//! each call, as a subscriber sees it, and the totals of `BalancedChannel::stats`.
+mod fleet;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleet::pb::fleet_client::FleetClient;
+use fleet::{Behavior, Fleet};
+use tonic::Code;
+use tonic_balancer::{BalancedChannel, DiscoveryState, Ejection, RetryPolicy, ServedBy};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::Layer;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// The fields of one span, as text.
+type Fields = HashMap<String, String>;
+
+/// A subscriber layer that keeps the fields of every closed `tonic_balancer.call` span.
+#[derive(Clone, Default)]
+struct CallSpans {
+    open: Arc<Mutex<HashMap<u64, Fields>>>,
+    closed: Arc<Mutex<Vec<Fields>>>,
+}
+
+struct Collect<'a>(&'a mut Fields);
+
+impl Visit for Collect<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().to_owned(), value.to_string());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for CallSpans {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
+        if attrs.metadata().name() != "tonic_balancer.call" {
+            return;
+        }
+        let mut fields = Fields::new();
+        attrs.record(&mut Collect(&mut fields));
+        self.open.lock().unwrap().insert(id.into_u64(), fields);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, _: Context<'_, S>) {
+        if let Some(fields) = self.open.lock().unwrap().get_mut(&id.into_u64()) {
+            values.record(&mut Collect(fields));
+        }
+    }
+
+    fn on_close(&self, id: Id, _: Context<'_, S>) {
+        if let Some(fields) = self.open.lock().unwrap().remove(&id.into_u64()) {
+            self.closed.lock().unwrap().push(fields);
+        }
+    }
+}
+
+impl CallSpans {
+    /// Installs the layer for this thread (the tests run on a current-thread runtime, so that
+    /// the calls are made and polled here).
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let subscriber = tracing_subscriber::registry().with(self.clone().with_filter(
+            tracing_subscriber::filter::filter_fn(|m| m.target().starts_with("tonic_balancer")),
+        ));
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn closed(&self) -> Vec<Fields> {
+        self.closed.lock().unwrap().clone()
+    }
+}
+
+/// Each call is one `tonic_balancer.call` span, closed when the call is over, whose fields
+/// name the method, the instance that served it (the one in the response's `ServedBy`), the
+/// attempt and the outcome.
+#[tokio::test]
+async fn a_call_span_names_the_instance_that_served_it() {
+    let spans = CallSpans::default();
+    let _guard = spans.install();
+    let fleet = Fleet::start(3, Behavior::Ok);
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let mut served = Vec::new();
+    for id in 0..6 {
+        let resp = client.unary(fleet::req(id)).await.unwrap();
+        let by = resp.extensions().get::<ServedBy>().expect("ServedBy");
+        served.push(by.uri().to_owned());
+    }
+    fleet::wait_until("six call spans closed", LIMIT, || spans.closed().len() == 6).await;
+    let closed = spans.closed();
+    for (fields, by) in closed.iter().zip(&served) {
+        assert_eq!(
+            fields.get("method").map(String::as_str),
+            Some("/fleet.v1.Fleet/Unary"),
+            "{fields:?}"
+        );
+        assert_eq!(fields.get("instance"), Some(by), "{fields:?}");
+        assert_eq!(
+            fields.get("attempt").map(String::as_str),
+            Some("1"),
+            "{fields:?}"
+        );
+        assert_eq!(
+            fields.get("outcome").map(String::as_str),
+            Some("OK"),
+            "{fields:?}"
+        );
+    }
+}
+
+/// An application status is the span's outcome; the span still names the instance.
+#[tokio::test]
+async fn a_call_span_records_the_status_of_a_failed_call() {
+    let spans = CallSpans::default();
+    let _guard = spans.install();
+    let fleet = Fleet::start(1, Behavior::Fail(Code::NotFound));
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch);
+    let err = client.unary(fleet::req(1)).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    fleet::wait_until("the call span closed", LIMIT, || spans.closed().len() == 1).await;
+    let fields = &spans.closed()[0];
+    assert_eq!(
+        fields.get("outcome").map(String::as_str),
+        Some("NOT_FOUND"),
+        "{fields:?}"
+    );
+    let uri = fleet.uris()[0].clone();
+    assert_eq!(
+        fields.get("instance").map(|s| s.trim_end_matches('/')),
+        Some(uri.trim_end_matches('/')),
+        "{fields:?}"
+    );
+}
+
+/// A call the retry policy sent again shows its second attempt and the instance that served
+/// it, not the one that failed it.
+#[tokio::test]
+async fn a_retried_call_span_names_the_instance_of_its_last_attempt() {
+    let spans = CallSpans::default();
+    let _guard = spans.install();
+    let fleet = Fleet::start(2, Behavior::Ok);
+    fleet.instances[0].set(Behavior::Fail(Code::Unavailable));
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .retry(RetryPolicy::default())
+        .ejection(Ejection::disabled())
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let good = fleet.instances[1].uri();
+    let mut calls = 0;
+    while fleet.instances[0].served() == 0 {
+        assert!(calls < 200, "the failing instance never got a call");
+        let resp = client.unary(fleet::req(calls)).await.unwrap();
+        let by = resp.extensions().get::<ServedBy>().unwrap();
+        assert_eq!(by.uri().trim_end_matches('/'), good.trim_end_matches('/'));
+        calls += 1;
+    }
+    fleet::wait_until("every call span closed", LIMIT, || {
+        spans.closed().len() == calls as usize
+    })
+    .await;
+    let retried: Vec<Fields> = spans
+        .closed()
+        .into_iter()
+        .filter(|f| f.get("attempt").map(String::as_str) == Some("2"))
+        .collect();
+    assert_eq!(
+        retried.len() as u64,
+        fleet.instances[0].served(),
+        "{retried:?}"
+    );
+    for fields in &retried {
+        assert_eq!(
+            fields.get("instance").map(|s| s.trim_end_matches('/')),
+            Some(good.trim_end_matches('/')),
+            "{fields:?}"
+        );
+        assert_eq!(fields.get("outcome").map(String::as_str), Some("OK"));
+    }
+    assert_eq!(ch.stats().retries(), fleet.instances[0].served());
+}
+
+/// The totals count each call once, each attempt once, and keep the attempts of an instance
+/// that left the set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_calls_and_attempts_across_membership_changes() {
+    let fleet = Fleet::start(3, Behavior::Ok);
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    fleet::calls(&mut client, 60).await;
+    let s = ch.stats();
+    assert_eq!((s.calls(), s.attempts(), s.retries()), (60, 60, 0), "{s}");
+    assert_eq!((s.transparent_retries(), s.refused()), (0, 0), "{s}");
+    assert_eq!((s.instances_added(), s.instances_removed()), (3, 0), "{s}");
+    assert_eq!(s.discovery_source(), None);
+    assert_eq!(s.discovery_state(), None);
+    // One instance leaves: once it has drained and is gone, its attempts still count.
+    let gone = fleet.uris()[0].clone();
+    assert!(ch.remove(&gone).unwrap());
+    fleet::wait_until("the removed instance is gone", LIMIT, || {
+        ch.endpoints().len() == 2
+    })
+    .await;
+    fleet::calls(&mut client, 10).await;
+    let s = ch.stats();
+    assert_eq!((s.calls(), s.attempts()), (70, 70), "{s}");
+    assert_eq!(s.instances_removed(), 1, "{s}");
+    let served: u64 = fleet.served().iter().sum();
+    assert_eq!(served, 70);
+}
+
+/// A call that finds no usable instance is refused and counted as such; a call whose instance
+/// could not be reached counts its one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_refused_calls() {
+    let uri = fleet::unreachable_uri();
+    let ch = BalancedChannel::from_static([&uri]).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let first = client.unary(fleet::req(1)).await.unwrap_err();
+    assert_eq!(first.code(), Code::Unavailable);
+    fleet::wait_until("the instance is failing", LIMIT, || {
+        fleet::stats(&ch, &uri).state() == tonic_balancer::State::Failing
+    })
+    .await;
+    let second = client.unary(fleet::req(2)).await.unwrap_err();
+    assert_eq!(second.code(), Code::Unavailable);
+    let s = ch.stats();
+    assert_eq!((s.calls(), s.attempts(), s.refused()), (2, 1, 1), "{s}");
+}
+
+/// Ejections and retries the budget refused are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_ejections_and_spent_budget() {
+    let fleet = Fleet::start(2, Behavior::Ok);
+    fleet.instances[0].set(Behavior::Fail(Code::Unavailable));
+    // A budget of no retry at all: every retry wanted is refused by it.
+    let policy = RetryPolicy::default()
+        .budget_ratio(0.0)
+        .budget_min_per_sec(0);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .retry(policy)
+        .ejection(Ejection::default().consecutive_failures(3))
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let mut failed = 0;
+    for id in 0..400 {
+        if client.unary(fleet::req(id)).await.is_err() {
+            failed += 1;
+        }
+        if ch.stats().ejections() > 0 {
+            break;
+        }
+    }
+    let s = ch.stats();
+    let ejections: u64 = ch
+        .endpoints()
+        .iter()
+        .map(|e| u64::from(e.ejections()))
+        .sum();
+    assert_eq!(s.ejections(), ejections, "{s}");
+    assert!(s.ejections() >= 1, "{s}{}", fleet::dump(&ch));
+    assert_eq!(s.retries(), 0, "{s}");
+    assert_eq!(s.retry_budget_exhausted(), failed, "{s}");
+}
+
+/// A discovery source that fails shows as failing, with its error and its count of lookups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_show_the_discovery_source_and_its_last_error() {
+    struct Broken;
+    impl tonic_balancer::Resolve for Broken {
+        fn resolve(
+            &self,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<Vec<std::net::SocketAddr>, tower::BoxError>>
+                    + Send
+                    + '_,
+            >,
+        > {
+            Box::pin(async { Err("registry down".into()) })
+        }
+
+        fn name(&self) -> String {
+            "broken registry".into()
+        }
+    }
+    let ch = BalancedChannel::builder()
+        .resolver(Broken)
+        .discovery_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    fleet::wait_until("two lookups", LIMIT, || ch.stats().discovery_lookups() >= 2).await;
+    let s = ch.stats();
+    assert_eq!(s.discovery_source(), Some("broken registry"));
+    assert_eq!(s.discovery_state(), Some(DiscoveryState::Failing));
+    assert!(s.discovery_failures() >= 2, "{s}");
+    assert!(
+        s.discovery_error()
+            .is_some_and(|e| e.contains("registry down")),
+        "{s}"
+    );
+}
