@@ -70,8 +70,9 @@ impl std::fmt::Display for State {
 
 /// One instance of the service.
 ///
-/// The fields the pick reads on every call (`in_flight`, `state`, the tie-break's pass and gate,
-/// the latency estimate and its age) come first so that they share a cache line.
+/// The fields the least-pending pick reads on every call (`in_flight`, `state`, the tie-break's
+/// record) come first and fill the first cache line; the latency estimate that the other
+/// strategies read comes next.
 #[repr(C, align(64))]
 pub(crate) struct Instance {
     pub(crate) in_flight: AtomicUsize,
