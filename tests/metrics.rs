@@ -142,11 +142,18 @@ async fn call_and_instance_metrics_match_the_calls_made() {
     let unary = [("grpc_method", UNARY), t];
     let other = [("grpc_method", "other"), t];
     let ok = [("grpc_method", UNARY), t, ("grpc_status", "OK")];
+    // The per-instance gauges are sampled on a period: wait for a sample taken after the calls
+    // (all three ready, with a latency), not one from before the connections were up.
+    let ready = [t, ("tonic_balancer_state", "ready")];
     fleet::wait_until("every call recorded, nothing in flight", LIMIT, || {
         let s = scrape();
         s.sum("grpc_client_call_duration_seconds_count", &other) == 5.0
             && s.sum("tonic_balancer_instance_calls_in_flight", &[t]) == 0.0
             && s.matching("tonic_balancer_instance_calls_in_flight", &[t])
+                .count()
+                == 3
+            && s.sum("tonic_balancer_instance_state", &ready) == 3.0
+            && s.matching("tonic_balancer_instance_latency_seconds", &[t])
                 .count()
                 == 3
     })
