@@ -809,9 +809,12 @@ impl ResponseFuture {
         let guard = self.guard.take().expect("guard held until the response");
         let inst = guard.instance().clone();
         let connect = matches!(kind, ErrorKind::Unsent { connect: true });
-        if connect {
+        // An extra connection that could not connect, or broke, says nothing of the instance.
+        let extra =
+            (connect || crate::error::is_transport(&*e)) && crate::conns::extra_failed(&guard, &*e);
+        if connect && !extra {
             health::connect_failed(&inst, &*e);
-        } else if crate::error::is_transport(&*e) {
+        } else if crate::error::is_transport(&*e) && !extra {
             health::disconnected(&inst, &*e);
         }
         // The connection failed the attempt before it read any of the request's body (a
@@ -832,7 +835,7 @@ impl ResponseFuture {
         if transparent {
             let again = self.again.as_mut().expect("checked above");
             again.refused |= refused_stream;
-            if connect || again.replays >= MAX_SAME_INSTANCE_REPLAYS {
+            if (connect && !extra) || again.replays >= MAX_SAME_INSTANCE_REPLAYS {
                 again.tried.push(inst.clone());
             } else {
                 // The same instance may take it again, on a fresh connection.
@@ -843,7 +846,7 @@ impl ResponseFuture {
                 drop(guard);
                 return None;
             }
-            let (status, outcome) = if connect {
+            let (status, outcome) = if connect && !extra {
                 (as_unavailable(e, &inst.target.name), Outcome::Failure)
             } else {
                 (
@@ -867,7 +870,7 @@ impl ResponseFuture {
                 not_processed(&inst.target.name, e).into(),
                 Outcome::Cancelled,
             )
-        } else if crate::error::is_transport(&*e) && !guard.first_to_see_break() {
+        } else if extra || (crate::error::is_transport(&*e) && !guard.first_to_see_break()) {
             (as_unavailable(e, &inst.target.name), Outcome::Cancelled)
         } else {
             (as_unavailable(e, &inst.target.name), Outcome::Failure)

@@ -33,7 +33,7 @@
 //! server's MAX_CONNECTION_IDLE, the default here is [`DEFAULT_MAX_CONNECTIONS`], and extra
 //! connections close on the client's side once idle.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -96,6 +96,11 @@ pub(crate) struct Extra {
     open: AtomicUsize,
     /// Whether the task that closes idle connections runs.
     sweeping: AtomicBool,
+    /// No extra connection opens before this (nanoseconds since the pool's epoch): set when one
+    /// failed to connect, with the channel's connection backoff.
+    hold_until: AtomicU64,
+    /// Extra connections that failed to connect since one last carried a call.
+    failures: AtomicU32,
 }
 
 /// One extra connection's place.
@@ -121,6 +126,8 @@ impl Extra {
                     .collect(),
                 open: AtomicUsize::new(0),
                 sweeping: AtomicBool::new(false),
+                hold_until: AtomicU64::new(0),
+                failures: AtomicU32::new(0),
             })
         })
     }
@@ -173,6 +180,10 @@ fn spill(inst: &Arc<Instance>, extra: &Extra, limit: usize, guard: &mut CallGuar
             release_slot(inst, extra, k);
         }
         let Some(k) = free else { break };
+        if inst.policy.now_ns() < extra.hold_until.load(Ordering::Relaxed) {
+            // One failed to connect a moment ago: no other before its backoff is over.
+            break;
+        }
         open(inst, extra, k);
     }
     // Every connection is full and the cap is reached: the least busy one, where the call
@@ -220,6 +231,50 @@ fn open(inst: &Arc<Instance>, extra: &Extra, k: usize) {
         let weak = Arc::downgrade(inst);
         inst.spawn(sweep(weak, inst.policy.conns.idle));
     }
+}
+
+/// The connection of `guard`'s call failed (could not connect, or broke): if it was an extra
+/// connection, it is dropped, no other opens before the channel's connection backoff has
+/// passed, and `true` says so. The instance keeps its state (gRFC A105: a connection beyond the
+/// first that fails leaves the instance READY): its own connection is not this one, and a
+/// server that turns away connections beyond some number of its own still serves those it has;
+/// a server that is gone breaks the instance's own connection too. False for a call on the
+/// instance's own connection, whose failure is the instance's.
+pub(crate) fn extra_failed(guard: &CallGuard, error: &dyn std::error::Error) -> bool {
+    let inst = guard.instance();
+    let (Some(extra), Some(k)) = (inst.extra.as_deref(), extra_slot(guard.conn)) else {
+        return false;
+    };
+    // The calls queued on it fail together: the first of them closes it and sets the backoff.
+    if extra.slots[k].channel.swap(None).is_some() {
+        extra.open.fetch_sub(1, Ordering::Relaxed);
+        let failures = extra.failures.fetch_add(1, Ordering::Relaxed);
+        let wait = inst.policy.backoff.delay(failures);
+        extra.hold_until.store(
+            inst.policy.now_ns().saturating_add(wait.as_nanos() as u64),
+            Ordering::Relaxed,
+        );
+        tracing::debug!(addr = %inst.target.name, error = %error, retry_in = ?wait, "extra connection failed; the instance stays ready on its own");
+    }
+    true
+}
+
+/// A call on connection `conn` got its response head: an extra connection that carries calls
+/// ends the backoff of those that failed before it.
+#[inline]
+pub(crate) fn answered(inst: &Instance, conn: u8) {
+    if extra_slot(conn).is_some() {
+        if let Some(extra) = inst.extra.as_deref() {
+            if extra.failures.load(Ordering::Relaxed) != 0 {
+                extra.failures.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The extra slot a guard's `conn` names, if any.
+fn extra_slot(conn: u8) -> Option<usize> {
+    (conn > FIRST).then(|| usize::from(conn - 2))
 }
 
 /// A call on connection `conn` (a guard's) is over.

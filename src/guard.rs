@@ -72,6 +72,7 @@ impl CallGuard {
     #[inline]
     pub(crate) fn headers_received(&mut self) {
         self.answered = true;
+        crate::conns::answered(&self.inst, self.conn);
         if !self.connecting {
             let now = Instant::now();
             health::observe_latency(

@@ -201,6 +201,100 @@ async fn the_stream_limit_opens_a_second_connection() {
     first.cancel().await;
 }
 
+/// gRFC A105: a connection beyond the first that cannot be had leaves the instance ready. The
+/// server allows 2 streams per connection and closes every connection past its first at once
+/// (as a server or proxy with a connection limit does); 4 held calls: 2 on the instance's
+/// connection, 2 spill onto an extra one, which fails. The instance never shows failing or
+/// connecting, the failed connection is dropped and no other extra one is tried while its
+/// backoff runs, and nothing is left counted. The 2 calls on the extra connection are sent again
+/// on the instance's own connection when their requests had not gone out (the connection failed
+/// as it opened); when they had (hyper writes them before the server's first frame arrives, and
+/// the server's close is then a broken connection under a sent call), they fail UNAVAILABLE, as
+/// on any broken connection: which one happens is a race of the machine's scheduling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_extra_connection_leaves_the_instance_ready() {
+    let server = Instance::start_with(
+        "one-conn",
+        "127.0.0.1:0".parse().unwrap(),
+        Behavior::Ok,
+        ServerOptions {
+            max_concurrent_streams: Some(2),
+            max_connections: Some(1),
+            ..Default::default()
+        },
+    );
+    let ch = BalancedChannel::builder()
+        .uri(&server.uri())
+        .max_connections_per_instance(4)
+        .max_streams_per_connection(2)
+        .build()
+        .unwrap();
+    // Connected first, so that the first two calls fill the one connection.
+    let mut client = FleetClient::new(ch.clone());
+    client.unary(Req::default()).await.unwrap();
+    server.set(Behavior::Hold);
+    let failed = Arc::new(AtomicUsize::new(0));
+    let calls: Vec<_> = (0..4u64)
+        .map(|id| {
+            let mut client = FleetClient::new(ch.clone());
+            let failed = failed.clone();
+            tokio::spawn(async move {
+                let answer = client
+                    .unary(Req {
+                        id,
+                        ..Default::default()
+                    })
+                    .await;
+                if let Err(status) = &answer {
+                    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                    failed.fetch_add(1, Ordering::SeqCst);
+                }
+                answer.is_ok()
+            })
+        })
+        .collect();
+    let mut states = std::collections::HashSet::new();
+    fleet::wait_until(
+        "the extra connection turned away and dropped",
+        LIMIT,
+        || {
+            let stats = &ch.endpoints()[0];
+            states.insert(stats.state());
+            server.turned_away() >= 1
+                && server.held() == 2
+                && stats.connections() == 1
+                && stats.in_flight() + failed.load(Ordering::SeqCst) == 4
+        },
+    )
+    .await;
+    assert_eq!(
+        states,
+        [tonic_balancer::State::Ready].into(),
+        "the instance only ever showed ready"
+    );
+    assert_eq!(
+        server.turned_away(),
+        1,
+        "no other extra connection within the backoff"
+    );
+    server.release(4);
+    let mut ok = 0;
+    for call in calls {
+        let answered = tokio::time::timeout(LIMIT, call)
+            .await
+            .expect("the call ended")
+            .unwrap();
+        ok += usize::from(answered);
+    }
+    assert!(ok >= 2, "the 2 calls on the instance's connection succeed");
+    assert_eq!(ok + failed.load(Ordering::SeqCst), 4);
+    let stats = &ch.endpoints()[0];
+    assert_eq!(stats.state(), tonic_balancer::State::Ready);
+    assert_eq!(stats.in_flight(), 0);
+    server.set(Behavior::Ok);
+    client.unary(Req::default()).await.unwrap();
+}
+
 /// With one connection per instance (the behaviour before connection scaling), the 101st
 /// stream waits behind the 100 held ones on the one connection: no second connection opens, the
 /// server holds 100, and the pick sees 101 calls in flight.

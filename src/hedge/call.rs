@@ -345,9 +345,11 @@ impl Hedge {
         }
         let inst = a.guard.instance().clone();
         let connect = matches!(kind, ErrorKind::Unsent { connect: true });
-        if connect {
+        // An extra connection that could not connect, or broke, says nothing of the instance.
+        let extra = (connect || is_transport(&*e)) && crate::conns::extra_failed(&a.guard, &*e);
+        if connect && !extra {
             health::connect_failed(&inst, &*e);
-        } else if is_transport(&*e) {
+        } else if is_transport(&*e) && !extra {
             health::disconnected(&inst, &*e);
         }
         let unsent = matches!(kind, ErrorKind::Unsent { .. }) || is_transport(&*e);
@@ -370,7 +372,7 @@ impl Hedge {
                 not_processed(&inst.target.name, e).into(),
                 Outcome::Cancelled,
             )
-        } else if is_transport(&*e) && !a.guard.first_to_see_break() {
+        } else if extra || (is_transport(&*e) && !a.guard.first_to_see_break()) {
             (as_unavailable(e, &inst.target.name), Outcome::Cancelled)
         } else {
             (as_unavailable(e, &inst.target.name), Outcome::Failure)

@@ -110,6 +110,8 @@ pub struct Shared {
     pub open_connections: AtomicUsize,
     /// The most TCP connections that were open at once.
     pub peak_connections: AtomicUsize,
+    /// TCP connections closed unserved at once (over `ServerOptions::max_connections`).
+    pub turned_away: AtomicUsize,
 }
 
 /// The standard health service, answering from [`Shared::serving`].
@@ -175,6 +177,7 @@ impl Shared {
             ids: Mutex::new(Vec::new()),
             connections: AtomicUsize::new(0),
             open_connections: AtomicUsize::new(0),
+            turned_away: AtomicUsize::new(0),
             peak_connections: AtomicUsize::new(0),
         })
     }
@@ -421,6 +424,9 @@ pub struct ServerOptions {
     pub max_connection_age: Option<Duration>,
     /// The HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS it announces.
     pub max_concurrent_streams: Option<u32>,
+    /// Closes at once every connection beyond this many open ones, as a server or proxy with a
+    /// connection limit does (the peer sees its connection closed before HTTP/2 starts).
+    pub max_connections: Option<usize>,
     /// Serves TLS with this identity (certificate and key).
     pub tls: Option<tonic::transport::ServerTlsConfig>,
     /// Reports its load (ORCA) on every response through this handle (`OrcaLayer`).
@@ -561,8 +567,19 @@ impl Instance {
                     let incoming = tonic::transport::server::TcpIncoming::from(listener)
                         .with_nodelay(Some(true));
                     let counts = shared.clone();
-                    let incoming = futures::StreamExt::map(incoming, move |io| {
-                        io.map(|io| Counted::new(io, counts.clone()))
+                    let max_connections = options.max_connections.unwrap_or(usize::MAX);
+                    let incoming = futures::StreamExt::filter_map(incoming, move |io| {
+                        let over =
+                            counts.open_connections.load(Ordering::SeqCst) >= max_connections;
+                        let io = match io {
+                            // Turned away: dropped, unserved.
+                            Ok(_) if over => {
+                                counts.turned_away.fetch_add(1, Ordering::SeqCst);
+                                None
+                            }
+                            io => Some(io.map(|io| Counted::new(io, counts.clone()))),
+                        };
+                        std::future::ready(io)
                     });
                     // Tests cancel many calls at once; hyper's default (20 reset streams
                     // pending accept) would close the connection under them.
@@ -682,6 +699,11 @@ impl Instance {
     /// TCP connections it accepted since it started.
     pub fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// TCP connections closed unserved (over `ServerOptions::max_connections`).
+    pub fn turned_away(&self) -> usize {
+        self.shared.turned_away.load(Ordering::SeqCst)
     }
 
     /// TCP connections open now.
