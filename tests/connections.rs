@@ -1,6 +1,7 @@
 //! More than one connection per instance (gRFC A105): against tonic servers that allow 100
 //! concurrent streams per connection, the stream limit opens another connection, connections
-//! stay at or under the cap, idle extra connections close, and refused streams are sent again.
+//! stay at or under the cap, idle extra connections close, an extra connection that fails leaves
+//! its instance ready, and refused streams are sent again once.
 mod fleet;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -398,72 +399,144 @@ async fn idle_extra_connections_close() {
     again.cancel().await;
 }
 
-/// A stream the server refuses (REFUSED_STREAM: a burst sent on a new connection before the
-/// server's SETTINGS said it allows 10 streams, while the client assumed 100) is sent again
-/// transparently: of 60 calls that the server holds, 10 are held and the other 50 stay in flight
-/// (none fails), the refused ones sent again, where they wait for a stream. Whether a burst is
-/// refused depends on when the server's SETTINGS arrive, so bursts (each on a fresh server and
-/// channel) go on until one was: its calls were routed more than 60 times in all (`started`).
-/// If none was in 30 bursts (the race can go the other way every time on a loaded machine), the
-/// test has nothing to check and says so; a deterministic refusing server would fix that.
-/// (Before the request bodies were kept for transparent replays, the refused calls failed
-/// UNAVAILABLE at once.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_streams_are_sent_again() {
-    let mut refused_bursts = 0;
-    for _ in 0..30 {
-        let server = Instance::start_with(
-            "s",
-            "127.0.0.1:0".parse().unwrap(),
-            Behavior::Hold,
-            ServerOptions {
-                max_concurrent_streams: Some(10),
-                ..Default::default()
-            },
-        );
-        let ch = BalancedChannel::builder()
-            .uri(&server.uri())
-            .build()
-            .unwrap();
-        let failed = Arc::new(AtomicUsize::new(0));
-        let calls: Vec<_> = (0..60)
-            .map(|id| {
-                let mut client = FleetClient::new(ch.clone());
-                let failed = failed.clone();
-                tokio::spawn(async move {
-                    if client.unary(fleet::req(id)).await.is_err() {
-                        failed.fetch_add(1, Ordering::SeqCst);
-                    }
-                })
-            })
-            .collect();
-        fleet::wait_until("10 calls held, 50 waiting, or a failure", LIMIT, || {
-            failed.load(Ordering::SeqCst) > 0
-                || (server.held() == 10 && fleet::total_in_flight(&ch) == 60)
-        })
-        .await;
-        assert_eq!(failed.load(Ordering::SeqCst), 0, "refused calls failed");
-        let started = ch.endpoints()[0].started();
-        for c in calls {
-            c.abort();
-            let _ = c.await;
-        }
-        fleet::wait_until("every count released", LIMIT, || {
-            fleet::total_in_flight(&ch) == 0
-        })
-        .await;
-        if started > 60 {
-            refused_bursts += 1;
-            if refused_bursts == 3 {
-                return;
+/// A raw HTTP/2 server (h2, not tonic) that refuses streams unprocessed, on purpose, so that the
+/// refusal does not hang on a race: it resets with REFUSED_STREAM the first `refuse` streams of
+/// each connection (`usize::MAX`: every one) and answers the others as a gRPC server answers
+/// `Unary` (a `Reply`, grpc-status 0).
+struct Refusing {
+    addr: std::net::SocketAddr,
+    /// Streams opened by clients, refused or not.
+    streams: Arc<AtomicUsize>,
+    refused: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Refusing {
+    async fn start(refuse: usize) -> Refusing {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let streams = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
+        let (s, r) = (streams.clone(), refused.clone());
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((io, _)) = listener.accept().await {
+                conns.spawn(Self::serve(io, refuse, s.clone(), r.clone()));
             }
+        });
+        Refusing {
+            addr,
+            streams,
+            refused,
+            task,
         }
     }
-    // Whether the server refuses any stream is a race (the burst must reach it before the
-    // client has read its SETTINGS); on a loaded machine it may never happen in 30 bursts.
-    // Then nothing was refused and nothing could fail: say so rather than fail the suite.
-    if refused_bursts == 0 {
-        eprintln!("refused_streams_are_sent_again: the server refused no stream in 30 bursts");
+
+    async fn serve(
+        io: tokio::net::TcpStream,
+        refuse: usize,
+        streams: Arc<AtomicUsize>,
+        refused: Arc<AtomicUsize>,
+    ) {
+        let Ok(mut conn) = h2::server::handshake(io).await else {
+            return;
+        };
+        let mut on_this = 0;
+        let mut answers = tokio::task::JoinSet::new();
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            streams.fetch_add(1, Ordering::SeqCst);
+            on_this += 1;
+            if on_this <= refuse {
+                refused.fetch_add(1, Ordering::SeqCst);
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+                continue;
+            }
+            answers.spawn(async move {
+                let mut body = req.into_body();
+                while let Some(Ok(chunk)) = body.data().await {
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                }
+                let head = http::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(())
+                    .unwrap();
+                let Ok(mut send) = respond.send_response(head, false) else {
+                    return;
+                };
+                let msg = prost::Message::encode_to_vec(&fleet::pb::Reply {
+                    instance: "refusing".into(),
+                    ..Default::default()
+                });
+                let mut frame = vec![0u8];
+                frame.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+                frame.extend_from_slice(&msg);
+                let _ = send.send_data(frame.into(), false);
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                let _ = send.send_trailers(trailers);
+            });
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Refusing {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A stream the server refuses unprocessed (REFUSED_STREAM, as a server over its stream limit
+/// answers) is sent again transparently, and succeeds: the caller sees one successful call, the
+/// server two streams (the first refused), and the instance nothing against it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_is_sent_again() {
+    let server = Refusing::start(1).await;
+    let ch = BalancedChannel::builder()
+        .uri(&server.uri())
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let reply = tokio::time::timeout(LIMIT, client.unary(Req::default()))
+        .await
+        .expect("the call ended")
+        .expect("the refused call, sent again, succeeds")
+        .into_inner();
+    assert_eq!(reply.instance, "refusing");
+    assert_eq!(server.refused.load(Ordering::SeqCst), 1);
+    assert_eq!(server.streams.load(Ordering::SeqCst), 2);
+    let stats = &ch.endpoints()[0];
+    assert_eq!(
+        stats.failed(),
+        0,
+        "a refusal says nothing against the instance"
+    );
+    assert_eq!(stats.state(), tonic_balancer::State::Ready);
+    assert_eq!(stats.in_flight(), 0);
+}
+
+/// A refused stream is sent again once only: against a server that refuses every stream, a call
+/// reaches it twice, then fails UNAVAILABLE, with nothing left counted; so does the next call
+/// (no refusal sticks to the channel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_is_sent_again_once_only() {
+    let server = Refusing::start(usize::MAX).await;
+    let ch = BalancedChannel::builder()
+        .uri(&server.uri())
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    for call in 1..=2 {
+        let status = tokio::time::timeout(LIMIT, client.unary(Req::default()))
+            .await
+            .expect("the call ended")
+            .expect_err("every stream is refused");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert_eq!(server.streams.load(Ordering::SeqCst), 2 * call);
+        assert_eq!(ch.endpoints()[0].in_flight(), 0);
     }
 }
 
