@@ -200,7 +200,7 @@ pub fn run(rate: f64, duration: Duration) {
             _ => "-".to_owned(),
         };
         let failed = if idle_failed + open_failed > 0 {
-            format!(" ({idle_failed}/{open_failed} calls failed)")
+            format!(" (calls failed: {idle_failed} idle, {open_failed} with 900 open)")
         } else {
             String::new()
         };
