@@ -197,7 +197,12 @@ impl BalancedChannel {
 
     /// Picks the instance for one call (excluding the ones in `tried`).
     #[inline]
-    pub(crate) fn pick(pool: &Pool, snap: &Members, tried: &[Arc<Instance>]) -> Option<usize> {
+    pub(crate) fn pick(
+        pool: &Pool,
+        snap: &Members,
+        tried: &[Arc<Instance>],
+        method: Method,
+    ) -> Option<usize> {
         if snap.len() == 1 {
             // Nothing to choose: whatever the strategy, the one instance if it is usable.
             return Self::pick_with_one(snap, tried);
@@ -206,11 +211,11 @@ impl BalancedChannel {
         if slow > 0 {
             // Slow start may hold back every instance that is warming up; it must never be the
             // reason a call finds nothing.
-            if let Some(i) = Self::pick_with(pool, snap, tried, slow) {
+            if let Some(i) = Self::pick_with(pool, snap, tried, slow, method) {
                 return Some(i);
             }
         }
-        Self::pick_with(pool, snap, tried, 0)
+        Self::pick_with(pool, snap, tried, 0, method)
     }
 
     #[inline]
@@ -220,7 +225,13 @@ impl BalancedChannel {
     }
 
     #[inline]
-    fn pick_with(pool: &Pool, snap: &Members, tried: &[Arc<Instance>], slow: u64) -> Option<usize> {
+    fn pick_with(
+        pool: &Pool,
+        snap: &Members,
+        tried: &[Arc<Instance>],
+        slow: u64,
+        method: Method,
+    ) -> Option<usize> {
         let policy = &pool.policy;
         let now = policy.clock.load(Ordering::Relaxed);
         let expiry = policy.latency_expiry_ns;
@@ -253,30 +264,36 @@ impl BalancedChannel {
         let picked = match pool.strategy {
             // The common case, a first attempt without slow start: nothing to check but the
             // state, so the scan's loop stays tight.
-            Strategy::LeastPending if tried.is_empty() && slow == 0 => pick::least_pending(
-                snap,
-                &mut rng,
-                &snap.strides,
-                |i| {
-                    i.is_usable().then(|| {
-                        i.in_flight.load(Ordering::Relaxed) + i.reported.others(now, max_age)
-                    })
-                },
-                |i| i.tie.turn(now),
-            )
-            .map(|c| took_turn(snap, c)),
-            Strategy::LeastPending => pick::least_pending(
-                snap,
-                &mut rng,
-                &snap.strides,
-                |i| {
-                    usable(i).then(|| {
-                        i.in_flight.load(Ordering::Relaxed) + i.reported.others(now, max_age)
-                    })
-                },
-                |i| i.tie.turn(now),
-            )
-            .map(|c| took_turn(snap, c)),
+            Strategy::LeastPending if tried.is_empty() && slow == 0 => {
+                let dear = policy.methods.is_dear(method);
+                pick::least_pending(
+                    snap,
+                    &mut rng,
+                    &snap.strides,
+                    |i| {
+                        i.is_usable().then(|| {
+                            i.in_flight.load(Ordering::Relaxed) + i.reported.others(now, max_age)
+                        })
+                    },
+                    |i| i.tie.turn_for(dear, now),
+                )
+                .map(|c| took_turn(snap, c, dear))
+            }
+            Strategy::LeastPending => {
+                let dear = policy.methods.is_dear(method);
+                pick::least_pending(
+                    snap,
+                    &mut rng,
+                    &snap.strides,
+                    |i| {
+                        usable(i).then(|| {
+                            i.in_flight.load(Ordering::Relaxed) + i.reported.others(now, max_age)
+                        })
+                    },
+                    |i| i.tie.turn_for(dear, now),
+                )
+                .map(|c| took_turn(snap, c, dear))
+            }
             strategy => {
                 let mut load = |i: &Arc<Instance>| -> Option<Load> {
                     usable(i).then(|| Load {
@@ -309,10 +326,16 @@ impl BalancedChannel {
     }
 }
 
-/// The least-pending choice's instance takes its turn (its pass advances).
+/// The least-pending choice's instance takes its turn (its pass advances; and its dear pass,
+/// for a call to a dear method).
 #[inline]
-fn took_turn(snap: &[Arc<Instance>], c: pick::Chosen) -> usize {
-    snap[c.index].tie.advance(c.floor);
+fn took_turn(snap: &[Arc<Instance>], c: pick::Chosen, dear: bool) -> usize {
+    let tie = &snap[c.index].tie;
+    if dear {
+        tie.advance_dear(c.floor);
+    } else {
+        tie.advance(c.floor);
+    }
     c.index
 }
 
@@ -365,11 +388,12 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
 pub(crate) fn pick_now(
     pool: &Pool,
     tried: &[Arc<Instance>],
+    method: Method,
 ) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
     let mut snap = pool.snapshot();
     // Each round needs a new publication; a few are plenty even under constant churn.
     for _ in 0..4 {
-        if let Some(idx) = BalancedChannel::pick(pool, &snap, tried) {
+        if let Some(idx) = BalancedChannel::pick(pool, &snap, tried, method) {
             return (snap, Some(idx));
         }
         let now = pool.snapshot();
@@ -394,7 +418,8 @@ fn route(
     deadline: Option<Pin<Box<Sleep>>>,
     mut obs: CallObs,
 ) -> ResponseFuture {
-    let (snap, picked) = pick_now(pool, &[]);
+    let method = Method::of(req.uri().path());
+    let (snap, picked) = pick_now(pool, &[], method);
     let Some(idx) = picked else {
         if snap.is_empty() && !*pool.discovered.borrow() {
             // Discovery has not answered yet: wait for its first answer (bounded by the
@@ -427,7 +452,7 @@ fn route(
     if let Some(hedging) = &pool.hedging {
         if let Some(policy) = hedging.policy(req.uri().path()) {
             let deadline_at = deadline.as_ref().map(|d| d.deadline());
-            let hedge = Hedge::start(pool, policy.clone(), req, inst, deadline_at);
+            let hedge = Hedge::start(pool, policy.clone(), req, inst, method, deadline_at);
             return ResponseFuture {
                 state: CallState::Hedged(hedge),
                 guard: None,
@@ -438,7 +463,6 @@ fn route(
             };
         }
     }
-    let method = Method::of(req.uri().path());
     // Keep what is needed to send the call again if its instance cannot be reached, its
     // connection closes before the request is written, or (with a retry policy) it fails.
     let (req, again) = if pool.replay || pool.retry.is_some() {
@@ -459,6 +483,7 @@ fn route(
             attempts: 1,
             replays: 0,
             refused: false,
+            method,
             deadline_at: deadline.as_ref().map(|d| d.deadline()),
         });
         (req, Some(again))
@@ -530,6 +555,8 @@ struct Again {
     refused: bool,
     /// When the call's deadline passes, if it has one.
     deadline_at: Option<tokio::time::Instant>,
+    /// The call's method, for the pick of a next attempt.
+    method: Method,
 }
 
 impl Again {
@@ -657,7 +684,7 @@ impl ResponseFuture {
             return false;
         };
         let pool = again.pool.clone();
-        let (snap, picked) = pick_now(&pool, &again.tried);
+        let (snap, picked) = pick_now(&pool, &again.tried, again.method);
         let Some(idx) = picked else {
             tracing::debug!(reason = %why, "no other instance to send the call to");
             return false;
@@ -672,7 +699,7 @@ impl ResponseFuture {
         let inst = &snap[idx];
         self.obs.attempt(inst);
         tracing::debug!(to = %inst.target.name, reason = %why, "call sent again");
-        let mut guard = CallGuard::new(inst.clone(), Method::of(req.uri().path()));
+        let mut guard = CallGuard::new(inst.clone(), again.method);
         let channel = crate::conns::channel(inst, &mut guard);
         self.guard = Some(guard);
         self.state = CallState::Routed {
@@ -721,7 +748,7 @@ impl ResponseFuture {
         {
             return None;
         }
-        pick_now(&again.pool, &again.tried).1?;
+        pick_now(&again.pool, &again.tried, again.method).1?;
         let budget = again.pool.budget.as_ref()?;
         if !budget.withdraw() {
             tracing::debug!("retry budget spent: not retrying");

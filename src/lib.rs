@@ -249,7 +249,7 @@ pub mod __bench {
         pub fn pick(&self) -> Option<usize> {
             let pool = &self.channel.pool;
             let snap = pool.snapshot();
-            crate::BalancedChannel::pick(pool, &snap, &[])
+            crate::BalancedChannel::pick(pool, &snap, &[], crate::tiebreak::Method::NONE)
         }
 
         /// Adds `delta` to instance `i`'s count, as a call's guard does.

@@ -34,6 +34,9 @@
 //! instance that kept its turns is never set back by that, and a latecomer wins at most a few
 //! more ties than the rest, not a burst.
 //!
+//! Calls to a dear method (one many times costlier than the typical call) take turns of their
+//! own: the caller hands the pick each candidate's dear pass instead (see `crate::tiebreak`).
+//!
 //! The scan is one pass over the counts (a tight loop over integers) that also notes where the
 //! tied candidates are; the tie-break then looks at a uniform random sample of at most
 //! [`TIE_SAMPLE`] of them, so that a pick over many idle instances stays cheap (the lowest

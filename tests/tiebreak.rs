@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use fleet::pb::fleet_client::FleetClient;
 use fleet::{req, total_in_flight, Behavior, Fleet};
-use tonic_balancer::BalancedChannel;
+use tonic_balancer::{BalancedChannel, ServedBy};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -127,6 +127,48 @@ async fn a_dear_method_does_not_make_an_instance_look_slow() {
         let s = e.slowness().expect("every instance answered");
         assert!(s < 2.0, "{e:?} looks slow: {s}");
     }
+}
+
+/// Dear calls take turns of their own. Four equal instances, sequential calls, every fourth
+/// a client stream 20x dearer than the unary calls: with one rotation for all calls, the dear
+/// calls would fall on the same instance every time (it is that instance's turn each fourth
+/// call), keeping it busy longest and, under load, out of the ties for the cheap calls. With
+/// turns per kind, each instance gets its share of the dear calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dear_calls_are_shared_like_the_rest() {
+    let fleet = Fleet::start(
+        4,
+        Behavior::MethodCost {
+            other: 2 * MS,
+            client_stream: 40 * MS,
+        },
+    );
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    // Enough cheap calls first for the method references to settle (what makes a method dear
+    // is its cost against the typical call's).
+    for id in 0..40 {
+        client.unary(req(id)).await.unwrap();
+    }
+    let mut dear = std::collections::HashMap::<String, u32>::new();
+    const ROUNDS: u64 = 40;
+    for id in 0..ROUNDS * 4 {
+        if id % 4 == 3 {
+            let input = tokio_stream::iter([req(id)]);
+            let resp = client.client_stream(input).await.unwrap();
+            let by = resp.extensions().get::<ServedBy>().expect("a ServedBy");
+            *dear.entry(by.uri().to_owned()).or_default() += 1;
+        } else {
+            client.unary(req(id)).await.unwrap();
+        }
+    }
+    // 40 dear calls, 10 each if shared evenly; one turn of credit either way is fine.
+    assert_eq!(dear.len(), 4, "dear calls per instance: {dear:?}");
+    assert!(
+        dear.values().all(|&n| (6..=14).contains(&n)),
+        "dear calls per instance: {dear:?}; {:?}",
+        ch.endpoints()
+    );
 }
 
 /// An instance 25x slower than the rest gets few of 400 sequential calls, but more than none:

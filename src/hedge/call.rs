@@ -61,6 +61,8 @@ pub(crate) struct Hedge {
     /// attempt wins.
     last: Option<CallResult>,
     deadline_at: Option<Instant>,
+    /// The call's method (its key in the tie-break's tables).
+    method: Method,
 }
 
 /// One attempt: its instance's count, and its request on its way.
@@ -96,6 +98,7 @@ impl Hedge {
         policy: Arc<HedgingPolicy>,
         req: http::Request<Body>,
         inst: &Arc<Instance>,
+        method: Method,
         deadline_at: Option<Instant>,
     ) -> Box<Hedge> {
         if let Some(b) = &pool.budget {
@@ -119,6 +122,7 @@ impl Hedge {
             last: None,
             deadline_at,
             policy,
+            method,
         });
         h.launch(inst, req);
         h
@@ -184,7 +188,7 @@ impl Hedge {
     fn launch(&mut self, inst: &Arc<Instance>, req: http::Request<Body>) {
         self.tried.push(inst.clone());
         self.attempts.push(Attempt {
-            guard: CallGuard::new(inst.clone(), Method::of(req.uri().path())),
+            guard: CallGuard::new(inst.clone(), self.method),
             channel: inst.channel.clone(),
             step: Step::Waiting(Some(req)),
         });
@@ -227,7 +231,7 @@ impl Hedge {
             return;
         };
         let busy = !self.attempts.is_empty();
-        let (snap, picked) = pick_now(&self.pool, &self.tried);
+        let (snap, picked) = pick_now(&self.pool, &self.tried, self.method);
         let Some(idx) = picked else {
             // Every usable instance has been tried: one may come back (readmitted, added)
             // while the attempts in flight go on.
@@ -357,7 +361,7 @@ impl Hedge {
         // The server did not process the attempt: it goes to another instance, unseen by the
         // caller and not counted (gRPC's transparent retry).
         if let Some(req) = self.resend(connect, unsent, refused) {
-            let (snap, picked) = pick_now(&self.pool, &self.tried);
+            let (snap, picked) = pick_now(&self.pool, &self.tried, self.method);
             if let Some(idx) = picked {
                 let to = snap[idx].clone();
                 tracing::debug!(from = %inst.target.name, to = %to.target.name, "hedged attempt sent again: its instance did not process it");
