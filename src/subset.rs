@@ -49,7 +49,9 @@
 //! every change of the list recomputes the subset, and only the instances in it exist as
 //! instances of the channel (with a connection, health checks, stats). An instance that leaves
 //! the subset drains as a removed one does (its calls finish); one that enters it is added.
-//! The pick scans the subset only.
+//! The pick scans the subset only. What `insert`, `remove` and `replace_all` return is about
+//! the full list (whether the URI was in it; how many of the list were added and removed),
+//! since that is the list their caller gives.
 //!
 //! When every instance of the subset is failing, the subset stays the only set: calls fail
 //! with UNAVAILABLE as they would with any set whose instances all fail, rather than spilling
