@@ -240,3 +240,93 @@ async fn bad_settings_are_refused() {
     assert_eq!(named(base().subset_client(0, 2)), "subset");
     assert!(base().subset(2).subset_client(1, 2).build().is_ok());
 }
+
+/// A discovery source's answers go through the subset too: a client of a `Resolve` source
+/// naming 8 instances keeps 3 and calls those only; when the source drops one of them, the
+/// subset takes another and stays at 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_answers_are_subset() {
+    struct Addresses(Arc<std::sync::Mutex<Vec<std::net::SocketAddr>>>);
+    impl tonic_balancer::Resolve for Addresses {
+        fn resolve(
+            &self,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<Vec<std::net::SocketAddr>, tower::BoxError>>
+                    + Send
+                    + '_,
+            >,
+        > {
+            let addrs = self.0.lock().unwrap().clone();
+            Box::pin(async move { Ok(addrs) })
+        }
+        fn name(&self) -> String {
+            "test list".into()
+        }
+    }
+    let fleet = Fleet::start(8, Behavior::Ok);
+    let addrs = Arc::new(std::sync::Mutex::new(
+        fleet.instances.iter().map(|i| i.addr).collect::<Vec<_>>(),
+    ));
+    let ch = BalancedChannel::builder()
+        .resolver(Addresses(addrs.clone()))
+        .discovery_interval(Duration::from_millis(50))
+        .subset(3)
+        .subset_client(1, 2)
+        .build()
+        .unwrap();
+    fleet::calls(&mut FleetClient::new(ch.clone()), 60).await;
+    let mine = subset(&ch);
+    assert_eq!(mine.len(), 3, "{mine:?}");
+    for i in &fleet.instances {
+        let inside = mine.contains(i.uri().trim_end_matches('/'));
+        assert_eq!(i.served() > 0, inside, "{} served {}", i.name(), i.served());
+        assert_eq!(i.connections() > 0, inside, "{}", i.name());
+    }
+    let gone = mine.iter().next().unwrap().clone();
+    addrs
+        .lock()
+        .unwrap()
+        .retain(|a| format!("http://{a}") != gone);
+    fleet::wait_until("the source's new answer applied", LIMIT, || {
+        let now = subset(&ch);
+        now.len() == 3 && !now.contains(&gone)
+    })
+    .await;
+    let now = subset(&ch);
+    assert!(mine.difference(&now).count() <= 2, "{mine:?} -> {now:?}");
+    fleet::calls(&mut FleetClient::new(ch.clone()), 60).await;
+}
+
+/// When every instance of the subset is down, the subset stays the only set (the documented
+/// decision): calls fail with UNAVAILABLE and no connection is opened to the instances
+/// outside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subset_all_down_fails_calls_without_spilling_over() {
+    let mut fleet = Fleet::start(6, Behavior::Ok);
+    let uris = fleet.uris();
+    let ch = client(&uris, 2, 0, 3);
+    let mine = subset(&ch);
+    assert_eq!(mine.len(), 2);
+    fleet::calls(&mut FleetClient::new(ch.clone()), 10).await;
+    for i in fleet.instances.iter_mut() {
+        if mine.contains(i.uri().trim_end_matches('/')) {
+            i.stop();
+        }
+    }
+    let mut c = FleetClient::new(ch.clone());
+    for id in 0..5 {
+        let err = c
+            .unary(fleet::req(id))
+            .await
+            .expect_err("every instance of the subset is down");
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    }
+    assert_eq!(subset(&ch), mine, "the subset did not change");
+    for i in &fleet.instances {
+        if !mine.contains(i.uri().trim_end_matches('/')) {
+            assert_eq!(i.connections(), 0, "{} got a connection", i.name());
+        }
+    }
+    assert_eq!(fleet::total_in_flight(&ch), 0);
+}
