@@ -340,3 +340,66 @@ async fn a_subset_all_down_fails_calls_without_spilling_over() {
     }
     assert_eq!(fleet::total_in_flight(&ch), 0);
 }
+
+/// `insert` with subsetting: new settings for a member of the subset replace its instance (the
+/// old one drains, finishing its call), and an endpoint that falls outside the subset is listed
+/// but gets no instance, so no connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_renews_a_member_and_keeps_outsiders_unconnected() {
+    let fleet = Fleet::start(6, Behavior::Hold);
+    let uris = fleet.uris();
+    let ch = client(&uris, 2, 0, 3);
+    let mine = subset(&ch);
+    let member = mine.iter().next().unwrap().clone();
+    let inst = fleet
+        .instances
+        .iter()
+        .find(|i| i.uri().trim_end_matches('/') == member)
+        .unwrap();
+    // One call held on the member (the only call: it goes to an instance of the subset; send
+    // calls until the member has one).
+    let mut held = Vec::new();
+    while inst.held() == 0 {
+        let mut c = FleetClient::new(ch.clone());
+        held.push(tokio::spawn(async move { c.unary(fleet::req(1)).await }));
+        let n = held.len();
+        fleet::wait_until("the call held", LIMIT, || fleet.held() == n).await;
+    }
+    let renewed = Endpoint::from_shared(member.clone())
+        .unwrap()
+        .timeout(Duration::from_secs(30));
+    assert!(!ch.insert(renewed).unwrap(), "the URI was in the list");
+    let listed: Vec<_> = ch
+        .endpoints()
+        .into_iter()
+        .filter(|e| e.uri().trim_end_matches('/') == member)
+        .map(|e| (e.state(), e.in_flight()))
+        .collect();
+    assert_eq!(listed.len(), 2, "old and new instance: {listed:?}");
+    assert!(listed.contains(&(State::Draining, 1)), "{listed:?}");
+    assert_eq!(subset(&ch), mine, "the subset kept its members");
+
+    // An outsider: inserted again (new settings), it stays outside with no connection.
+    let outsider = uris
+        .iter()
+        .find(|u| !mine.contains(u.trim_end_matches('/')))
+        .unwrap();
+    assert!(!ch
+        .insert(Endpoint::from_shared(outsider.clone()).unwrap())
+        .unwrap());
+    assert_eq!(subset(&ch), mine);
+
+    fleet.release_all(held.len());
+    for h in held {
+        h.await.unwrap().expect("the held call ends well");
+    }
+    fleet::wait_until("the old instance drained", LIMIT, || {
+        ch.endpoints().iter().all(|e| e.state() != State::Draining)
+    })
+    .await;
+    for i in &fleet.instances {
+        if !mine.contains(i.uri().trim_end_matches('/')) {
+            assert_eq!(i.connections(), 0, "{}", i.name());
+        }
+    }
+}
