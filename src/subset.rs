@@ -36,8 +36,9 @@
 //! or more times that (`examples/scale.rs` prints the figure), far from the 1.2× max/mean we
 //! aim at. A68 itself says its distribution is close to uniform only when
 //! `clients × size / instances` is high. The price of the deterministic scheme is that each
-//! client needs its index and the number of clients ([`Builder::subset_client`]
-//! (crate::Builder::subset_client)): a StatefulSet's ordinal, a shard number, a worker id.
+//! client needs its index and the number of clients
+//! ([`Builder::subset_client`](crate::Builder::subset_client)): a StatefulSet's ordinal, a
+//! shard number, a worker id.
 //! A client without one can pass a random index of a large count; the balance is then random,
 //! as with rendezvous hashing, while a membership change still moves about one instance.
 //!
