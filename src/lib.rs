@@ -79,6 +79,12 @@
 //! client, as long as its report is fresh. [`Strategy::WeightedRoundRobin`] weighs instances by
 //! their reported queries, errors and utilization, as gRPC does. See [`orca`].
 //!
+//! With thousands of instances and many clients, [`Builder::subset`] makes each client connect
+//! to a few of them (deterministic aperture: every instance gets about the same number of
+//! clients, given each client's index with [`Builder::subset_client`]; a membership change
+//! moves about one instance of a subset); the others get no connection and the pick scans
+//! the subset only.
+//!
 //! # Observability
 //!
 //! [`BalancedChannel::endpoints`] returns an [`EndpointStats`] per instance and
