@@ -17,6 +17,10 @@
 //!   threads (one per other core, at least one) run the same loop on the same channel, so that
 //!   the counts' cache lines move between cores as they do under load.
 //!
+//! - `pick/subset/*`: the channel's least-pending pick over 1,000 instances with
+//!   `subset(50)` (client 7 of 100: the pick scans its 50), next to the same pick over all
+//!   1,000, in the same run; `busy` and `idle` fleets as above.
+//!
 //! `weighted_round_robin` has a schedule from weights of 10 to 100 (the channel's own cycle, as
 //! its background task builds it).
 //!
@@ -155,6 +159,33 @@ fn bench_pure(c: &mut Criterion) {
     g.finish();
 }
 
+fn bench_subset(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("pick/subset");
+    g.throughput(Throughput::Elements(1));
+    for fleet in ["busy", "idle"] {
+        let busy = fleet == "busy";
+        let subset = {
+            let _enter = rt.enter();
+            let p = Picker::with_subset(1000, Strategy::LeastPending, 50, 7, 100);
+            for (i, (in_flight, lat, usable)) in loads(p.len(), busy).into_iter().enumerate() {
+                p.set(i, in_flight, lat, usable);
+            }
+            p
+        };
+        assert_eq!(subset.len(), 50);
+        let full = picker(&rt, 1000, Strategy::LeastPending, busy);
+        for (name, p) in [("subset_50_of_1000", &subset), ("all_1000", &full)] {
+            g.bench_with_input(
+                BenchmarkId::new(format!("{fleet}/least_pending"), name),
+                p,
+                |b, p| b.iter(|| black_box(p.pick())),
+            );
+        }
+    }
+    g.finish();
+}
+
 /// Pick, +1 on the chosen instance, -1: the counting a call does, without the call.
 #[inline]
 fn pick_and_count(p: &Picker) -> Option<usize> {
@@ -212,6 +243,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_channel, bench_pure, bench_contended
+    targets = bench_channel, bench_pure, bench_contended, bench_subset
 }
 criterion_main!(benches);

@@ -69,6 +69,8 @@ pub struct Builder {
     conns: crate::conns::Settings,
     load_report_max_age: Duration,
     wrr: crate::orca::WrrConfig,
+    subset: Option<usize>,
+    subset_client: Option<(usize, usize)>,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: crate::metrics::Settings,
 }
@@ -149,6 +151,8 @@ impl Builder {
             discovery_timeout: DEFAULT_DISCOVERY_TIMEOUT,
             template: None,
             conns: crate::conns::Settings::default(),
+            subset: None,
+            subset_client: None,
             #[cfg(feature = "metrics")]
             metrics: Default::default(),
         }
@@ -592,6 +596,53 @@ impl Builder {
         self
     }
 
+    /// Subsetting: this client connects to `size` of the instances rather than to all of
+    /// them, chosen so that every instance gets about the same number of clients (given the
+    /// client's place with [`subset_client`](Builder::subset_client), required), and so that
+    /// a membership change moves about one instance of the subset at most. Instances outside
+    /// the subset get no connection, no health check and no calls; the pick scans the subset
+    /// only. Every change of the set (discovery, [`insert`](BalancedChannel::insert),
+    /// [`remove`](BalancedChannel::remove), [`replace_all`](BalancedChannel::replace_all))
+    /// recomputes it; [`endpoints`](BalancedChannel::endpoints) lists the subset. With `size`
+    /// at or above the number of instances, the subset is all of them. Off by default. See
+    /// the README's "Subsetting" for when to turn it on and how to choose `size`; the
+    /// algorithm is deterministic aperture (see `src/subset.rs`).
+    ///
+    /// `build()` refuses a size of 0 (naming `subset`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tonic_balancer::Error> {
+    /// // Client 7 of 100, 1,000 instances: it keeps 50 of them.
+    /// let mut builder = tonic_balancer::BalancedChannel::builder()
+    ///     .subset(50)
+    ///     .subset_client(7, 100);
+    /// for i in 0..1000 {
+    ///     builder = builder.uri(&format!("http://10.0.{}.{}:50051", i / 256, i % 256));
+    /// }
+    /// let channel = builder.build()?;
+    /// assert_eq!(channel.endpoints().len(), 50);
+    /// # Ok(()) }
+    /// ```
+    pub fn subset(mut self, size: usize) -> Builder {
+        self.subset = Some(size);
+        self
+    }
+
+    /// This client's place among the clients that share the instances, for
+    /// [`subset`](Builder::subset): its `index`, from 0 to `count - 1`, and the number of
+    /// clients, `count` (a StatefulSet's ordinal and its replicas, a shard's number, a
+    /// worker's id). Clients with distinct indices of the same count get subsets that cover
+    /// every instance evenly: each has `⌊count × size / instances⌋` clients or one more. A
+    /// `count` off by a few, or indices that repeat, only make the spread uneven; a client
+    /// with no index of its own can draw a random one from a large count, at the price of a
+    /// random spread. `build()` refuses `index >= count` and a `count` of 0 (naming
+    /// `subset_client`), and subsetting without this.
+    pub fn subset_client(mut self, index: usize, count: usize) -> Builder {
+        self.subset_client = Some((index, count));
+        self
+    }
+
     /// Checks the settings and builds the channel. Must be called within a tokio runtime.
     ///
     /// # Errors
@@ -623,7 +674,13 @@ impl Builder {
     pub async fn connect(self) -> Result<BalancedChannel, Error> {
         let bound = self.backoff.min_connect_timeout;
         let mut attempts = tokio::task::JoinSet::new();
-        for target in &self.endpoints {
+        // With subsetting, the instances of the subset only (bad settings: build() says so).
+        let eager = match crate::subset::Settings::new(self.subset, self.subset_client) {
+            Ok(Some(s)) => s.choose(&self.endpoints),
+            _ => self.endpoints.iter().collect(),
+        };
+        let statics = eager.len();
+        for target in eager {
             let attempt = target.connect();
             let (key, name) = (target.key.clone(), target.name.clone());
             attempts.spawn(async move {
@@ -647,7 +704,6 @@ impl Builder {
             }
         }
         let discovery = self.discovery.is_some();
-        let statics = self.endpoints.len();
         let channel = self.build_with(connected)?;
         let pool = &channel.pool;
         for (key, _, why) in &failed {
@@ -752,6 +808,7 @@ impl Builder {
             });
         }
         self.wrr.validate()?;
+        let subset = crate::subset::Settings::new(self.subset, self.subset_client)?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::NoRuntime);
         };
@@ -852,12 +909,17 @@ impl Builder {
         pool.hedging = hedging.map(Box::new);
         pool.retry = self.retry;
         pool.max_replay_body = self.max_replay_body;
+        pool.subset = subset.map(|s| Box::new(crate::subset::Subset::new(s)));
         let pool = Arc::new(pool);
         #[cfg(feature = "metrics")]
         crate::metrics::configure(&pool, metrics.0, metrics.1);
-        for target in self.endpoints {
-            let channel = connected.remove(&target.key);
-            pool.insert_with(target, channel);
+        if let Some(subset) = &pool.subset {
+            crate::subset::extend(&pool, subset, self.endpoints, connected);
+        } else {
+            for target in self.endpoints {
+                let channel = connected.remove(&target.key);
+                pool.insert_with(target, channel);
+            }
         }
         pool.warm_new
             .store(true, std::sync::atomic::Ordering::Relaxed);

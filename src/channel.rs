@@ -420,6 +420,12 @@ fn route(
 ) -> ResponseFuture {
     let method = Method::of(req.uri().path());
     let (snap, picked) = pick_now(pool, &[], method);
+    // Discovery's first answer may have been published between that pick and the read of
+    // `discovered` below: look again at the set then (the failure path only).
+    let (snap, picked) = match picked {
+        None if snap.is_empty() && *pool.discovered.borrow() => pick_now(pool, &[], method),
+        _ => (snap, picked),
+    };
     let Some(idx) = picked else {
         if snap.is_empty() && !*pool.discovered.borrow() {
             // Discovery has not answered yet: wait for its first answer (bounded by the

@@ -79,6 +79,12 @@
 //! client, as long as its report is fresh. [`Strategy::WeightedRoundRobin`] weighs instances by
 //! their reported queries, errors and utilization, as gRPC does. See [`orca`].
 //!
+//! With thousands of instances and many clients, [`Builder::subset`] makes each client connect
+//! to a few of them (deterministic aperture: every instance gets about the same number of
+//! clients, given each client's index with [`Builder::subset_client`]; a membership change
+//! moves about one instance of a subset); the others get no connection and the pick scans
+//! the subset only.
+//!
 //! # Observability
 //!
 //! [`BalancedChannel::endpoints`] returns an [`EndpointStats`] per instance and
@@ -119,6 +125,7 @@ mod pushback;
 mod retry;
 mod shutdown;
 mod stats;
+mod subset;
 mod target;
 mod tiebreak;
 mod wrr;
@@ -176,6 +183,7 @@ pub mod __bench {
     pub use crate::pick::{
         least_pending, peak_ewma, power_of_two, round_robin, strides_for, Chosen, Load, Rng, Turn,
     };
+    pub use crate::subset::{choose_by as subset_of, id_of as ring_id};
 
     use std::sync::atomic::Ordering;
     use std::time::Duration;
@@ -201,6 +209,37 @@ pub mod __bench {
             Picker {
                 channel: b.build().expect("valid bench set-up"),
             }
+        }
+
+        /// A channel over `n` instances as [`new`](Picker::new) makes them, with subsetting:
+        /// client `index` of `count` keeps `size` of them (`Builder::subset`).
+        pub fn with_subset(
+            n: usize,
+            strategy: crate::Strategy,
+            size: usize,
+            index: usize,
+            count: usize,
+        ) -> Picker {
+            let mut b = crate::BalancedChannel::builder()
+                .strategy(strategy)
+                .subset(size)
+                .subset_client(index, count);
+            for port in 1..=n {
+                b = b.uri(&format!("http://127.0.0.1:{port}"));
+            }
+            Picker {
+                channel: b.build().expect("valid bench set-up"),
+            }
+        }
+
+        /// The instances the pick chooses among (the subset, with subsetting).
+        pub fn len(&self) -> usize {
+            self.channel.pool.snapshot().len()
+        }
+
+        /// Whether the pick has no instance to choose.
+        pub fn is_empty(&self) -> bool {
+            self.len() == 0
         }
 
         /// Sets one instance's load as the pick will read it: calls in flight, and one answer

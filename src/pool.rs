@@ -37,15 +37,15 @@ impl std::ops::Deref for Members {
 pub(crate) type Snapshot = Arc<Members>;
 
 /// An instance a membership change adds.
-struct Joining {
-    target: Target,
+pub(crate) struct Joining {
+    pub(crate) target: Target,
     /// A connection opened already, if any.
-    connected: Option<tonic::transport::Channel>,
+    pub(crate) connected: Option<tonic::transport::Channel>,
 }
 
 /// Whether a membership change takes back a draining instance of a URI it adds.
 #[derive(Clone, Copy)]
-enum Reuse {
+pub(crate) enum Reuse {
     /// Yes, with its connection and settings (a discovery answer naming it again).
     Draining,
     /// No: a new instance with the settings given (an explicit insert).
@@ -86,6 +86,8 @@ pub(crate) struct Pool {
     discovery_error: Mutex<Option<String>>,
     /// Dropped with the pool: discovery and the success-rate sweep end with it.
     closed: crate::shutdown::Closed,
+    /// Subsetting, if on: the full member list, of which only the subset becomes instances.
+    pub(crate) subset: Option<Box<crate::subset::Subset>>,
 }
 
 impl Pool {
@@ -108,6 +110,7 @@ impl Pool {
             discovered: tokio::sync::watch::Sender::new(true),
             discovery_error: Mutex::new(None),
             closed: crate::shutdown::Closed::new(),
+            subset: None,
         }
     }
 
@@ -135,6 +138,9 @@ impl Pool {
         target: Target,
         connected: Option<tonic::transport::Channel>,
     ) -> bool {
+        if let Some(subset) = &self.subset {
+            return crate::subset::insert(self, subset, target, connected);
+        }
         let key = target.key.clone();
         let joining = Joining { target, connected };
         let (_, replaced) = self.change(vec![joining], |i| i.target.key == key, Reuse::No);
@@ -144,6 +150,9 @@ impl Pool {
     /// Removes the instance with this URI: no new calls from now on; it finishes the calls it
     /// has, then its connection closes. False if there is none.
     pub(crate) fn remove(&self, key: &Key) -> bool {
+        if let Some(subset) = &self.subset {
+            return crate::subset::remove(self, subset, key);
+        }
         self.change(Vec::new(), |i| i.target.key == *key, Reuse::No)
             .1
             == 1
@@ -153,6 +162,9 @@ impl Pool {
     /// URI, with its connection), removes (drains) what is gone, leaves the rest and their
     /// connections alone. Returns (added, removed).
     pub(crate) fn sync(&self, want: Vec<Target>) -> (usize, usize) {
+        if let Some(subset) = &self.subset {
+            return crate::subset::sync(self, subset, want);
+        }
         let keep: std::collections::HashSet<Key> = want.iter().map(|t| t.key.clone()).collect();
         let want = want
             .into_iter()
@@ -169,7 +181,7 @@ impl Pool {
     /// and the result is published as one snapshot, so that a reader sees the set before the
     /// change or after it, never a set in between (such as an empty one during a swap).
     /// Returns (added, removed).
-    fn change(
+    pub(crate) fn change(
         &self,
         add: Vec<Joining>,
         gone: impl Fn(&Instance) -> bool,
