@@ -390,7 +390,7 @@ const MAX_SAME_INSTANCE_REPLAYS: u32 = 3;
 /// Routes one call: picks its instance and makes its future.
 fn route(
     pool: &Arc<Pool>,
-    req: http::Request<Body>,
+    mut req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
     mut obs: CallObs,
 ) -> ResponseFuture {
@@ -426,6 +426,8 @@ fn route(
     tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
     if let Some(hedging) = &pool.hedging {
         if let Some(policy) = hedging.policy(req.uri().path()) {
+            // The metrics know the first attempt of a hedged call: it reads the caller's body.
+            obs.count_sent(&mut req);
             let deadline_at = deadline.as_ref().map(|d| d.deadline());
             let hedge = Hedge::start(pool, policy.clone(), req, inst, deadline_at);
             return ResponseFuture {
@@ -465,6 +467,8 @@ fn route(
     } else {
         (req, None)
     };
+    let mut req = req;
+    obs.count_sent(&mut req);
     let mut guard = CallGuard::new(inst.clone(), method);
     let channel = crate::conns::channel(inst, &mut guard);
     let mut fut = ResponseFuture {
@@ -665,12 +669,13 @@ impl ResponseFuture {
         let Some(time_left) = again.time_left() else {
             return false;
         };
-        let Some(req) = again.replay.request(time_left) else {
+        let Some(mut req) = again.replay.request(time_left) else {
             tracing::debug!(reason = %why, "call cannot be sent again: its request body is gone");
             return false;
         };
         let inst = &snap[idx];
         self.obs.attempt(inst);
+        self.obs.count_sent(&mut req);
         tracing::debug!(to = %inst.target.name, reason = %why, "call sent again");
         let mut guard = CallGuard::new(inst.clone(), Method::of(req.uri().path()));
         let channel = crate::conns::channel(inst, &mut guard);
