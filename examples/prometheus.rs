@@ -122,11 +122,7 @@ impl Resolve for Registry {
     fn resolve(
         &self,
     ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<Vec<SocketAddr>, tower::BoxError>>
-                + Send
-                + '_,
-        >,
+        Box<dyn std::future::Future<Output = Result<Vec<SocketAddr>, tower::BoxError>> + Send + '_>,
     > {
         let n = self.lookups.fetch_add(1, Ordering::Relaxed);
         let answer = if *self.flaky.lock().unwrap() && n % 2 == 1 {
@@ -231,7 +227,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "registry" => {
                 fleet[5].restart();
                 *registry.flaky.lock().unwrap() = true;
-                registry.addrs.lock().unwrap().retain(|a| *a != fleet[3].addr);
+                registry
+                    .addrs
+                    .lock()
+                    .unwrap()
+                    .retain(|a| *a != fleet[3].addr);
             }
             "outage" => {
                 *registry.flaky.lock().unwrap() = false;

@@ -246,10 +246,7 @@ async fn call_and_instance_metrics_match_the_calls_made() {
             "its one connection, ready"
         );
     }
-    assert_eq!(
-        s.kind("grpc_subchannel_open_connections"),
-        Some("gauge")
-    );
+    assert_eq!(s.kind("grpc_subchannel_open_connections"), Some("gauge"));
     assert_eq!(s.sum("tonic_balancer_instances_added_total", &[t]), 3.0);
     assert_eq!(
         s.kind("tonic_balancer_instance_calls_in_flight"),
@@ -690,7 +687,10 @@ async fn open_connections_count_the_instance_and_its_extra_connections() {
         .build()
         .unwrap();
     let name = fleet::stats(&ch, &fleet.uris()[0]).uri().to_owned();
-    let inst = [("grpc_target", target), ("tonic_balancer_instance", name.as_str())];
+    let inst = [
+        ("grpc_target", target),
+        ("tonic_balancer_instance", name.as_str()),
+    ];
     let open = || {
         scrape()
             .matching("grpc_subchannel_open_connections", &inst)
@@ -718,10 +718,7 @@ async fn open_connections_count_the_instance_and_its_extra_connections() {
     for call in calls {
         call.await.unwrap().unwrap();
     }
-    fleet::wait_until("the extra ones closed, idle", LIMIT, || {
-        open() == Some(1.0)
-    })
-    .await;
+    fleet::wait_until("the extra ones closed, idle", LIMIT, || open() == Some(1.0)).await;
     // Stopped: the next call cannot connect; the instance is failing, nothing open.
     fleet.instances[0].stop();
     let _ = client.unary(fleet::req(2)).await;

@@ -85,7 +85,10 @@ fn build_example() -> PathBuf {
     // This test runs from `<target dir>/<profile>/deps/`: the example goes in the same target
     // directory, with the same profile, so that what `cargo test` built is used as it is.
     let exe = std::env::current_exe().expect("the test's path");
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("<profile>/deps");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("<profile>/deps");
     let target_dir = profile_dir.parent().expect("<target dir>/<profile>");
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(["build", "--example", "prometheus", "--message-format=json"])
@@ -213,36 +216,152 @@ impl Scrape {
 /// must have made them count something (a counter above 0, a histogram with samples).
 const INSTRUMENTS: &[(&str, &str, &[&str])] = &[
     // A66, per attempt and per call.
-    ("grpc_client_attempt_started_total", "counter", &["grpc_method", "grpc_target"]),
-    ("grpc_client_attempt_duration_seconds", "histogram", &["grpc_method", "grpc_target", "grpc_status"]),
-    ("grpc_client_attempt_sent_total_compressed_message_size_bytes", "histogram", &["grpc_method", "grpc_target", "grpc_status"]),
-    ("grpc_client_attempt_rcvd_total_compressed_message_size_bytes", "histogram", &["grpc_method", "grpc_target", "grpc_status"]),
-    ("grpc_client_call_duration_seconds", "histogram", &["grpc_method", "grpc_target", "grpc_status"]),
+    (
+        "grpc_client_attempt_started_total",
+        "counter",
+        &["grpc_method", "grpc_target"],
+    ),
+    (
+        "grpc_client_attempt_duration_seconds",
+        "histogram",
+        &["grpc_method", "grpc_target", "grpc_status"],
+    ),
+    (
+        "grpc_client_attempt_sent_total_compressed_message_size_bytes",
+        "histogram",
+        &["grpc_method", "grpc_target", "grpc_status"],
+    ),
+    (
+        "grpc_client_attempt_rcvd_total_compressed_message_size_bytes",
+        "histogram",
+        &["grpc_method", "grpc_target", "grpc_status"],
+    ),
+    (
+        "grpc_client_call_duration_seconds",
+        "histogram",
+        &["grpc_method", "grpc_target", "grpc_status"],
+    ),
     // A96.
-    ("grpc_client_call_retries", "histogram", &["grpc_method", "grpc_target"]),
-    ("grpc_client_call_transparent_retries", "histogram", &["grpc_method", "grpc_target"]),
-    ("grpc_client_call_retry_delay_seconds", "histogram", &["grpc_method", "grpc_target"]),
-    ("tonic_balancer_client_call_refused_total", "counter", &["grpc_method", "grpc_target"]),
-    ("tonic_balancer_client_retry_budget_exhausted_total", "counter", &["grpc_target"]),
+    (
+        "grpc_client_call_retries",
+        "histogram",
+        &["grpc_method", "grpc_target"],
+    ),
+    (
+        "grpc_client_call_transparent_retries",
+        "histogram",
+        &["grpc_method", "grpc_target"],
+    ),
+    (
+        "grpc_client_call_retry_delay_seconds",
+        "histogram",
+        &["grpc_method", "grpc_target"],
+    ),
+    (
+        "tonic_balancer_client_call_refused_total",
+        "counter",
+        &["grpc_method", "grpc_target"],
+    ),
+    (
+        "tonic_balancer_client_retry_budget_exhausted_total",
+        "counter",
+        &["grpc_target"],
+    ),
     // A94.
-    ("grpc_subchannel_connection_attempts_succeeded_total", "counter", &["grpc_target", "tonic_balancer_instance"]),
-    ("grpc_subchannel_connection_attempts_failed_total", "counter", &["grpc_target", "tonic_balancer_instance"]),
-    ("grpc_subchannel_disconnections_total", "counter", &["grpc_target", "tonic_balancer_instance", "grpc_disconnect_error"]),
-    ("grpc_subchannel_open_connections", "gauge", &["grpc_target", "tonic_balancer_instance"]),
+    (
+        "grpc_subchannel_connection_attempts_succeeded_total",
+        "counter",
+        &["grpc_target", "tonic_balancer_instance"],
+    ),
+    (
+        "grpc_subchannel_connection_attempts_failed_total",
+        "counter",
+        &["grpc_target", "tonic_balancer_instance"],
+    ),
+    (
+        "grpc_subchannel_disconnections_total",
+        "counter",
+        &[
+            "grpc_target",
+            "tonic_balancer_instance",
+            "grpc_disconnect_error",
+        ],
+    ),
+    (
+        "grpc_subchannel_open_connections",
+        "gauge",
+        &["grpc_target", "tonic_balancer_instance"],
+    ),
     // A91.
-    ("grpc_lb_outlier_detection_ejections_enforced_total", "counter", &["grpc_target", "tonic_balancer_instance", "tonic_balancer_ejection_reason"]),
-    ("grpc_lb_outlier_detection_ejections_overflow_total", "counter", &["grpc_target", "tonic_balancer_instance", "tonic_balancer_ejection_reason"]),
-    ("grpc_lb_outlier_detection_ejections_enforced_success_rate_total", "counter", &["grpc_target", "tonic_balancer_instance"]),
-    ("grpc_lb_outlier_detection_ejections_detected_success_rate_total", "counter", &["grpc_target", "tonic_balancer_instance"]),
+    (
+        "grpc_lb_outlier_detection_ejections_enforced_total",
+        "counter",
+        &[
+            "grpc_target",
+            "tonic_balancer_instance",
+            "tonic_balancer_ejection_reason",
+        ],
+    ),
+    (
+        "grpc_lb_outlier_detection_ejections_overflow_total",
+        "counter",
+        &[
+            "grpc_target",
+            "tonic_balancer_instance",
+            "tonic_balancer_ejection_reason",
+        ],
+    ),
+    (
+        "grpc_lb_outlier_detection_ejections_enforced_success_rate_total",
+        "counter",
+        &["grpc_target", "tonic_balancer_instance"],
+    ),
+    (
+        "grpc_lb_outlier_detection_ejections_detected_success_rate_total",
+        "counter",
+        &["grpc_target", "tonic_balancer_instance"],
+    ),
     // Per instance.
-    ("tonic_balancer_instance_calls_in_flight", "gauge", &["grpc_target", "tonic_balancer_instance"]),
-    ("tonic_balancer_instance_state", "gauge", &["grpc_target", "tonic_balancer_instance", "tonic_balancer_state"]),
-    ("tonic_balancer_instance_latency_seconds", "gauge", &["grpc_target", "tonic_balancer_instance"]),
+    (
+        "tonic_balancer_instance_calls_in_flight",
+        "gauge",
+        &["grpc_target", "tonic_balancer_instance"],
+    ),
+    (
+        "tonic_balancer_instance_state",
+        "gauge",
+        &[
+            "grpc_target",
+            "tonic_balancer_instance",
+            "tonic_balancer_state",
+        ],
+    ),
+    (
+        "tonic_balancer_instance_latency_seconds",
+        "gauge",
+        &["grpc_target", "tonic_balancer_instance"],
+    ),
     // Discovery.
-    ("tonic_balancer_discovery_lookups_total", "counter", &["grpc_target"]),
-    ("tonic_balancer_discovery_failures_total", "counter", &["grpc_target"]),
-    ("tonic_balancer_instances_added_total", "counter", &["grpc_target"]),
-    ("tonic_balancer_instances_removed_total", "counter", &["grpc_target"]),
+    (
+        "tonic_balancer_discovery_lookups_total",
+        "counter",
+        &["grpc_target"],
+    ),
+    (
+        "tonic_balancer_discovery_failures_total",
+        "counter",
+        &["grpc_target"],
+    ),
+    (
+        "tonic_balancer_instances_added_total",
+        "counter",
+        &["grpc_target"],
+    ),
+    (
+        "tonic_balancer_instances_removed_total",
+        "counter",
+        &["grpc_target"],
+    ),
 ];
 
 /// What is missing from a scrape: each instrument that has no sample yet with the labels it
@@ -335,7 +454,10 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
         };
         let s = Scrape::parse(text);
         // An open connection at some point (the gauge may be 0 everywhere in the "down" phase).
-        open_seen |= s.sum("grpc_subchannel_open_connections", &[("grpc_target", TARGET)]) >= 1.0;
+        open_seen |= s.sum(
+            "grpc_subchannel_open_connections",
+            &[("grpc_target", TARGET)],
+        ) >= 1.0;
         let missing = missing(&s);
         if missing.is_empty() && open_seen {
             break s;
@@ -382,8 +504,14 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
     let calls = s.sum("grpc_client_call_duration_seconds_count", &unary);
     let attempts = s.sum("grpc_client_attempt_duration_seconds_count", &unary);
     let started = s.sum("grpc_client_attempt_started_total", &unary);
-    assert!(calls_ok > 0.0 && calls_ok <= calls, "{calls_ok} OK of {calls}");
-    assert!(attempts <= started, "{attempts} attempts ended, {started} started");
+    assert!(
+        calls_ok > 0.0 && calls_ok <= calls,
+        "{calls_ok} OK of {calls}"
+    );
+    assert!(
+        attempts <= started,
+        "{attempts} attempts ended, {started} started"
+    );
     let mean = s.sum("grpc_client_call_duration_seconds_sum", &ok) / calls_ok;
     assert!(mean > 0.0 && mean < 5.0, "mean OK call: {mean} s");
     let statuses: Vec<_> = s
@@ -404,7 +532,10 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
             .any(|(l, _)| l.get("le").and_then(|v| v.parse::<f64>().ok()) == Some(le));
         assert!(found, "no latency bucket le={le}");
     }
-    assert_eq!(bucket("grpc_client_call_duration_seconds", "+Inf"), Some(calls_ok));
+    assert_eq!(
+        bucket("grpc_client_call_duration_seconds", "+Inf"),
+        Some(calls_ok)
+    );
     for family in [
         "grpc_client_attempt_sent_total_compressed_message_size_bytes",
         "grpc_client_attempt_rcvd_total_compressed_message_size_bytes",
@@ -420,12 +551,23 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
         let n = s.sum(&format!("{family}_count"), &ok);
         let mean = s.sum(&format!("{family}_sum"), &ok) / n;
         assert!((2.0..=64.0).contains(&mean), "{family}: mean {mean} bytes");
-        assert_eq!(bucket(family, "1024"), Some(n), "{family}: every message < 1 KiB");
-        assert_eq!(bucket(family, "0"), Some(0.0), "{family}: no OK attempt without a message");
+        assert_eq!(
+            bucket(family, "1024"),
+            Some(n),
+            "{family}: every message < 1 KiB"
+        );
+        assert_eq!(
+            bucket(family, "0"),
+            Some(0.0),
+            "{family}: no OK attempt without a message"
+        );
     }
     // Each attempt's sizes are recorded once, with its duration.
     assert_eq!(
-        s.sum("grpc_client_attempt_sent_total_compressed_message_size_bytes_count", &unary),
+        s.sum(
+            "grpc_client_attempt_sent_total_compressed_message_size_bytes_count",
+            &unary
+        ),
         attempts
     );
 
@@ -433,7 +575,10 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
     assert_eq!(s.sum("grpc_client_call_retries_count", &unary), calls);
     assert!(s.sum("grpc_client_call_retries_sum", &unary) > 0.0);
     assert!(s.sum("grpc_client_call_retry_delay_seconds_sum", &unary) > 0.0);
-    assert_eq!(s.sum("grpc_client_call_transparent_retries_count", &unary), calls);
+    assert_eq!(
+        s.sum("grpc_client_call_transparent_retries_count", &unary),
+        calls
+    );
 
     // A94: disconnection reasons are A94's; open connections per instance in range.
     let a94 = [
@@ -446,11 +591,17 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
     ];
     for (l, _) in s.matching("grpc_subchannel_disconnections_total", &[t]) {
         let why = &l["grpc_disconnect_error"];
-        assert!(a94.contains(&why.as_str()) || why.starts_with("GOAWAY "), "{why}");
+        assert!(
+            a94.contains(&why.as_str()) || why.starts_with("GOAWAY "),
+            "{why}"
+        );
     }
     let max_conns = tonic_balancer::DEFAULT_MAX_CONNECTIONS as f64;
     for (l, v) in s.matching("grpc_subchannel_open_connections", &[t]) {
-        assert!(v.fract() == 0.0 && (0.0..=max_conns).contains(&v), "{l:?}: {v}");
+        assert!(
+            v.fract() == 0.0 && (0.0..=max_conns).contains(&v),
+            "{l:?}: {v}"
+        );
     }
 
     // A91: reasons, and the success-rate rule's ejections among those it found.
@@ -462,8 +613,13 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
         );
     }
     assert!(
-        s.sum("grpc_lb_outlier_detection_ejections_enforced_success_rate_total", &[t])
-            <= s.sum("grpc_lb_outlier_detection_ejections_detected_success_rate_total", &[t])
+        s.sum(
+            "grpc_lb_outlier_detection_ejections_enforced_success_rate_total",
+            &[t]
+        ) <= s.sum(
+            "grpc_lb_outlier_detection_ejections_detected_success_rate_total",
+            &[t]
+        )
     );
 
     // Per instance: calls in flight within the example's 16, states one-hot, latency sane.
@@ -478,7 +634,10 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
         "draining",
     ];
     for (l, v) in s.matching("tonic_balancer_instance_state", &[t]) {
-        assert!(states.contains(&l["tonic_balancer_state"].as_str()), "{l:?}");
+        assert!(
+            states.contains(&l["tonic_balancer_state"].as_str()),
+            "{l:?}"
+        );
         assert!(v == 0.0 || v == 1.0, "{l:?}: {v}");
     }
     for (l, v) in s.matching("tonic_balancer_instance_latency_seconds", &[t]) {
@@ -489,10 +648,16 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
     // per round.
     let lookups = s.sum("tonic_balancer_discovery_lookups_total", &[t]);
     let failures = s.sum("tonic_balancer_discovery_failures_total", &[t]);
-    assert!(failures > 0.0 && failures < lookups, "{failures} of {lookups}");
+    assert!(
+        failures > 0.0 && failures < lookups,
+        "{failures} of {lookups}"
+    );
     let added = s.sum("tonic_balancer_instances_added_total", &[t]);
     let removed = s.sum("tonic_balancer_instances_removed_total", &[t]);
-    assert!(added >= 6.0 + removed - 1.0 && removed >= 1.0, "{added} added, {removed} removed");
+    assert!(
+        added >= 6.0 + removed - 1.0 && removed >= 1.0,
+        "{added} added, {removed} removed"
+    );
 
     // And the example is still running: it was scraped under load, not after it.
     assert!(child.0.try_wait().unwrap().is_none(), "the example exited");

@@ -269,7 +269,7 @@ impl Shared {
                 // `enter` counted this call already.
                 let nth = self.served.load(Ordering::SeqCst);
                 tokio::time::sleep(delay).await;
-                if nth % one_in.max(1) == 0 {
+                if nth.is_multiple_of(one_in.max(1)) {
                     Err(Status::new(code, format!("{} scripted to fail", self.name)))
                 } else {
                     Ok(())
