@@ -91,6 +91,26 @@ fn build_example() -> PathBuf {
         .expect("<profile>/deps");
     let target_dir = profile_dir.parent().expect("<target dir>/<profile>");
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // Without the variables cargo sets for this test's own run: build scripts that watch one
+    // (ring watches CARGO_MANIFEST_DIR) would see a change, and cargo would build them and
+    // everything above them again, here and in the next `cargo test`.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let set_by_cargo = key.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&&*key);
+        if set_by_cargo {
+            cmd.env_remove(&*key);
+        }
+    }
     cmd.args(["build", "--example", "prometheus", "--message-format=json"])
         .arg("--manifest-path")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
@@ -399,7 +419,9 @@ fn missing(s: &Scrape) -> Vec<String> {
 /// agree with each other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_serves_every_standard_instrument_with_sane_values() {
+    let built = Instant::now();
     let exe = tokio::task::spawn_blocking(build_example).await.unwrap();
+    eprintln!("example built in {:?}", built.elapsed());
     let child = Command::new(&exe)
         .args(["--port", "0", "--phase", "2", "--seconds"])
         .arg(EXAMPLE_SECONDS.to_string())
@@ -460,6 +482,7 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
         ) >= 1.0;
         let missing = missing(&s);
         if missing.is_empty() && open_seen {
+            eprintln!("every instrument seen after {:?}", start.elapsed());
             break s;
         }
         assert!(
@@ -497,21 +520,20 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
         }
     }
 
-    // A66: attempts and calls; every call that ended OK within a sane time, in seconds.
+    // The example runs while it is scraped, and a scrape reads one family after another while
+    // calls end: values are compared within a family (one histogram's buckets and count are
+    // read together), never across two. `tests/metrics.rs` checks the relations across
+    // families on a channel at rest.
+    // A66: every call that ended OK did so in a sane time, in seconds.
     let ok = [("grpc_method", UNARY), t, ("grpc_status", "OK")];
     let unary = [("grpc_method", UNARY), t];
     let calls_ok = s.sum("grpc_client_call_duration_seconds_count", &ok);
     let calls = s.sum("grpc_client_call_duration_seconds_count", &unary);
-    let attempts = s.sum("grpc_client_attempt_duration_seconds_count", &unary);
-    let started = s.sum("grpc_client_attempt_started_total", &unary);
     assert!(
         calls_ok > 0.0 && calls_ok <= calls,
         "{calls_ok} OK of {calls}"
     );
-    assert!(
-        attempts <= started,
-        "{attempts} attempts ended, {started} started"
-    );
+    assert!(s.sum("grpc_client_attempt_started_total", &unary) > 0.0);
     let mean = s.sum("grpc_client_call_duration_seconds_sum", &ok) / calls_ok;
     assert!(mean > 0.0 && mean < 5.0, "mean OK call: {mean} s");
     let statuses: Vec<_> = s
@@ -562,23 +584,28 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
             "{family}: no OK attempt without a message"
         );
     }
-    // Each attempt's sizes are recorded once, with its duration.
-    assert_eq!(
-        s.sum(
-            "grpc_client_attempt_sent_total_compressed_message_size_bytes_count",
-            &unary
-        ),
-        attempts
-    );
 
-    // A96: retries per call, each call once.
-    assert_eq!(s.sum("grpc_client_call_retries_count", &unary), calls);
+    // A96: retries were made, after some backoff; A66's count buckets, with most calls in the
+    // first one (no retry) and every call in the top one.
     assert!(s.sum("grpc_client_call_retries_sum", &unary) > 0.0);
     assert!(s.sum("grpc_client_call_retry_delay_seconds_sum", &unary) > 0.0);
-    assert_eq!(
-        s.sum("grpc_client_call_transparent_retries_count", &unary),
-        calls
-    );
+    for family in [
+        "grpc_client_call_retries",
+        "grpc_client_call_transparent_retries",
+    ] {
+        let n = s.sum(&format!("{family}_count"), &unary);
+        let le = |le: &str| {
+            s.matching(&format!("{family}_bucket"), &unary)
+                .find(|(l, _)| l.get("le").map(String::as_str) == Some(le))
+                .map(|(_, v)| v)
+        };
+        assert_eq!(le("+Inf"), Some(n), "{family}: every call");
+        assert!(
+            le("0").is_some_and(|z| z > n / 2.0),
+            "{family}: most calls have none"
+        );
+        assert!(le("65536").is_some(), "{family}: A66's count buckets");
+    }
 
     // A94: disconnection reasons are A94's; open connections per instance in range.
     let a94 = [
@@ -604,7 +631,7 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
         );
     }
 
-    // A91: reasons, and the success-rate rule's ejections among those it found.
+    // A91: the reasons.
     for (l, _) in s.matching("grpc_lb_outlier_detection_ejections_enforced_total", &[t]) {
         let why = l["tonic_balancer_ejection_reason"].as_str();
         assert!(
@@ -612,15 +639,6 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
             "{why}"
         );
     }
-    assert!(
-        s.sum(
-            "grpc_lb_outlier_detection_ejections_enforced_success_rate_total",
-            &[t]
-        ) <= s.sum(
-            "grpc_lb_outlier_detection_ejections_detected_success_rate_total",
-            &[t]
-        )
-    );
 
     // Per instance: calls in flight within the example's 16, states one-hot, latency sane.
     let in_flight = s.sum("tonic_balancer_instance_calls_in_flight", &[t]);
