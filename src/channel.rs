@@ -426,7 +426,8 @@ fn route(
     tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
     if let Some(hedging) = &pool.hedging {
         if let Some(policy) = hedging.policy(req.uri().path()) {
-            // The metrics know the first attempt of a hedged call: it reads the caller's body.
+            // A hedged call's metrics know one attempt: the caller's body counts once, whichever
+            // attempt sends it (the hedges send a copy).
             obs.count_sent(&mut req);
             let deadline_at = deadline.as_ref().map(|d| d.deadline());
             let hedge = Hedge::start(pool, policy.clone(), req, inst, deadline_at);
@@ -443,7 +444,7 @@ fn route(
     let method = Method::of(req.uri().path());
     // Keep what is needed to send the call again if its instance cannot be reached, its
     // connection closes before the request is written, or (with a retry policy) it fails.
-    let (req, again) = if pool.replay || pool.retry.is_some() {
+    let (mut req, again) = if pool.replay || pool.retry.is_some() {
         if let Some(b) = &pool.budget {
             b.deposit();
         }
@@ -467,7 +468,6 @@ fn route(
     } else {
         (req, None)
     };
-    let mut req = req;
     obs.count_sent(&mut req);
     let mut guard = CallGuard::new(inst.clone(), method);
     let channel = crate::conns::channel(inst, &mut guard);
