@@ -3,82 +3,173 @@
 //! the balancer's own per-instance gauges.
 //!
 //! ```text
-//! cargo run --release --example prometheus --features metrics -- [--port 9184] [--seconds 0]
+//! cargo run --release --example prometheus --features metrics -- [--port 9184] [--seconds 0] [--phase 10]
 //! curl -s http://127.0.0.1:9184/metrics
 //! ```
 //!
-//! The fleet: four instances answering after 1 to 4 ms, a fifth that fails every call with
-//! UNAVAILABLE for 10 s of every 30 (ejected, retried around), and a sixth that is stopped for
-//! 10 s of every 30 (connection failures, transparent retries). 16 calls are kept in flight.
-//! `--seconds 0` (the default) runs until interrupted.
+//! The fleet: four instances answering after 1 to 4 ms, `flaky` and `restarts` after 2 ms,
+//! found through a registry (a discovery source the example answers itself). 16 calls are kept
+//! in flight. A scenario of six phases of `--phase` seconds each, over and over, so that every
+//! instrument has something to count:
+//!
+//! 1. steady: every instance serves;
+//! 2. flaky: `flaky` fails one call in three with UNAVAILABLE (retried elsewhere; ejected by
+//!    the success-rate rule);
+//! 3. restarts: `restarts` is stopped (its connection breaks, connections to it fail, calls
+//!    are replayed elsewhere);
+//! 4. registry: `restarts` is back; the registry leaves `i4` out of its answers (removed) and
+//!    fails every other lookup;
+//! 5. outage: `i4` is back; every instance fails every call with UNAVAILABLE (retries spend
+//!    the retry budget; instances are ejected up to the cap, the others are outliers not
+//!    ejected);
+//! 6. down: every instance is stopped (connections fail, calls are refused at once), until the
+//!    next round restarts them.
+//!
+//! `--port 0` serves on a free port; the `curl` line printed says which. `--seconds 0` (the
+//! default) runs until interrupted; `--seconds N` exits after N seconds.
 
 #[path = "../tests/fleet/mod.rs"]
 mod fleet;
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleet::pb::fleet_client::FleetClient;
 use fleet::{Behavior, Instance};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 use tonic::Code;
 use tonic_balancer::metrics::{
     CALL_RETRIES, CALL_RETRY_DELAY, CALL_TRANSPARENT_RETRIES, COUNT_BUCKETS, LATENCY_BUCKETS,
+    SIZE_BUCKETS,
 };
-use tonic_balancer::{BalancedChannel, Ejection, RetryPolicy};
+use tonic_balancer::{Backoff, BalancedChannel, Ejection, Resolve, RetryPolicy};
 
 const IN_FLIGHT: usize = 16;
 
-fn arg(name: &str, default: u64) -> u64 {
+/// The scenario's phases, in order.
+const PHASES: [&str; 6] = ["steady", "flaky", "restarts", "registry", "outage", "down"];
+
+/// The value after `name` on the command line, if given.
+fn arg(name: &str) -> Option<f64> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name} takes a number"))
-        })
-        .unwrap_or(default)
+    args.iter().position(|a| a == name).map(|i| {
+        args.get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+            .unwrap_or_else(|| panic!("{name} takes a number"))
+    })
+}
+
+/// Installs the Prometheus recorder, serving on `port` of loopback (0: a free one); returns the
+/// address it serves on.
+fn serve_metrics(port: u16) -> Result<SocketAddr, Box<dyn std::error::Error>> {
+    let mut tries = 0;
+    loop {
+        let addr = if port == 0 {
+            // A free port, given back just before the exporter binds it: another process may
+            // take it in between, rarely; then another one.
+            std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?
+        } else {
+            SocketAddr::from(([127, 0, 0, 1], port))
+        };
+        // The recorder first: the channel describes its instruments (units, help) when built.
+        let built = PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .with_recommended_naming(true)
+            .set_buckets_for_metric(Matcher::Suffix(".duration".into()), LATENCY_BUCKETS)?
+            .set_buckets_for_metric(Matcher::Full(CALL_RETRY_DELAY.into()), LATENCY_BUCKETS)?
+            .set_buckets_for_metric(Matcher::Suffix("message_size".into()), SIZE_BUCKETS)?
+            .set_buckets_for_metric(Matcher::Full(CALL_RETRIES.into()), COUNT_BUCKETS)?
+            .set_buckets_for_metric(
+                Matcher::Full(CALL_TRANSPARENT_RETRIES.into()),
+                COUNT_BUCKETS,
+            )?
+            .build();
+        match built {
+            Ok((recorder, exporter)) => {
+                metrics::set_global_recorder(recorder)?;
+                tokio::spawn(exporter);
+                return Ok(addr);
+            }
+            Err(BuildError::FailedToCreateHTTPListener(_)) if port == 0 && tries < 10 => {
+                tries += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// What instance `k` of the fleet does when all is well: `i1` to `i4` answer after 1 to 4 ms,
+/// `flaky` and `restarts` after 2 ms.
+fn serving(k: usize) -> Behavior {
+    let ms = if k < 4 { k as u64 + 1 } else { 2 };
+    Behavior::Delay(Duration::from_millis(ms))
+}
+
+/// The registry the channel discovers the fleet through: the addresses it lists, and whether
+/// every other lookup fails.
+#[derive(Clone, Default)]
+struct Registry {
+    addrs: Arc<Mutex<Vec<SocketAddr>>>,
+    flaky: Arc<Mutex<bool>>,
+    lookups: Arc<AtomicU64>,
+}
+
+impl Resolve for Registry {
+    #[allow(clippy::type_complexity)]
+    fn resolve(
+        &self,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Vec<SocketAddr>, tower::BoxError>> + Send + '_>,
+    > {
+        let n = self.lookups.fetch_add(1, Ordering::Relaxed);
+        let answer = if *self.flaky.lock().unwrap() && n % 2 == 1 {
+            Err("registry unavailable".into())
+        } else {
+            Ok(self.addrs.lock().unwrap().clone())
+        };
+        Box::pin(async move { answer })
+    }
+
+    fn name(&self) -> String {
+        "registry:///fleet".into()
+    }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let port = arg("--port", 9184) as u16;
-    let seconds = arg("--seconds", 0);
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let port = arg("--port").unwrap_or(9184.0) as u16;
+    let seconds = arg("--seconds").unwrap_or(0.0);
+    let phase = Duration::from_secs_f64(arg("--phase").unwrap_or(10.0).max(0.2));
 
-    // The recorder first: the channel describes its instruments (units, help) when built.
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .with_recommended_naming(true)
-        .set_buckets_for_metric(Matcher::Suffix(".duration".into()), LATENCY_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(CALL_RETRY_DELAY.into()), LATENCY_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(CALL_RETRIES.into()), COUNT_BUCKETS)?
-        .set_buckets_for_metric(
-            Matcher::Full(CALL_TRANSPARENT_RETRIES.into()),
-            COUNT_BUCKETS,
-        )?
-        .install()?;
+    let addr = serve_metrics(port)?;
 
-    let mut fleet: Vec<Instance> = (1..=4)
-        .map(|ms| {
-            Instance::start(
-                &format!("i{ms}"),
-                Behavior::Delay(Duration::from_millis(ms)),
-            )
-        })
+    let names = ["i1", "i2", "i3", "i4", "flaky", "restarts"];
+    let mut fleet: Vec<Instance> = names
+        .iter()
+        .enumerate()
+        .map(|(k, name)| Instance::start(name, serving(k)))
         .collect();
-    fleet.push(Instance::start(
-        "flaky",
-        Behavior::Delay(Duration::from_millis(2)),
-    ));
-    fleet.push(Instance::start(
-        "restarts",
-        Behavior::Delay(Duration::from_millis(2)),
-    ));
+    let registry = Registry::default();
+    let all: Vec<SocketAddr> = fleet.iter().map(|i| i.addr).collect();
+    *registry.addrs.lock().unwrap() = all.clone();
+
     let channel = BalancedChannel::builder()
-        .uris(fleet.iter().map(Instance::uri))
+        .resolver(registry.clone())
+        .discovery_interval(phase / 4)
         .retry(RetryPolicy::default())
-        .ejection(Ejection::default().base_time(Duration::from_secs(5)))
+        .ejection(
+            Ejection::default()
+                .base_time(phase)
+                .success_rate_interval(Some(phase / 2)),
+        )
+        .backoff(
+            Backoff::default()
+                .initial((phase / 10).min(Duration::from_secs(1)))
+                .max(phase.min(Duration::from_secs(10))),
+        )
         .metrics_all_methods(true)
         .metrics_target("fleet.example")
         .build()?;
@@ -93,34 +184,74 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut id = w << 40;
             loop {
                 id += 1;
-                let _ = client.unary(fleet::req(id)).await;
+                if client.unary(fleet::req(id)).await.is_err() {
+                    // A call refused at once would otherwise spin.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
             }
         });
     }
 
     let start = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_secs(5));
-    let mut phase = 0;
+    let mut tick = tokio::time::interval(phase / 4);
+    let mut current = 0;
     loop {
         tick.tick().await;
-        let elapsed = start.elapsed().as_secs();
-        if seconds > 0 && elapsed >= seconds {
+        let elapsed = start.elapsed();
+        if seconds > 0.0 && elapsed.as_secs_f64() >= seconds {
             break;
         }
-        // Every 30 s: 10 s of failures on `flaky`, then 10 s with `restarts` stopped.
-        let now = (elapsed % 30) / 10;
-        if now != phase {
-            phase = now;
-            match phase {
-                0 => fleet[5].restart(),
-                1 => fleet[4].set(Behavior::Fail(Code::Unavailable)),
-                _ => {
-                    fleet[4].set(Behavior::Delay(Duration::from_millis(2)));
-                    fleet[5].stop();
+        let now = (elapsed.as_nanos() / phase.as_nanos()) as usize % PHASES.len();
+        if now == current {
+            continue;
+        }
+        current = now;
+        match PHASES[now] {
+            "steady" => {
+                for (k, inst) in fleet.iter_mut().enumerate() {
+                    if !inst.is_running() {
+                        inst.restart();
+                    }
+                    inst.set(serving(k));
+                }
+            }
+            "flaky" => fleet[4].set(Behavior::FailSome {
+                one_in: 3,
+                code: Code::Unavailable,
+                delay: Duration::from_millis(2),
+            }),
+            "restarts" => {
+                fleet[4].set(serving(4));
+                fleet[5].stop();
+            }
+            "registry" => {
+                fleet[5].restart();
+                *registry.flaky.lock().unwrap() = true;
+                registry
+                    .addrs
+                    .lock()
+                    .unwrap()
+                    .retain(|a| *a != fleet[3].addr);
+            }
+            "outage" => {
+                *registry.flaky.lock().unwrap() = false;
+                *registry.addrs.lock().unwrap() = all.clone();
+                for inst in &fleet {
+                    inst.set(Behavior::Fail(Code::Unavailable));
+                }
+            }
+            _ => {
+                for inst in &mut fleet {
+                    inst.stop();
                 }
             }
         }
-        println!("{elapsed:>4}s {}", channel.stats());
+        println!(
+            "{:>6.1}s {:<8} {}",
+            elapsed.as_secs_f64(),
+            PHASES[now],
+            channel.stats()
+        );
     }
     workers.abort_all();
     Ok(())

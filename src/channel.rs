@@ -414,7 +414,7 @@ const MAX_SAME_INSTANCE_REPLAYS: u32 = 3;
 /// Routes one call: picks its instance and makes its future.
 fn route(
     pool: &Arc<Pool>,
-    req: http::Request<Body>,
+    mut req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
     mut obs: CallObs,
 ) -> ResponseFuture {
@@ -457,6 +457,9 @@ fn route(
     tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
     if let Some(hedging) = &pool.hedging {
         if let Some(policy) = hedging.policy(req.uri().path()) {
+            // A hedged call's metrics know one attempt: the caller's body counts once, whichever
+            // attempt sends it (the hedges send a copy).
+            obs.count_sent(&mut req);
             let deadline_at = deadline.as_ref().map(|d| d.deadline());
             let hedge = Hedge::start(pool, policy.clone(), req, inst, method, deadline_at);
             return ResponseFuture {
@@ -471,7 +474,7 @@ fn route(
     }
     // Keep what is needed to send the call again if its instance cannot be reached, its
     // connection closes before the request is written, or (with a retry policy) it fails.
-    let (req, again) = if pool.replay || pool.retry.is_some() {
+    let (mut req, again) = if pool.replay || pool.retry.is_some() {
         if let Some(b) = &pool.budget {
             b.deposit();
         }
@@ -496,6 +499,7 @@ fn route(
     } else {
         (req, None)
     };
+    obs.count_sent(&mut req);
     let mut guard = CallGuard::new(inst.clone(), method);
     let channel = crate::conns::channel(inst, &mut guard);
     let mut fut = ResponseFuture {
@@ -698,12 +702,13 @@ impl ResponseFuture {
         let Some(time_left) = again.time_left() else {
             return false;
         };
-        let Some(req) = again.replay.request(time_left) else {
+        let Some(mut req) = again.replay.request(time_left) else {
             tracing::debug!(reason = %why, "call cannot be sent again: its request body is gone");
             return false;
         };
         let inst = &snap[idx];
         self.obs.attempt(inst);
+        self.obs.count_sent(&mut req);
         tracing::debug!(to = %inst.target.name, reason = %why, "call sent again");
         let mut guard = CallGuard::new(inst.clone(), again.method);
         let channel = crate::conns::channel(inst, &mut guard);

@@ -227,6 +227,7 @@ impl HttpBody for GuardedBody {
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(mut frame))) => {
+                this.obs.received(&frame);
                 if let Some(trailers) = frame.trailers_mut() {
                     // Before the guard goes: the report counts this call as the server did.
                     crate::orca::take_report(guard.instance(), trailers);

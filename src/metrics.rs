@@ -12,6 +12,8 @@
 //! | --- | --- | --- | --- |
 //! | `grpc.client.attempt.started` | counter | `{attempt}` | method, target |
 //! | `grpc.client.attempt.duration` | histogram | s | method, target, status |
+//! | `grpc.client.attempt.sent_total_compressed_message_size` | histogram | By | method, target, status |
+//! | `grpc.client.attempt.rcvd_total_compressed_message_size` | histogram | By | method, target, status |
 //! | `grpc.client.call.duration` | histogram | s | method, target, status |
 //! | `grpc.client.call.retries` | histogram | `{retry}` | method, target |
 //! | `grpc.client.call.transparent_retries` | histogram | `{transparent_retry}` | method, target |
@@ -20,6 +22,7 @@
 //! | `tonic_balancer.client.retry_budget_exhausted` | counter | `{retry}` | target |
 //! | `grpc.subchannel.connection_attempts_succeeded` | counter | `{attempt}` | target, instance |
 //! | `grpc.subchannel.connection_attempts_failed` | counter | `{attempt}` | target, instance |
+//! | `grpc.subchannel.open_connections` | gauge | `{connection}` | target, instance |
 //! | `grpc.subchannel.disconnections` | counter | `{disconnection}` | target, instance, disconnect_error |
 //! | `grpc.lb.outlier_detection.ejections_enforced_total` | counter | `{ejection}` | target, instance, reason |
 //! | `grpc.lb.outlier_detection.ejections_overflow` | counter | `{ejection}` | target, instance, reason |
@@ -44,9 +47,20 @@
 //! [`EndpointStats::uri`](crate::EndpointStats::uri): bounded by the set. When an instance
 //! leaves, its gauges are set to 0; an exporter's idle timeout drops them for good.
 //!
+//! `grpc.subchannel.open_connections` (A94) counts, per instance, its own connection while the
+//! instance is known to be connected, plus the extra connections it has open (see
+//! [`Builder::max_connections_per_instance`](crate::Builder::max_connections_per_instance)).
+//! tonic's `Channel` does not tell whether its connection is up, so the instance's state says:
+//! its own connection counts from the first answer on it (`ready`) until it breaks
+//! (`connecting`) or cannot be opened (`failing`); an instance out of service (ejected,
+//! unhealthy, draining) counts it as it was when it left service, since nothing closes it
+//! then. An extra connection counts from when the balancer opens it (its first call connects
+//! it) until it closes it, idle. The gauge is sampled with the other per-instance gauges,
+//! twice a second.
+//!
 //! The facade carries no histogram buckets: configure the exporter with
-//! [`LATENCY_BUCKETS`] for the `s` histograms and [`COUNT_BUCKETS`] for the retry counts
-//! (A66's boundaries).
+//! [`LATENCY_BUCKETS`] for the `s` histograms, [`SIZE_BUCKETS`] for the message sizes and
+//! [`COUNT_BUCKETS`] for the retry counts (A66's boundaries).
 
 #[cfg(feature = "metrics")]
 pub use imp::names::*;
@@ -57,6 +71,25 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002, 0.003, 0.004, 0.005,
     0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.13, 0.16,
     0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
+];
+
+/// A66's bucket boundaries for size histograms, in bytes (the message sizes per attempt).
+#[cfg(feature = "metrics")]
+pub const SIZE_BUCKETS: &[f64] = &[
+    0.0,
+    1024.0,
+    2048.0,
+    4096.0,
+    16384.0,
+    65536.0,
+    262144.0,
+    1048576.0,
+    4194304.0,
+    16777216.0,
+    67108864.0,
+    268435456.0,
+    1073741824.0,
+    4294967296.0,
 ];
 
 /// A66's bucket boundaries for count histograms (retries per call).
@@ -101,7 +134,7 @@ mod off {
 #[cfg(feature = "metrics")]
 mod imp {
     use std::collections::{HashMap, HashSet};
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -122,6 +155,14 @@ mod imp {
         pub const ATTEMPT_DURATION: &str = "grpc.client.attempt.duration";
         /// Duration of each call as its caller sees it (A66), labels method, target, status.
         pub const CALL_DURATION: &str = "grpc.client.call.duration";
+        /// Bytes of request messages each attempt sent (A66): the messages as they went out
+        /// (compressed if they were), without gRPC's 5-byte message prefix nor HTTP/2 framing.
+        pub const ATTEMPT_SENT_SIZE: &str =
+            "grpc.client.attempt.sent_total_compressed_message_size";
+        /// Bytes of response messages each attempt received (A66), counted as
+        /// [`ATTEMPT_SENT_SIZE`].
+        pub const ATTEMPT_RCVD_SIZE: &str =
+            "grpc.client.attempt.rcvd_total_compressed_message_size";
         /// Retries of the retry policy per call (A96).
         pub const CALL_RETRIES: &str = "grpc.client.call.retries";
         /// Transparent retries per call (A96).
@@ -137,6 +178,9 @@ mod imp {
             "grpc.subchannel.connection_attempts_succeeded";
         /// Connections to an instance that could not be opened (A94).
         pub const CONNECTION_ATTEMPTS_FAILED: &str = "grpc.subchannel.connection_attempts_failed";
+        /// Connections open to an instance (A94): its own one while it is known to be
+        /// connected, and its extra ones (see the module docs).
+        pub const OPEN_CONNECTIONS: &str = "grpc.subchannel.open_connections";
         /// Connections that broke under calls (A94), label `grpc.disconnect_error`.
         pub const DISCONNECTIONS: &str = "grpc.subchannel.disconnections";
         /// Ejections made (A91), label `tonic_balancer.ejection_reason`.
@@ -326,6 +370,16 @@ mod imp {
             "time of each RPC attempt, from its pick to its end"
         );
         describe_histogram!(
+            ATTEMPT_SENT_SIZE,
+            Unit::Bytes,
+            "bytes of the request messages each RPC attempt sent"
+        );
+        describe_histogram!(
+            ATTEMPT_RCVD_SIZE,
+            Unit::Bytes,
+            "bytes of the response messages each RPC attempt received"
+        );
+        describe_histogram!(
             CALL_DURATION,
             Unit::Seconds,
             "time of each RPC as its caller sees it"
@@ -360,6 +414,11 @@ mod imp {
             CONNECTION_ATTEMPTS_FAILED,
             Unit::Count,
             "connections to an instance that could not be opened"
+        );
+        describe_gauge!(
+            OPEN_CONNECTIONS,
+            Unit::Count,
+            "connections open to an instance"
         );
         describe_counter!(
             DISCONNECTIONS,
@@ -440,6 +499,12 @@ mod imp {
         delay: Duration,
         method: SharedString,
         target: SharedString,
+        /// Message bytes the current attempt's request body yielded (written by that body,
+        /// wherever its connection polls it; taken when the attempt ends).
+        sent: Arc<AtomicU64>,
+        /// Message bytes of the current attempt's response, and where its frames stand.
+        rcvd: u64,
+        rcvd_messages: Messages,
     }
 
     impl Call {
@@ -456,7 +521,26 @@ mod imp {
                 delay: Duration::ZERO,
                 method: config.method(path),
                 target: config.target.clone(),
+                sent: Arc::new(AtomicU64::new(0)),
+                rcvd: 0,
+                rcvd_messages: Messages::default(),
             })
+        }
+
+        /// Counts the message bytes that this attempt's request body yields.
+        pub(crate) fn count_sent(&self, req: &mut http::Request<tonic::body::Body>) {
+            let inner = std::mem::take(req.body_mut());
+            *req.body_mut() = tonic::body::Body::new(CountedBody {
+                inner,
+                sent: self.sent.clone(),
+                messages: Messages::default(),
+            });
+        }
+
+        /// A data frame of the attempt's response body.
+        #[inline]
+        pub(crate) fn received(&mut self, data: &[u8]) {
+            self.rcvd += self.rcvd_messages.payload(data);
         }
 
         fn labels(&self) -> [Label; 2] {
@@ -487,6 +571,8 @@ mod imp {
                 }
             }
             self.attempts += 1;
+            self.rcvd = 0;
+            self.rcvd_messages = Messages::default();
             metrics::counter!(ATTEMPT_STARTED, self.labels().iter()).increment(1);
             self.attempt_start = Instant::now();
             self.open = true;
@@ -495,7 +581,12 @@ mod imp {
         fn close(&mut self, code: tonic::Code) {
             self.open = false;
             let took = self.attempt_start.elapsed().as_secs_f64();
-            metrics::histogram!(ATTEMPT_DURATION, self.labels_with(code).iter()).record(took);
+            let labels = self.labels_with(code);
+            metrics::histogram!(ATTEMPT_DURATION, labels.iter()).record(took);
+            let sent = self.sent.swap(0, Ordering::Relaxed);
+            metrics::histogram!(ATTEMPT_SENT_SIZE, labels.iter()).record(sent as f64);
+            let rcvd = std::mem::take(&mut self.rcvd);
+            metrics::histogram!(ATTEMPT_RCVD_SIZE, labels.iter()).record(rcvd as f64);
         }
 
         pub(crate) fn retrying(&mut self, code: tonic::Code, delay: Duration) {
@@ -516,6 +607,87 @@ mod imp {
             metrics::histogram!(CALL_TRANSPARENT_RETRIES, labels.iter())
                 .record(f64::from(self.transparent));
             metrics::histogram!(CALL_RETRY_DELAY, labels.iter()).record(self.delay.as_secs_f64());
+        }
+    }
+
+    /// Where a stream of gRPC messages stands: each message is a 5-byte prefix (a compression
+    /// flag, then the length, big-endian) and that many bytes, cut into frames anywhere.
+    #[derive(Debug, Default, Clone, Copy)]
+    pub(crate) struct Messages {
+        /// Bytes of the current message still to come.
+        left: u64,
+        /// Bytes of the current prefix read so far (0 to 4), and its length so far.
+        prefix: u8,
+        len: u32,
+    }
+
+    impl Messages {
+        /// The message bytes (prefixes left out) in the next piece of the stream.
+        #[inline]
+        pub(crate) fn payload(&mut self, mut data: &[u8]) -> u64 {
+            let mut bytes = 0;
+            while !data.is_empty() {
+                if self.left > 0 {
+                    let take = self.left.min(data.len() as u64);
+                    bytes += take;
+                    self.left -= take;
+                    data = &data[take as usize..];
+                    continue;
+                }
+                if self.prefix > 0 {
+                    self.len = (self.len << 8) | u32::from(data[0]);
+                }
+                data = &data[1..];
+                if self.prefix == 4 {
+                    self.left = u64::from(self.len);
+                    self.prefix = 0;
+                    self.len = 0;
+                } else {
+                    self.prefix += 1;
+                }
+            }
+            bytes
+        }
+    }
+
+    pin_project_lite::pin_project! {
+        /// An attempt's request body that counts the message bytes it yields.
+        struct CountedBody {
+            #[pin]
+            inner: tonic::body::Body,
+            sent: Arc<AtomicU64>,
+            messages: Messages,
+        }
+    }
+
+    impl http_body::Body for CountedBody {
+        type Data = bytes::Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>>
+        {
+            let this = self.project();
+            let res = this.inner.poll_frame(cx);
+            if let std::task::Poll::Ready(Some(Ok(frame))) = &res {
+                if let Some(data) = frame.data_ref() {
+                    let n = this.messages.payload(data);
+                    if n > 0 {
+                        this.sent.fetch_add(n, Ordering::Relaxed);
+                    }
+                }
+            }
+            res
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.inner.is_end_stream()
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            self.inner.size_hint()
         }
     }
 
@@ -639,12 +811,13 @@ mod imp {
     async fn sample(pool: std::sync::Weak<Pool>) {
         let mut tick = tokio::time::interval(GAUGE_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The instances reported at the last tick, and their labels.
-        let mut seen: HashMap<Arc<str>, Vec<Label>> = HashMap::new();
+        // The instances reported at the last tick: their labels, and whether their own
+        // connection was counted as open.
+        let mut seen: HashMap<Arc<str>, (Vec<Label>, bool)> = HashMap::new();
         loop {
             tick.tick().await;
             let Some(pool) = pool.upgrade() else { return };
-            let mut now: HashMap<Arc<str>, Vec<Label>> = HashMap::new();
+            let mut now: HashMap<Arc<str>, (Vec<Label>, bool)> = HashMap::new();
             let members = pool.snapshot();
             let draining = pool.draining();
             for inst in members.iter().chain(draining.iter()) {
@@ -659,16 +832,37 @@ mod imp {
                 if ns > 0.0 {
                     metrics::gauge!(INSTANCE_LATENCY, labels.iter()).set(ns * 1e-9);
                 }
-                now.insert(inst.target.name.clone(), labels);
+                let before = seen.get(&inst.target.name).is_some_and(|(_, own)| *own);
+                let own = own_connection_open(state, before);
+                let extra = inst.extra.as_deref().map_or(0, crate::conns::Extra::open);
+                metrics::gauge!(OPEN_CONNECTIONS, labels.iter())
+                    .set((usize::from(own) + extra) as f64);
+                now.insert(inst.target.name.clone(), (labels, own));
             }
-            for (name, labels) in seen.drain() {
+            for (name, (labels, _)) in seen.drain() {
                 if !now.contains_key(&name) {
-                    // Gone: nothing in flight, in no state.
+                    // Gone: nothing in flight, in no state, its connections closed.
                     metrics::gauge!(INSTANCE_CALLS_IN_FLIGHT, labels.iter()).set(0.0);
+                    metrics::gauge!(OPEN_CONNECTIONS, labels.iter()).set(0.0);
                     set_states(&labels, None);
                 }
             }
             seen = now;
+        }
+    }
+
+    /// Whether an instance's own connection (the one of its tonic `Channel`) counts as open,
+    /// from its state (`before`: whether it counted at the last sample). tonic's `Channel`
+    /// does not tell its connection's state; the instance's state does, from what its calls
+    /// and connection attempts showed: `Ready` once a call was answered on the connection,
+    /// back to `Connecting` when the connection broke, `Failing` when it could not be opened.
+    /// An instance out of service (ejected, unhealthy, draining) keeps its connection as it
+    /// was: nothing closes it, and no call reports on it meanwhile.
+    pub(crate) fn own_connection_open(state: State, before: bool) -> bool {
+        match state {
+            State::Ready => true,
+            State::Connecting | State::Failing => false,
+            State::Ejected | State::Unhealthy | State::Draining => before,
         }
     }
 
@@ -679,5 +873,44 @@ mod imp {
             let v = if Some(s) == current { 1.0 } else { 0.0 };
             metrics::gauge!(INSTANCE_STATE, l).set(v);
         }
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use super::imp::Messages;
+
+    /// A stream of gRPC messages: each its 5-byte prefix and its bytes.
+    fn stream(sizes: &[usize]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (k, &n) in sizes.iter().enumerate() {
+            out.push(0);
+            out.extend_from_slice(&(n as u32).to_be_bytes());
+            out.extend(std::iter::repeat_n(k as u8, n));
+        }
+        out
+    }
+
+    /// The message bytes are counted, the prefixes left out, however the stream is cut into
+    /// frames: whole, byte by byte, and at every cut in two.
+    #[test]
+    fn message_bytes_are_counted_without_their_prefixes_wherever_frames_cut() {
+        let sizes = [3, 0, 300, 1, 70_000];
+        let data = stream(&sizes);
+        let want: u64 = sizes.iter().sum::<usize>() as u64;
+        assert_eq!(Messages::default().payload(&data), want);
+        let mut m = Messages::default();
+        assert_eq!(data.chunks(1).map(|c| m.payload(c)).sum::<u64>(), want);
+        for cut in (0..data.len()).step_by(97).chain([1, 4, 5, 6, 8, 9]) {
+            let mut m = Messages::default();
+            let (a, b) = data.split_at(cut);
+            assert_eq!(m.payload(a) + m.payload(b), want, "cut at {cut}");
+        }
+        // A length prefix read in pieces (the 4th byte of a 300-byte message's length).
+        let mut m = Messages::default();
+        assert_eq!(m.payload(&[0, 0, 0, 1]), 0);
+        assert_eq!(m.payload(&[44]), 0);
+        assert_eq!(m.payload(&[7; 300]), 300);
+        assert_eq!(m.payload(&[0, 0, 0, 0, 2, 9]), 1);
     }
 }

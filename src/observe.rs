@@ -189,6 +189,29 @@ impl CallObs {
         }
     }
 
+    /// The request of the current attempt, about to be sent: with metrics on, its body counts
+    /// the message bytes it yields (A66's sent size).
+    #[inline(always)]
+    pub(crate) fn count_sent(&self, req: &mut http::Request<tonic::body::Body>) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = self.metrics.as_ref() {
+            m.count_sent(req);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = req;
+    }
+
+    /// A frame of the response body (with metrics on, its message bytes count as received).
+    #[inline(always)]
+    pub(crate) fn received(&mut self, frame: &http_body::Frame<bytes::Bytes>) {
+        #[cfg(feature = "metrics")]
+        if let (Some(m), Some(data)) = (self.metrics.as_mut(), frame.data_ref()) {
+            m.received(data);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = frame;
+    }
+
     /// The current attempt ended with `code` and the retry policy sends the call again after
     /// `delay`.
     pub(crate) fn retrying(&mut self, code: tonic::Code, delay: std::time::Duration) {

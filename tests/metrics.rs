@@ -14,6 +14,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tonic::Code;
 use tonic_balancer::metrics::{
     CALL_RETRIES, CALL_RETRY_DELAY, CALL_TRANSPARENT_RETRIES, COUNT_BUCKETS, LATENCY_BUCKETS,
+    SIZE_BUCKETS,
 };
 use tonic_balancer::{BalancedChannel, Ejection, RetryPolicy};
 
@@ -29,6 +30,8 @@ fn recorder() -> &'static PrometheusHandle {
             .set_buckets_for_metric(Matcher::Suffix(".duration".into()), LATENCY_BUCKETS)
             .unwrap()
             .set_buckets_for_metric(Matcher::Full(CALL_RETRY_DELAY.into()), LATENCY_BUCKETS)
+            .unwrap()
+            .set_buckets_for_metric(Matcher::Suffix("message_size".into()), SIZE_BUCKETS)
             .unwrap()
             .set_buckets_for_metric(Matcher::Full(CALL_RETRIES.into()), COUNT_BUCKETS)
             .unwrap()
@@ -156,6 +159,7 @@ async fn call_and_instance_metrics_match_the_calls_made() {
             && s.matching("tonic_balancer_instance_latency_seconds", &[t])
                 .count()
                 == 3
+            && s.sum("grpc_subchannel_open_connections", &[t]) == 3.0
     })
     .await;
     let s = scrape();
@@ -236,7 +240,13 @@ async fn call_and_instance_metrics_match_the_calls_made() {
             s.sum("grpc_subchannel_connection_attempts_succeeded_total", &inst),
             1.0
         );
+        assert_eq!(
+            s.sum("grpc_subchannel_open_connections", &inst),
+            1.0,
+            "its one connection, ready"
+        );
     }
+    assert_eq!(s.kind("grpc_subchannel_open_connections"), Some("gauge"));
     assert_eq!(s.sum("tonic_balancer_instances_added_total", &[t]), 3.0);
     assert_eq!(
         s.kind("tonic_balancer_instance_calls_in_flight"),
@@ -299,6 +309,29 @@ async fn retries_and_ejections_are_counted() {
         s.sum("grpc_client_attempt_started_total", &unary),
         (calls + stats.retries()) as f64
     );
+    // Each attempt's message sizes, recorded with its status: the failed ones sent their
+    // request and received no message (a trailers-only answer).
+    assert_eq!(
+        s.sum(
+            "grpc_client_attempt_sent_total_compressed_message_size_bytes_count",
+            &unavailable
+        ),
+        bad
+    );
+    assert_eq!(
+        s.sum(
+            "grpc_client_attempt_rcvd_total_compressed_message_size_bytes_count",
+            &unavailable
+        ),
+        bad
+    );
+    assert_eq!(
+        s.sum(
+            "grpc_client_attempt_rcvd_total_compressed_message_size_bytes_sum",
+            &unavailable
+        ),
+        0.0
+    );
     // Backoff before each retry: some delay recorded.
     assert!(s.sum("grpc_client_call_retry_delay_seconds_sum", &unary) > 0.0);
     let name = fleet::stats(&ch, &fleet.instances[0].uri())
@@ -357,6 +390,12 @@ async fn connection_failures_and_refusals_are_counted() {
         2.0
     );
     assert_eq!(s.sum("grpc_client_attempt_started_total", &other), 1.0);
+    // The attempt that never reached its instance sent no byte of its request.
+    let sent = "grpc_client_attempt_sent_total_compressed_message_size_bytes";
+    assert_eq!(s.sum(&format!("{sent}_count"), &unavailable), 1.0);
+    assert_eq!(s.sum(&format!("{sent}_sum"), &unavailable), 0.0);
+    // Its instance has no connection open.
+    assert_eq!(s.sum("grpc_subchannel_open_connections", &inst), 0.0);
 }
 
 /// A call its caller gives up on (a timeout of the caller's own, which drops the call) is
@@ -535,4 +574,158 @@ async fn disconnections_spent_budget_and_removals_are_counted() {
     let s = scrape();
     assert_eq!(s.sum("tonic_balancer_instances_removed_total", &[t]), 1.0);
     fleet.release_all(1);
+}
+
+/// A66's message sizes: each attempt's request and response message bytes, exactly as prost
+/// encodes the messages (compressed size: no compression here), without gRPC's 5-byte message
+/// prefixes, for messages of every size (empty, a few bytes, several HTTP/2 frames) and for a
+/// client stream of several messages; with A66's size buckets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_sizes_are_the_bytes_of_each_attempts_messages() {
+    use prost::Message;
+    recorder();
+    let target = "test.sizes";
+    let fleet = Fleet::start(1, Behavior::Ok);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .metrics_target(target)
+        .metrics_all_methods(true)
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let (mut sent, mut rcvd) = (0, 0);
+    let sizes = [0usize, 1, 3000, 70_000];
+    for (k, &n) in sizes.iter().enumerate() {
+        let req = fleet::pb::Req {
+            id: k as u64,
+            payload: vec![7; n],
+            ..Default::default()
+        };
+        sent += req.encoded_len();
+        let reply = client.unary(req).await.unwrap().into_inner();
+        assert_eq!(reply.payload.len(), n, "the payload comes back");
+        rcvd += reply.encoded_len();
+    }
+    let parts: Vec<fleet::pb::Req> = [100usize, 20_000, 5]
+        .iter()
+        .map(|&n| fleet::pb::Req {
+            id: n as u64,
+            payload: vec![1; n],
+            ..Default::default()
+        })
+        .collect();
+    let stream_sent: usize = parts.iter().map(Message::encoded_len).sum();
+    let reply = client
+        .client_stream(tokio_stream::iter(parts))
+        .await
+        .unwrap()
+        .into_inner();
+    let stream_rcvd = reply.encoded_len();
+    let t = ("grpc_target", target);
+    let unary = [("grpc_method", UNARY), t, ("grpc_status", "OK")];
+    let stream = [
+        ("grpc_method", "fleet.v1.Fleet/ClientStream"),
+        t,
+        ("grpc_status", "OK"),
+    ];
+    fleet::wait_until("every call recorded", LIMIT, || {
+        let s = scrape();
+        s.sum("grpc_client_call_duration_seconds_count", &unary) == sizes.len() as f64
+            && s.sum("grpc_client_call_duration_seconds_count", &stream) == 1.0
+    })
+    .await;
+    let s = scrape();
+    let sent_name = "grpc_client_attempt_sent_total_compressed_message_size_bytes";
+    let rcvd_name = "grpc_client_attempt_rcvd_total_compressed_message_size_bytes";
+    assert_eq!(s.kind(sent_name), Some("histogram"), "{}", s.text);
+    assert_eq!(s.kind(rcvd_name), Some("histogram"));
+    let n = sizes.len() as f64;
+    assert_eq!(s.sum(&format!("{sent_name}_count"), &unary), n);
+    assert_eq!(s.sum(&format!("{rcvd_name}_count"), &unary), n);
+    assert_eq!(s.sum(&format!("{sent_name}_sum"), &unary), sent as f64);
+    assert_eq!(s.sum(&format!("{rcvd_name}_sum"), &unary), rcvd as f64);
+    assert_eq!(
+        s.sum(&format!("{sent_name}_sum"), &stream),
+        stream_sent as f64
+    );
+    assert_eq!(
+        s.sum(&format!("{rcvd_name}_sum"), &stream),
+        stream_rcvd as f64
+    );
+    // A66's size buckets: the empty request in `le="0"`, the 3000-byte one under 4096, the
+    // 70,000-byte one under 262144 only.
+    let bucket = |name: &str, le: &str| {
+        s.matching(&format!("{name}_bucket"), &unary)
+            .find(|(l, _)| l.get("le").map(String::as_str) == Some(le))
+            .map(|(_, v)| v)
+    };
+    assert_eq!(bucket(sent_name, "0"), Some(1.0), "{}", s.text);
+    assert_eq!(bucket(sent_name, "1024"), Some(2.0));
+    assert_eq!(bucket(sent_name, "2048"), Some(2.0));
+    assert_eq!(bucket(sent_name, "4096"), Some(3.0));
+    assert_eq!(bucket(sent_name, "65536"), Some(3.0));
+    assert_eq!(bucket(sent_name, "262144"), Some(4.0));
+    assert_eq!(bucket(sent_name, "4294967296"), Some(4.0));
+    assert_eq!(bucket(sent_name, "+Inf"), Some(4.0));
+}
+
+/// A94's open connections of an instance: none before its first call, its own connection once
+/// a call was answered on it, plus each extra connection opened when the others are at their
+/// stream limit, back to one when the extra ones close idle, and none once its connection broke
+/// and could not be opened again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_connections_count_the_instance_and_its_extra_connections() {
+    recorder();
+    let target = "test.open";
+    let mut fleet = Fleet::start(1, Behavior::Ok);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .max_connections_per_instance(3)
+        .max_streams_per_connection(1)
+        .connection_idle_timeout(Duration::from_millis(200))
+        .metrics_target(target)
+        .build()
+        .unwrap();
+    let name = fleet::stats(&ch, &fleet.uris()[0]).uri().to_owned();
+    let inst = [
+        ("grpc_target", target),
+        ("tonic_balancer_instance", name.as_str()),
+    ];
+    let open = || {
+        scrape()
+            .matching("grpc_subchannel_open_connections", &inst)
+            .map(|(_, v)| v)
+            .next()
+    };
+    fleet::wait_until("a sample before any call", LIMIT, || open().is_some()).await;
+    assert_eq!(open(), Some(0.0), "no connection before the first call");
+    let mut client = FleetClient::new(ch.clone());
+    client.unary(fleet::req(1)).await.unwrap();
+    fleet::wait_until("its own connection", LIMIT, || open() == Some(1.0)).await;
+    // Three calls held at once, one stream per connection: two extra connections.
+    fleet.instances[0].set(Behavior::Hold);
+    let calls: Vec<_> = (0..3)
+        .map(|id| {
+            let mut c = client.clone();
+            tokio::spawn(async move { c.unary(fleet::req(10 + id)).await })
+        })
+        .collect();
+    fleet::wait_until("three calls held", LIMIT, || fleet.held() == 3).await;
+    assert_eq!(ch.endpoints()[0].connections(), 3);
+    fleet::wait_until("three open connections", LIMIT, || open() == Some(3.0)).await;
+    fleet.instances[0].set(Behavior::Ok);
+    fleet.release_all(3);
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    fleet::wait_until("the extra ones closed, idle", LIMIT, || open() == Some(1.0)).await;
+    // Stopped: the next call cannot connect; the instance is failing, nothing open.
+    fleet.instances[0].stop();
+    let _ = client.unary(fleet::req(2)).await;
+    let _ = client.unary(fleet::req(3)).await;
+    fleet::wait_until("the instance is failing", LIMIT, || {
+        fleet::stats(&ch, &fleet.uris()[0]).state() == tonic_balancer::State::Failing
+    })
+    .await;
+    fleet::wait_until("no connection open", LIMIT, || open() == Some(0.0)).await;
 }

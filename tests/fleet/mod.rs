@@ -65,6 +65,13 @@ pub enum Behavior {
         other: Duration,
         client_stream: Duration,
     },
+    /// Answers after `delay`, and fails every `one_in`-th call it serves with `code`: an
+    /// instance that fails part of its calls, never many in a row.
+    FailSome {
+        one_in: u64,
+        code: Code,
+        delay: Duration,
+    },
     /// Each call waits `stall` with probability `p`, else `base`, before its answer starts (a
     /// server-streaming call before its response headers, so that a client may still hedge
     /// it): stalls that no balancer can route around. The draws come from a fixed
@@ -257,6 +264,20 @@ impl Shared {
                 Ok(())
             }
             Behavior::HoldStreams => Ok(()),
+            Behavior::FailSome {
+                one_in,
+                code,
+                delay,
+            } => {
+                // `enter` counted this call already.
+                let nth = self.served.load(Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                if nth.is_multiple_of(one_in.max(1)) {
+                    Err(Status::new(code, format!("{} scripted to fail", self.name)))
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
 
