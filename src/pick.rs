@@ -82,7 +82,7 @@ pub struct Turn {
 }
 
 /// The least-pending choice: which candidate, and the pass its own restarts from at the lowest
-/// ([`CREDIT`] before the runner-up's pass when the runner-up last won; 0 when it had no
+/// (`CREDIT` before the runner-up's pass when the runner-up last won; 0 when it had no
 /// rival).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Chosen {
