@@ -29,10 +29,15 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
+pub(crate) mod oob;
+#[cfg(feature = "orca")]
+mod oob_server;
 #[cfg(feature = "orca")]
 mod server;
 mod wire;
 
+#[cfg(feature = "orca")]
+pub use oob_server::{OobService, DEFAULT_MIN_REPORT_INTERVAL};
 #[cfg(feature = "orca")]
 pub use server::{OrcaBody, OrcaFuture, OrcaHandle, OrcaLayer, OrcaService};
 
@@ -139,6 +144,8 @@ pub(crate) struct Settings {
     /// Reports older than this many ticks are not used by the least-pending pick (0: never).
     pub(crate) max_age_ticks: u32,
     pub(crate) wrr: WrrConfig,
+    /// Out-of-band reports asked of every instance at this interval, if on.
+    pub(crate) oob: Option<Duration>,
 }
 
 /// The default [`Builder::load_report_max_age`](crate::Builder::load_report_max_age).
@@ -155,12 +162,15 @@ impl Settings {
         let ticks = (max_age.as_nanos() >> TICK_SHIFT).min(u128::from(u32::MAX / 2)) as u32;
         // A non-zero age shorter than a tick still uses reports of the same tick.
         let max_age_ticks = if max_age.is_zero() { 0 } else { ticks.max(1) };
-        Settings { max_age_ticks, wrr }
+        Settings {
+            max_age_ticks,
+            wrr,
+            oob: None,
+        }
     }
 }
 
 /// What one instance reported last, as the pick reads it: atomics only.
-#[derive(Default)]
 pub(crate) struct Reported {
     /// The calls in flight of the other clients as of the last report (low 32 bits) and the
     /// report's tick (high 32 bits); 0: none.
@@ -169,6 +179,24 @@ pub(crate) struct Reported {
     pub(crate) wrr: crate::wrr::EndpointWeight,
     /// The last report whole, for [`EndpointStats`](crate::EndpointStats).
     last: ArcSwapOption<LoadReport>,
+    /// Signalled on every change of the instance's state, for its out-of-band reports.
+    events: tokio::sync::watch::Sender<()>,
+    /// How many times its connection was lost or re-added (states `Connecting` and `Failing`
+    /// entered): a server that does not implement out-of-band reports is asked again only
+    /// once this moved.
+    reconnects: std::sync::atomic::AtomicU32,
+}
+
+impl Default for Reported {
+    fn default() -> Reported {
+        Reported {
+            others: AtomicU64::new(0),
+            wrr: Default::default(),
+            last: ArcSwapOption::empty(),
+            events: tokio::sync::watch::Sender::new(()),
+            reconnects: Default::default(),
+        }
+    }
 }
 
 impl Reported {
@@ -189,6 +217,25 @@ impl Reported {
             }
         }
         (w & 0xffff_ffff) as usize
+    }
+
+    /// The instance moved to state `to` (see `Instance::transition`).
+    pub(crate) fn state_changed(&self, to: crate::State) {
+        if matches!(to, crate::State::Connecting | crate::State::Failing) {
+            self.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.events.receiver_count() > 0 {
+            self.events.send_replace(());
+        }
+    }
+
+    /// Changes of the instance's state, as they come.
+    pub(crate) fn events(&self) -> tokio::sync::watch::Receiver<()> {
+        self.events.subscribe()
+    }
+
+    pub(crate) fn reconnects(&self) -> u32 {
+        self.reconnects.load(Ordering::Relaxed)
     }
 
     /// The last report, if any.

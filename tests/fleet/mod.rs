@@ -110,6 +110,11 @@ pub struct Shared {
     pub open_connections: AtomicUsize,
     /// The most TCP connections that were open at once.
     pub peak_connections: AtomicUsize,
+    /// Requests for out-of-band load reports (`OpenRcaService/StreamCoreMetrics`) received,
+    /// whether it serves them or not.
+    pub oob_requests: AtomicU64,
+    /// Out-of-band load report streams open now (served with `ServerOptions::orca_oob`).
+    pub oob_open: AtomicUsize,
 }
 
 /// The standard health service, answering from [`Shared::serving`].
@@ -176,6 +181,8 @@ impl Shared {
             connections: AtomicUsize::new(0),
             open_connections: AtomicUsize::new(0),
             peak_connections: AtomicUsize::new(0),
+            oob_requests: AtomicU64::new(0),
+            oob_open: AtomicUsize::new(0),
         })
     }
 
@@ -426,6 +433,10 @@ pub struct ServerOptions {
     /// Reports its load (ORCA) on every response through this handle (`OrcaLayer`).
     #[cfg(feature = "orca")]
     pub orca: Option<tonic_balancer::orca::OrcaHandle>,
+    /// Also serves out-of-band load reports of `orca`'s handle (`OobService`), with this
+    /// minimum interval.
+    #[cfg(feature = "orca")]
+    pub orca_oob: Option<Duration>,
 }
 
 /// A server's TCP connection, counted in its instance's `connections` and `open_connections`.
@@ -503,6 +514,89 @@ impl tokio::io::AsyncWrite for Counted {
     }
 }
 
+/// The method of out-of-band load reports (ORCA).
+pub const OOB_PATH: &str = "/xds.service.orca.v3.OpenRcaService/StreamCoreMetrics";
+
+/// The out-of-band load report service, its open streams counted in `Shared::oob_open`.
+#[cfg(feature = "orca")]
+#[derive(Clone)]
+struct OobCounted {
+    inner: tonic_balancer::orca::OobService,
+    shared: Arc<Shared>,
+}
+
+#[cfg(feature = "orca")]
+impl tonic::server::NamedService for OobCounted {
+    const NAME: &'static str = "xds.service.orca.v3.OpenRcaService";
+}
+
+#[cfg(feature = "orca")]
+impl tower::Service<http::Request<tonic::body::Body>> for OobCounted {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        tower::Service::<http::Request<tonic::body::Body>>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let open = OobOpen::new(self.shared.clone());
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|inner| tonic::body::Body::new(OobBody { inner, _open: open })))
+        })
+    }
+}
+
+/// One open out-of-band stream, counted while it lives.
+#[cfg(feature = "orca")]
+struct OobOpen(Arc<Shared>);
+
+#[cfg(feature = "orca")]
+impl OobOpen {
+    fn new(shared: Arc<Shared>) -> OobOpen {
+        shared.oob_open.fetch_add(1, Ordering::SeqCst);
+        OobOpen(shared)
+    }
+}
+
+#[cfg(feature = "orca")]
+impl Drop for OobOpen {
+    fn drop(&mut self) {
+        self.0.oob_open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that holds its stream's place in the count until it is dropped.
+#[cfg(feature = "orca")]
+struct OobBody {
+    inner: tonic::body::Body,
+    _open: OobOpen,
+}
+
+#[cfg(feature = "orca")]
+impl http_body::Body for OobBody {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}
+
 /// One instance: a server on its own runtime, on a port that stays its own across restarts.
 pub struct Instance {
     pub shared: Arc<Shared>,
@@ -576,6 +670,18 @@ impl Instance {
                         builder = builder.tls_config(tls).expect("the test's TLS identity");
                     }
                     #[cfg(feature = "orca")]
+                    let oob =
+                        options
+                            .orca
+                            .clone()
+                            .zip(options.orca_oob)
+                            .map(|(h, min)| OobCounted {
+                                inner: tonic_balancer::orca::OobService::new(h).min_interval(min),
+                                shared: shared.clone(),
+                            });
+                    #[cfg(not(feature = "orca"))]
+                    let oob: Option<FleetServer<Svc>> = None;
+                    #[cfg(feature = "orca")]
                     let orca = tower::util::option_layer(options.orca.map(|handle| {
                         tower::ServiceBuilder::new()
                             .map_response(
@@ -591,6 +697,9 @@ impl Instance {
                     let server = builder
                         .layer(tower::util::MapRequestLayer::new(
                             move |req: http::Request<tonic::body::Body>| {
+                                if req.uri().path() == OOB_PATH {
+                                    seen.oob_requests.fetch_add(1, Ordering::SeqCst);
+                                }
                                 if seen.authority.get().is_none() {
                                     if let Some(a) = req.uri().authority() {
                                         let _ = seen.authority.set(a.to_string());
@@ -604,6 +713,7 @@ impl Instance {
                         .add_service(tonic_health::pb::health_server::HealthServer::new(
                             HealthSvc(shared),
                         ))
+                        .add_optional_service(oob)
                         .serve_with_incoming(incoming);
                     tokio::select! {
                         _ = server => {}
