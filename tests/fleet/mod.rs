@@ -115,6 +115,9 @@ pub struct Shared {
     pub oob_requests: AtomicU64,
     /// Out-of-band load report streams open now (served with `ServerOptions::orca_oob`).
     pub oob_open: AtomicUsize,
+    /// When set, the per-call load reports of `ServerOptions::orca` are taken off the
+    /// responses (the calls are still counted, and out-of-band reports still go out).
+    pub orca_per_call_off: std::sync::atomic::AtomicBool,
 }
 
 /// The standard health service, answering from [`Shared::serving`].
@@ -183,6 +186,7 @@ impl Shared {
             peak_connections: AtomicUsize::new(0),
             oob_requests: AtomicU64::new(0),
             oob_open: AtomicUsize::new(0),
+            orca_per_call_off: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -514,6 +518,37 @@ impl tokio::io::AsyncWrite for Counted {
     }
 }
 
+/// The trailer of per-call load reports (ORCA).
+#[cfg(feature = "orca")]
+const REPORT: &str = "endpoint-load-metrics-bin";
+
+/// A response body whose trailers lose their per-call load report.
+#[cfg(feature = "orca")]
+struct NoReport(tonic::body::Body);
+
+#[cfg(feature = "orca")]
+impl http_body::Body for NoReport {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        let mut polled = Pin::new(&mut self.0).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &mut polled {
+            if let Some(t) = frame.trailers_mut() {
+                t.remove(REPORT);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+}
+
 /// The method of out-of-band load reports (ORCA).
 pub const OOB_PATH: &str = "/xds.service.orca.v3.OpenRcaService/StreamCoreMetrics";
 
@@ -682,12 +717,26 @@ impl Instance {
                     #[cfg(not(feature = "orca"))]
                     let oob: Option<FleetServer<Svc>> = None;
                     #[cfg(feature = "orca")]
+                    let strip = shared.clone();
+                    #[cfg(feature = "orca")]
                     let orca = tower::util::option_layer(options.orca.map(|handle| {
                         tower::ServiceBuilder::new()
                             .map_response(
-                                |r: http::Response<
+                                move |r: http::Response<
                                     tonic_balancer::orca::OrcaBody<tonic::body::Body>,
-                                >| r.map(tonic::body::Body::new),
+                                >| {
+                                    if strip.orca_per_call_off.load(Ordering::Relaxed) {
+                                        let mut r = r.map(|b| {
+                                            tonic::body::Body::new(NoReport(
+                                                tonic::body::Body::new(b),
+                                            ))
+                                        });
+                                        r.headers_mut().remove(REPORT);
+                                        r
+                                    } else {
+                                        r.map(tonic::body::Body::new)
+                                    }
+                                },
                             )
                             .layer(tonic_balancer::orca::OrcaLayer::new(handle))
                     }));
