@@ -96,15 +96,7 @@ impl Pool {
             write: Mutex::new(()),
             policy,
             strategy,
-            // A random start, as gRPC's round robin: channels made together (the many clients
-            // of a fleet, started at once) do not all send their first calls to the same
-            // instances in the same order.
-            rr: AtomicUsize::new({
-                let mut rng = crate::pick::Rng::thread();
-                let start = rng.next_u64() as usize;
-                rng.store();
-                start
-            }),
+            rr: AtomicUsize::new(0),
             wrr: crate::wrr::Wrr::default(),
             replay: true,
             retry: None,
