@@ -160,7 +160,9 @@ pub enum Strategy {
     /// The less loaded of two distinct instances chosen at random (as tower's `p2c`).
     PowerOfTwoChoices,
     /// The lowest (calls in flight + 1) × peak-sensitive moving average of latency, as in
-    /// Finagle and linkerd.
+    /// Finagle and linkerd. The calls are this channel's own: calls in flight that instances
+    /// report ([`orca`]) are not added, since the latency already carries the other clients'
+    /// load.
     PeakEwma,
     /// Weighted round robin from the instances' load reports, as gRPC specifies it (gRFC
     /// A58): weights from the reported queries, errors and utilization, an

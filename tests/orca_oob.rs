@@ -107,8 +107,8 @@ async fn reports_arrive_without_calls_and_steer_the_pick() {
 }
 
 /// A server that does not serve out-of-band reports answers UNIMPLEMENTED once: the channel
-/// works, does not ask again on that connection (however short its backoff), and asks once
-/// more after the connection is opened again.
+/// works, does not ask again on that connection (however short its backoff), and asks again
+/// after the connection is opened again, then no more.
 #[tokio::test]
 async fn a_server_without_the_service_is_asked_once_per_connection() {
     let (mut plain, _h) = reporting("plain", Behavior::Ok, false);
@@ -145,9 +145,20 @@ async fn a_server_without_the_service_is_asked_once_per_connection() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     wait_until("asked again on the new connection", LIMIT, || {
-        plain.shared.oob_requests.load(Ordering::SeqCst) == 2
+        plain.shared.oob_requests.load(Ordering::SeqCst) >= 2
     })
     .await;
+    // (More than once if the connection went through several states while the server was
+    // down.) Then left alone again.
+    let asked = plain.shared.oob_requests.load(Ordering::SeqCst);
+    for i in 0..20 {
+        FleetClient::new(ch.clone())
+            .unary(fleet::req(200 + i))
+            .await
+            .expect("calls work");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(plain.shared.oob_requests.load(Ordering::SeqCst), asked);
 }
 
 /// Removing an instance ends its report stream at once, even while a call of the channel
@@ -155,31 +166,32 @@ async fn a_server_without_the_service_is_asked_once_per_connection() {
 #[tokio::test]
 async fn the_stream_ends_when_the_instance_is_removed() {
     let (a, _ha) = reporting("a", Behavior::Hold, true);
-    let (b, _hb) = reporting("b", Behavior::Ok, true);
+    let (b, _hb) = reporting("b", Behavior::Hold, true);
     let ch = oob_channel(&[a.uri(), b.uri()]);
     wait_until("both streams open", LIMIT, || {
         a.shared.oob_open.load(Ordering::SeqCst) == 1
             && b.shared.oob_open.load(Ordering::SeqCst) == 1
     })
     .await;
-    // A call held on a: the instance drains with it.
+    // A call held on one of them: that one drains with it.
     let mut c = FleetClient::new(ch.clone());
     let held = tokio::spawn(async move { c.unary(fleet::req(1)).await });
-    wait_until("a call held on a", LIMIT, || a.held() == 1).await;
-    assert!(ch.remove(&a.uri()).unwrap());
-    wait_until("a's stream closed", LIMIT, || {
-        a.shared.oob_open.load(Ordering::SeqCst) == 0
+    wait_until("a call held", LIMIT, || a.held() + b.held() == 1).await;
+    let (gone, kept) = if a.held() == 1 { (&a, &b) } else { (&b, &a) };
+    assert!(ch.remove(&gone.uri()).unwrap());
+    wait_until("the removed instance's stream closed", LIMIT, || {
+        gone.shared.oob_open.load(Ordering::SeqCst) == 0
     })
     .await;
-    assert_eq!(a.held(), 1, "the draining call goes on");
-    assert_eq!(b.shared.oob_open.load(Ordering::SeqCst), 1);
-    a.release(1);
+    assert_eq!(gone.held(), 1, "the draining call goes on");
+    assert_eq!(kept.shared.oob_open.load(Ordering::SeqCst), 1);
+    gone.release(1);
     held.await.unwrap().expect("the held call ends well");
 
     // Dropping the channel ends the other.
     drop(ch);
-    wait_until("b's stream closed", LIMIT, || {
-        b.shared.oob_open.load(Ordering::SeqCst) == 0
+    wait_until("the other stream closed", LIMIT, || {
+        kept.shared.oob_open.load(Ordering::SeqCst) == 0
     })
     .await;
 }

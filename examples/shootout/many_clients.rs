@@ -8,17 +8,20 @@
 //! contender meets the same ones). Each instance reports as utilization its rate times its
 //! current service time over 4 workers, as a CPU gauge would see it.
 //!
-//! The load: 2,000 calls/s in all, open loop, spread in turn over 50 independent channels (50
-//! clients, each with a connection to every instance, opened before the run), 1 s deadline;
+//! The load: 2,000 calls/s in all, open loop, each call from one of 50 independent channels
+//! drawn at random (50 clients, each with a connection to every instance, opened before the
+//! run), 1 s deadline;
 //! latency from each call's scheduled start. A contender is a strategy and what its clients do
 //! with reports:
 //!
-//! - `none`: reports ignored (`load_report_max_age(0)`);
+//! - `none`: no reports (the servers' per-call reports taken off, `load_report_max_age(0)`);
 //! - `per-call`: the report on each response (the default);
 //! - `oob 1s`: out-of-band reports only (`load_reports_out_of_band(1 s)`,
 //!   `load_report_max_age(2 s)`; the servers' per-call reports taken off);
+//! - `oob 100ms` (least pending only): the same every 100 ms (`load_report_max_age(200 ms)`;
+//!   the servers' `OobService` allow down to 100 ms): what fresher reports do;
 //! - `ref 1 channel`: the reference, one channel carrying all the calls with the same strategy
-//!   (it sees every call in flight; reports ignored);
+//!   (it sees every call in flight; no reports);
 //!
 //! and weighted round robin (blackout 1 s, weights rebuilt every 250 ms) on per-call and on
 //! out-of-band reports. Each contender gets a fresh set of channels, 1.5 s of warm-up at the
@@ -55,6 +58,7 @@ const SLOWDOWN: u32 = 3;
 /// The workers a server's utilization is counted over.
 const WORKERS: f64 = 4.0;
 const OOB_INTERVAL: Duration = Duration::from_secs(1);
+const OOB_FAST: Duration = Duration::from_millis(100);
 const SEED: u64 = 0x5eed_0012;
 
 /// What a contender's clients do with load reports.
@@ -63,6 +67,9 @@ enum Reports {
     None,
     PerCall,
     Oob,
+    /// Out-of-band reports only, every 100 ms (a contender beyond the list: what
+    /// fresher reports do).
+    OobFast,
     /// One channel for all the calls (reports ignored).
     Reference,
 }
@@ -73,7 +80,7 @@ struct Contender {
     reports: Reports,
 }
 
-const CONTENDERS: [Contender; 11] = [
+const CONTENDERS: [Contender; 12] = [
     Contender {
         strategy: Strategy::LeastPending,
         reports: Reports::None,
@@ -85,6 +92,10 @@ const CONTENDERS: [Contender; 11] = [
     Contender {
         strategy: Strategy::LeastPending,
         reports: Reports::Oob,
+    },
+    Contender {
+        strategy: Strategy::LeastPending,
+        reports: Reports::OobFast,
     },
     Contender {
         strategy: Strategy::LeastPending,
@@ -133,6 +144,7 @@ impl Contender {
             Reports::None => "none",
             Reports::PerCall => "per-call",
             Reports::Oob => "oob 1s",
+            Reports::OobFast => "oob 100ms",
             Reports::Reference => "ref 1 channel",
         };
         format!("{s}, {r}")
@@ -162,6 +174,9 @@ impl Contender {
                 Reports::Oob => b
                     .load_reports_out_of_band(OOB_INTERVAL)
                     .load_report_max_age(2 * OOB_INTERVAL),
+                Reports::OobFast => b
+                    .load_reports_out_of_band(OOB_FAST)
+                    .load_report_max_age(2 * OOB_FAST),
             };
             out.push(b.connect().await.expect("the fleet answers"));
         }
@@ -224,7 +239,7 @@ impl Servers {
                 normal(),
                 ServerOptions {
                     orca: Some(handle.clone()),
-                    orca_oob: Some(OOB_INTERVAL),
+                    orca_oob: Some(OOB_FAST),
                     ..Default::default()
                 },
             ));
@@ -273,7 +288,8 @@ async fn run_one(
     uris: &[String],
     contender: Contender,
 ) -> Vec<Option<Duration>> {
-    servers.per_call_reports(contender.reports != Reports::Oob);
+    // Without reports, the servers send none: what a user who does not turn them on has.
+    servers.per_call_reports(contender.reports == Reports::PerCall);
     let channels = contender.channels(uris).await;
     let clients: Vec<_> = channels
         .iter()
@@ -304,10 +320,15 @@ async fn run_one(
         })
     };
     let mut tasks = Vec::with_capacity(total);
+    // Each call from a client drawn at random (the same draws for every contender): clients
+    // that took their calls in strict turn would move in lockstep (their round robins would
+    // all send to the same instance at once).
+    let mut draws = SEED ^ 0xc11e;
     for k in 0..total {
         let at = start + Duration::from_secs_f64(k as f64 / RATE);
         tokio::time::sleep_until(at.into()).await;
-        let mut client = clients[k % clients.len()].clone();
+        let pick = (splitmix(&mut draws) % clients.len() as u64) as usize;
+        let mut client = clients[pick].clone();
         tasks.push(tokio::spawn(async move {
             let mut req = tonic::Request::new(Req {
                 id: k as u64,
@@ -435,7 +456,7 @@ pub fn run(rounds: usize) {
             _ => "-".to_owned(),
         };
         let vs_none = match c.reports {
-            Reports::PerCall | Reports::Oob => ratio(match c.strategy {
+            Reports::PerCall | Reports::Oob | Reports::OobFast => ratio(match c.strategy {
                 // WRR without reports is round robin.
                 Strategy::WeightedRoundRobin => p99(Strategy::RoundRobin, Reports::None),
                 s => p99(s, Reports::None),

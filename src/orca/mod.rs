@@ -9,7 +9,8 @@
 //!
 //! What the pick does with reports:
 //!
-//! - [`Strategy::LeastPending`](crate::Strategy::LeastPending): where an instance reports its
+//! - [`Strategy::LeastPending`](crate::Strategy::LeastPending) (and
+//!   [`PowerOfTwoChoices`](crate::Strategy::PowerOfTwoChoices)): where an instance reports its
 //!   calls in flight (the named metric [`IN_FLIGHT_METRIC`], which the server-side
 //!   `OrcaLayer` of the `orca` feature sets), the count the pick compares is the calls the
 //!   instance serves for every client, not only this channel's: the others' calls as of the
@@ -19,8 +20,16 @@
 //! - [`Strategy::WeightedRoundRobin`](crate::Strategy::WeightedRoundRobin): weights from the
 //!   reported queries, errors and utilization, as gRFC A58 specifies (see [`WrrConfig`]).
 //!
-//! The report types need no feature; the server side (`OrcaLayer`, `OrcaHandle`) is in
-//! the `orca` feature.
+//! Reports also come out of band (gRFC A51), for channels that send an instance too few calls
+//! to hear from it often: with
+//! [`Builder::load_reports_out_of_band`](crate::Builder::load_reports_out_of_band), the channel
+//! keeps one `xds.service.orca.v3.OpenRcaService/StreamCoreMetrics` stream open on each
+//! instance's connection, and each report it receives counts as a per-call report would. The
+//! streams are not calls: not counted, picked or retried.
+//!
+//! The report types and the out-of-band client need no feature; the server side
+//! (`OrcaLayer`, `OrcaHandle`, and `OobService` for out-of-band reports) is in the `orca`
+//! feature.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -343,6 +352,32 @@ mod tests {
             let mut rep = LoadReport::default();
             rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), v);
             assert_eq!(rep.calls_in_flight(), None);
+        }
+    }
+
+    /// Peak EWMA weighs this channel's own calls only: a report of the other clients' calls,
+    /// which least pending counts, does not move it (its latency already carries that load).
+    #[tokio::test]
+    async fn peak_ewma_ignores_reported_calls() {
+        use crate::Strategy;
+        for (strategy, want) in [(Strategy::PeakEwma, 0), (Strategy::LeastPending, 1)] {
+            let ch = crate::BalancedChannel::builder()
+                .strategy(strategy)
+                .uri("http://127.0.0.1:1")
+                .uri("http://127.0.0.1:2")
+                .build()
+                .unwrap();
+            let pool = &ch.pool;
+            let snap = pool.snapshot();
+            let now = pool.policy.now_ns().max(1);
+            pool.policy.clock.fetch_max(now, Ordering::Relaxed);
+            for (inst, ns) in snap.iter().zip([2e6f64, 4e6]) {
+                inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
+                inst.latency_at.store(now, Ordering::Relaxed);
+            }
+            snap[0].reported.set_others(10, now);
+            let picked = crate::BalancedChannel::pick(pool, &snap, &[]);
+            assert_eq!(picked, Some(want), "{strategy:?}");
         }
     }
 }
