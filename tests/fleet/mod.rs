@@ -100,6 +100,14 @@ pub struct Shared {
     pub health_hang: std::sync::atomic::AtomicBool,
     /// The `:authority` of the first request it received (set once: no lock per request).
     pub authority: std::sync::OnceLock<String>,
+    /// Requests for out-of-band load reports (`OpenRcaService/StreamCoreMetrics`) received,
+    /// whether it serves them or not.
+    pub oob_requests: AtomicU64,
+    /// Out-of-band load report streams open now (served with `ServerOptions::orca_oob`).
+    pub oob_open: AtomicUsize,
+    /// When set, the per-call load reports of `ServerOptions::orca` are taken off the
+    /// responses (the calls are still counted, and out-of-band reports still go out).
+    pub orca_per_call_off: std::sync::atomic::AtomicBool,
     /// The ids of the unary calls that reached the handler, once [`Instance::record_ids`]
     /// turned recording on (off, no lock is taken).
     recording: std::sync::atomic::AtomicBool,
@@ -110,14 +118,6 @@ pub struct Shared {
     pub open_connections: AtomicUsize,
     /// The most TCP connections that were open at once.
     pub peak_connections: AtomicUsize,
-    /// Requests for out-of-band load reports (`OpenRcaService/StreamCoreMetrics`) received,
-    /// whether it serves them or not.
-    pub oob_requests: AtomicU64,
-    /// Out-of-band load report streams open now (served with `ServerOptions::orca_oob`).
-    pub oob_open: AtomicUsize,
-    /// When set, the per-call load reports of `ServerOptions::orca` are taken off the
-    /// responses (the calls are still counted, and out-of-band reports still go out).
-    pub orca_per_call_off: std::sync::atomic::AtomicBool,
 }
 
 /// The standard health service, answering from [`Shared::serving`].
@@ -179,14 +179,14 @@ impl Shared {
             health_checks: AtomicU64::new(0),
             health_hang: std::sync::atomic::AtomicBool::new(false),
             authority: std::sync::OnceLock::new(),
+            oob_requests: AtomicU64::new(0),
+            oob_open: AtomicUsize::new(0),
+            orca_per_call_off: std::sync::atomic::AtomicBool::new(false),
             recording: std::sync::atomic::AtomicBool::new(false),
             ids: Mutex::new(Vec::new()),
             connections: AtomicUsize::new(0),
             open_connections: AtomicUsize::new(0),
             peak_connections: AtomicUsize::new(0),
-            oob_requests: AtomicU64::new(0),
-            oob_open: AtomicUsize::new(0),
-            orca_per_call_off: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
