@@ -68,8 +68,8 @@ pub struct Builder {
     template: Option<Template>,
     conns: crate::conns::Settings,
     load_report_max_age: Duration,
-    wrr: crate::orca::WrrConfig,
     load_reports_oob: Option<Duration>,
+    wrr: crate::orca::WrrConfig,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: crate::metrics::Settings,
 }
