@@ -572,28 +572,6 @@ impl Builder {
         self
     }
 
-    /// The settings of [`Strategy::WeightedRoundRobin`] (default: gRPC's, see
-    /// [`WrrConfig`](crate::orca::WrrConfig)); also selects that strategy.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
-    /// use std::time::Duration;
-    /// use tonic_balancer::orca::WrrConfig;
-    ///
-    /// let wrr = WrrConfig::default().blackout_period(Duration::from_secs(2));
-    /// let channel = tonic_balancer::BalancedChannel::builder()
-    ///     .uris(["http://10.0.0.7:50051", "http://10.0.0.8:50051"])
-    ///     .weighted_round_robin(wrr)
-    ///     .build()?;
-    /// assert_eq!(channel.strategy(), tonic_balancer::Strategy::WeightedRoundRobin);
-    /// # Ok(()) }
-    /// ```
-    pub fn weighted_round_robin(mut self, config: crate::orca::WrrConfig) -> Builder {
-        self.wrr = config;
-        self.strategy = Strategy::WeightedRoundRobin;
-        self
-    }
-
     /// Asks every instance for out-of-band load reports (ORCA, gRFC A51), one every `interval`
     /// (off by default): the channel keeps one `xds.service.orca.v3.OpenRcaService/StreamCoreMetrics`
     /// stream open on each instance's connection (opening the connection if need be) and takes
@@ -624,6 +602,28 @@ impl Builder {
     /// ```
     pub fn load_reports_out_of_band(mut self, interval: Duration) -> Builder {
         self.load_reports_oob = Some(interval);
+        self
+    }
+
+    /// The settings of [`Strategy::WeightedRoundRobin`] (default: gRPC's, see
+    /// [`WrrConfig`](crate::orca::WrrConfig)); also selects that strategy.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// use std::time::Duration;
+    /// use tonic_balancer::orca::WrrConfig;
+    ///
+    /// let wrr = WrrConfig::default().blackout_period(Duration::from_secs(2));
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .uris(["http://10.0.0.7:50051", "http://10.0.0.8:50051"])
+    ///     .weighted_round_robin(wrr)
+    ///     .build()?;
+    /// assert_eq!(channel.strategy(), tonic_balancer::Strategy::WeightedRoundRobin);
+    /// # Ok(()) }
+    /// ```
+    pub fn weighted_round_robin(mut self, config: crate::orca::WrrConfig) -> Builder {
+        self.wrr = config;
+        self.strategy = Strategy::WeightedRoundRobin;
         self
     }
 
@@ -786,13 +786,13 @@ impl Builder {
                 reason: "must be above zero".to_owned(),
             });
         }
-        self.wrr.validate()?;
         if self.load_reports_oob.is_some_and(|d| d.is_zero()) {
             return Err(Error::InvalidSetting {
                 name: "load_reports_out_of_band",
                 reason: "the interval must be above zero".to_owned(),
             });
         }
+        self.wrr.validate()?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::NoRuntime);
         };
