@@ -581,8 +581,7 @@ impl Builder {
     /// counted, picked or retried.
     ///
     /// The server decides how often it sends (a tonic server with the `orca` feature's
-    /// [`OobService`](crate::orca::OobService): never more often than its minimum, 30 s by
-    /// default). With least pending, ask for reports at least as often as
+    /// `orca::OobService`: never more often than its minimum, 30 s by default). With least pending, ask for reports at least as often as
     /// [`load_report_max_age`](Builder::load_report_max_age) (1 s by default), or they are stale
     /// before the next one. A broken stream is opened again with the channel's
     /// [`Backoff`](crate::Backoff); an instance that does not serve the method (UNIMPLEMENTED)

@@ -77,7 +77,9 @@
 //! [`OrcaLayer`](orca) does it for tonic servers in one line): the channel reads the reports by
 //! itself, and the least-pending pick then counts the calls an instance serves for every
 //! client, as long as its report is fresh. [`Strategy::WeightedRoundRobin`] weighs instances by
-//! their reported queries, errors and utilization, as gRPC does. See [`orca`].
+//! their reported queries, errors and utilization, as gRPC does. A channel that sends an
+//! instance few calls can ask for reports out of band, at an interval
+//! ([`Builder::load_reports_out_of_band`]; `orca::OobService` serves them). See [`orca`].
 //!
 //! # Observability
 //!
