@@ -80,6 +80,9 @@
 mod fleet;
 #[path = "support/live.rs"]
 mod live;
+#[cfg(feature = "orca")]
+#[path = "shootout/many_clients.rs"]
+mod many_clients;
 #[path = "shootout/streams.rs"]
 mod streams;
 
@@ -598,6 +601,10 @@ struct Opts {
     live: bool,
     /// The `stream-limit` scenario (run on its own: see `streams`).
     streams: bool,
+    /// The `many-clients` scenario (run on its own, with the `orca` feature: see
+    /// `many_clients`), and its rounds.
+    many_clients: bool,
+    rounds: usize,
 }
 
 /// The schedule of one run: calls per second (open loop), measured time, warm-up before it.
@@ -615,7 +622,8 @@ usage: cargo run --release --example shootout -- [options]
                      kill-restart, low-concurrency, mixed-methods, stalls; repeatable or
                      a comma list (default: all; with --sweep: heterogeneous,overload); and
                      stream-limit (one server limited to 100 streams per connection; only
-                     when named)
+                     when named); many-clients (50 clients, load reports; only when
+                     named, needs --features orca)
   --contender NAME   least-pending, peak-ewma, p2c, round-robin, tonic, tower-pending,
                      tower-ewma, naive, hedging, or all; repeatable or a comma list
                      (default: all but naive and hedging; stalls always runs
@@ -633,6 +641,8 @@ usage: cargo run --release --example shootout -- [options]
   --sweep            the load sweep instead: each scenario (open-loop ones only) at each
                      rate, every contender at every rate; prints p99 by rate and charts it
   --rates LIST       the sweep's rates, a comma list (default 500,1000,2000,3000,4000)
+  --rounds N         many-clients: every contender N times, in a rotated order each round;
+                     each cell the median (default 1)
   --live             a live view of each instance instead, redrawn while the run goes on:
                      without --scenario, an instance is killed and one hangs; with it, the
                      scenarios named. Our strategies only (default least-pending); --duration
@@ -654,6 +664,8 @@ fn parse_args() -> Result<Opts, String> {
         rates: vec![],
         live: false,
         streams: false,
+        many_clients: false,
+        rounds: 1,
     };
     let (mut rate_set, mut duration_set) = (false, false);
     let mut instances_set = false;
@@ -701,6 +713,13 @@ fn parse_args() -> Result<Opts, String> {
                         o.streams = true;
                         continue;
                     }
+                    if name == "many-clients" {
+                        if cfg!(not(feature = "orca")) {
+                            return Err("many-clients needs the orca feature: cargo run --release --features orca --example shootout -- --scenario many-clients".to_owned());
+                        }
+                        o.many_clients = true;
+                        continue;
+                    }
                     let s = SCENARIOS
                         .into_iter()
                         .find(|s| s.key() == name)
@@ -737,6 +756,14 @@ fn parse_args() -> Result<Opts, String> {
                 for v in value()?.split(',').filter(|s| !s.is_empty()) {
                     o.rates.push(parse_rate(v, "--rates")?);
                 }
+            }
+            "--rounds" => {
+                let v = value()?;
+                o.rounds = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=20).contains(n))
+                    .ok_or_else(|| format!("--rounds: not a number from 1 to 20: {v:?}"))?;
             }
             "--duration" => {
                 o.duration = secs(value()?, "--duration")?;
@@ -798,7 +825,7 @@ fn parse_args() -> Result<Opts, String> {
     if o.svg.is_empty() {
         o.svg = "target/shootout.svg".to_owned();
     }
-    if o.scenarios.is_empty() && !o.streams {
+    if o.scenarios.is_empty() && !o.streams && !o.many_clients {
         o.scenarios = SCENARIOS.to_vec();
     }
     if o.contenders.is_empty() {
@@ -1884,6 +1911,13 @@ fn main() {
     }
     if opts.streams {
         streams::run(opts.rate, opts.duration);
+        if opts.scenarios.is_empty() && !opts.many_clients {
+            return;
+        }
+    }
+    #[cfg(feature = "orca")]
+    if opts.many_clients {
+        many_clients::run(opts.rounds);
         if opts.scenarios.is_empty() {
             return;
         }

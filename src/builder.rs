@@ -68,6 +68,7 @@ pub struct Builder {
     template: Option<Template>,
     conns: crate::conns::Settings,
     load_report_max_age: Duration,
+    load_reports_oob: Option<Duration>,
     wrr: crate::orca::WrrConfig,
     subset: Option<usize>,
     subset_client: Option<(usize, usize)>,
@@ -144,6 +145,7 @@ impl Builder {
             latency_expiry: Duration::from_secs(5),
             load_report_max_age: crate::orca::DEFAULT_LOAD_REPORT_MAX_AGE,
             wrr: crate::orca::WrrConfig::default(),
+            load_reports_oob: None,
             latency_decay: Duration::from_secs(1),
             discovery: None,
             slow_start: None,
@@ -574,6 +576,38 @@ impl Builder {
         self
     }
 
+    /// Asks every instance for out-of-band load reports (ORCA, gRFC A51), one every `interval`
+    /// (off by default): the channel keeps one `xds.service.orca.v3.OpenRcaService/StreamCoreMetrics`
+    /// stream open on each instance's connection (opening the connection if need be) and takes
+    /// each report in as it takes the report on a response (see [`orca`](crate::orca)), so that
+    /// [`Strategy::LeastPending`] and [`Strategy::WeightedRoundRobin`] see an instance's load
+    /// also while this channel sends it nothing. The streams are not calls: they are not
+    /// counted, picked or retried.
+    ///
+    /// The server decides how often it sends (a tonic server with the `orca` feature's
+    /// `orca::OobService`: never more often than its minimum, 30 s by default). With least pending, ask for reports at least as often as
+    /// [`load_report_max_age`](Builder::load_report_max_age) (1 s by default), or they are stale
+    /// before the next one. A broken stream is opened again with the channel's
+    /// [`Backoff`](crate::Backoff); an instance that does not serve the method (UNIMPLEMENTED)
+    /// is not asked again until its connection is opened again. The streams end when their
+    /// instance is removed. [`build`](Builder::build) refuses a zero interval.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tonic_balancer::Error> {
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .uris(["http://10.0.0.7:50051", "http://10.0.0.8:50051"])
+    ///     .load_reports_out_of_band(Duration::from_secs(1))
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn load_reports_out_of_band(mut self, interval: Duration) -> Builder {
+        self.load_reports_oob = Some(interval);
+        self
+    }
+
     /// The settings of [`Strategy::WeightedRoundRobin`] (default: gRPC's, see
     /// [`WrrConfig`](crate::orca::WrrConfig)); also selects that strategy.
     ///
@@ -807,6 +841,12 @@ impl Builder {
                 reason: "must be above zero".to_owned(),
             });
         }
+        if self.load_reports_oob.is_some_and(|d| d.is_zero()) {
+            return Err(Error::InvalidSetting {
+                name: "load_reports_out_of_band",
+                reason: "the interval must be above zero".to_owned(),
+            });
+        }
         self.wrr.validate()?;
         let subset = crate::subset::Settings::new(self.subset, self.subset_client)?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -897,7 +937,10 @@ impl Builder {
             ejected: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
             conns: self.conns,
-            orca: crate::orca::Settings::new(self.load_report_max_age, self.wrr),
+            orca: crate::orca::Settings {
+                oob: self.load_reports_oob,
+                ..crate::orca::Settings::new(self.load_report_max_age, self.wrr)
+            },
             observe: Default::default(),
         });
         let mut pool = Pool::new(policy.clone(), self.strategy);

@@ -295,6 +295,14 @@ impl BalancedChannel {
                 .map(|c| took_turn(snap, c, dear))
             }
             strategy => {
+                // Peak EWMA's latency already carries the other clients' load (their calls
+                // queue with ours): it weighs this channel's own calls only (see
+                // examples/shootout/many_clients.rs for what adding the reported ones did).
+                let max_age = if strategy == Strategy::PeakEwma {
+                    0
+                } else {
+                    max_age
+                };
                 let mut load = |i: &Arc<Instance>| -> Option<Load> {
                     usable(i).then(|| Load {
                         in_flight: i.in_flight.load(Ordering::Relaxed)

@@ -201,6 +201,7 @@ impl Instance {
         if from == State::Ejected {
             self.policy.ejected.fetch_sub(1, Ordering::AcqRel);
         }
+        self.reported.state_changed(State::Draining);
         tracing::debug!(addr = %self.target.name, from = %from, to = "draining", "instance state changed");
         from
     }
@@ -249,9 +250,11 @@ impl Instance {
         from
     }
 
-    /// Out of service (failing, ejected, unhealthy, draining): its weighted-round-robin weight
-    /// must earn its blackout again when it is back (gRFC A58).
+    /// A change of state: its out-of-band reports hear of it, and out of service (failing,
+    /// ejected, unhealthy, draining) its weighted-round-robin weight must earn its blackout
+    /// again when it is back (gRFC A58).
     fn left_service(&self, to: State) {
+        self.reported.state_changed(to);
         if !to.is_usable() {
             self.reported.wrr.reset();
         }

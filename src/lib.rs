@@ -77,7 +77,9 @@
 //! [`OrcaLayer`](orca) does it for tonic servers in one line): the channel reads the reports by
 //! itself, and the least-pending pick then counts the calls an instance serves for every
 //! client, as long as its report is fresh. [`Strategy::WeightedRoundRobin`] weighs instances by
-//! their reported queries, errors and utilization, as gRPC does. See [`orca`].
+//! their reported queries, errors and utilization, as gRPC does. A channel that sends an
+//! instance few calls can ask for reports out of band, at an interval
+//! ([`Builder::load_reports_out_of_band`]; `orca::OobService` serves them). See [`orca`].
 //!
 //! With thousands of instances and many clients, [`Builder::subset`] makes each client connect
 //! to a few of them (deterministic aperture: every instance gets about the same number of
@@ -167,7 +169,9 @@ pub enum Strategy {
     /// The less loaded of two distinct instances chosen at random (as tower's `p2c`).
     PowerOfTwoChoices,
     /// The lowest (calls in flight + 1) × peak-sensitive moving average of latency, as in
-    /// Finagle and linkerd.
+    /// Finagle and linkerd. The calls are this channel's own: calls in flight that instances
+    /// report ([`orca`]) are not added, since the latency already carries the other clients'
+    /// load.
     PeakEwma,
     /// Weighted round robin from the instances' load reports, as gRPC specifies it (gRFC
     /// A58): weights from the reported queries, errors and utilization, an

@@ -262,6 +262,9 @@ impl Pool {
         if let Some(cfg) = &self.policy.health_check {
             crate::health::check::spawn(&inst, cfg.clone());
         }
+        if let Some(every) = self.policy.orca.oob {
+            crate::orca::oob::spawn(&inst, every);
+        }
         inst
     }
 

@@ -9,7 +9,8 @@
 //!
 //! What the pick does with reports:
 //!
-//! - [`Strategy::LeastPending`](crate::Strategy::LeastPending): where an instance reports its
+//! - [`Strategy::LeastPending`](crate::Strategy::LeastPending) (and
+//!   [`PowerOfTwoChoices`](crate::Strategy::PowerOfTwoChoices)): where an instance reports its
 //!   calls in flight (the named metric [`IN_FLIGHT_METRIC`], which the server-side
 //!   `OrcaLayer` of the `orca` feature sets), the count the pick compares is the calls the
 //!   instance serves for every client, not only this channel's: the others' calls as of the
@@ -19,8 +20,16 @@
 //! - [`Strategy::WeightedRoundRobin`](crate::Strategy::WeightedRoundRobin): weights from the
 //!   reported queries, errors and utilization, as gRFC A58 specifies (see [`WrrConfig`]).
 //!
-//! The report types need no feature; the server side (`OrcaLayer`, `OrcaHandle`) is in
-//! the `orca` feature.
+//! Reports also come out of band (gRFC A51), for channels that send an instance too few calls
+//! to hear from it often: with
+//! [`Builder::load_reports_out_of_band`](crate::Builder::load_reports_out_of_band), the channel
+//! keeps one `xds.service.orca.v3.OpenRcaService/StreamCoreMetrics` stream open on each
+//! instance's connection, and each report it receives counts as a per-call report would. The
+//! streams are not calls: not counted, picked or retried.
+//!
+//! The report types and the out-of-band client need no feature; the server side
+//! (`OrcaLayer`, `OrcaHandle`, and `OobService` for out-of-band reports) is in the `orca`
+//! feature.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,10 +38,15 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
+pub(crate) mod oob;
+#[cfg(feature = "orca")]
+mod oob_server;
 #[cfg(feature = "orca")]
 mod server;
 mod wire;
 
+#[cfg(feature = "orca")]
+pub use oob_server::{OobService, DEFAULT_MIN_REPORT_INTERVAL};
 #[cfg(feature = "orca")]
 pub use server::{OrcaBody, OrcaFuture, OrcaHandle, OrcaLayer, OrcaService};
 
@@ -139,6 +153,8 @@ pub(crate) struct Settings {
     /// Reports older than this many ticks are not used by the least-pending pick (0: never).
     pub(crate) max_age_ticks: u32,
     pub(crate) wrr: WrrConfig,
+    /// Out-of-band reports asked of every instance at this interval, if on.
+    pub(crate) oob: Option<Duration>,
 }
 
 /// The default [`Builder::load_report_max_age`](crate::Builder::load_report_max_age).
@@ -155,12 +171,15 @@ impl Settings {
         let ticks = (max_age.as_nanos() >> TICK_SHIFT).min(u128::from(u32::MAX / 2)) as u32;
         // A non-zero age shorter than a tick still uses reports of the same tick.
         let max_age_ticks = if max_age.is_zero() { 0 } else { ticks.max(1) };
-        Settings { max_age_ticks, wrr }
+        Settings {
+            max_age_ticks,
+            wrr,
+            oob: None,
+        }
     }
 }
 
 /// What one instance reported last, as the pick reads it: atomics only.
-#[derive(Default)]
 pub(crate) struct Reported {
     /// The calls in flight of the other clients as of the last report (low 32 bits) and the
     /// report's tick (high 32 bits); 0: none.
@@ -169,6 +188,24 @@ pub(crate) struct Reported {
     pub(crate) wrr: crate::wrr::EndpointWeight,
     /// The last report whole, for [`EndpointStats`](crate::EndpointStats).
     last: ArcSwapOption<LoadReport>,
+    /// Signalled on every change of the instance's state, for its out-of-band reports.
+    events: tokio::sync::watch::Sender<()>,
+    /// How many times its connection was lost or re-added (states `Connecting` and `Failing`
+    /// entered): a server that does not implement out-of-band reports is asked again only
+    /// once this moved.
+    reconnects: std::sync::atomic::AtomicU32,
+}
+
+impl Default for Reported {
+    fn default() -> Reported {
+        Reported {
+            others: AtomicU64::new(0),
+            wrr: Default::default(),
+            last: ArcSwapOption::empty(),
+            events: tokio::sync::watch::Sender::new(()),
+            reconnects: Default::default(),
+        }
+    }
 }
 
 impl Reported {
@@ -189,6 +226,25 @@ impl Reported {
             }
         }
         (w & 0xffff_ffff) as usize
+    }
+
+    /// The instance moved to state `to` (see `Instance::transition`).
+    pub(crate) fn state_changed(&self, to: crate::State) {
+        if matches!(to, crate::State::Connecting | crate::State::Failing) {
+            self.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.events.receiver_count() > 0 {
+            self.events.send_replace(());
+        }
+    }
+
+    /// Changes of the instance's state, as they come.
+    pub(crate) fn events(&self) -> tokio::sync::watch::Receiver<()> {
+        self.events.subscribe()
+    }
+
+    pub(crate) fn reconnects(&self) -> u32 {
+        self.reconnects.load(Ordering::Relaxed)
     }
 
     /// The last report, if any.
@@ -296,6 +352,32 @@ mod tests {
             let mut rep = LoadReport::default();
             rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), v);
             assert_eq!(rep.calls_in_flight(), None);
+        }
+    }
+
+    /// Peak EWMA weighs this channel's own calls only: a report of the other clients' calls,
+    /// which least pending counts, does not move it (its latency already carries that load).
+    #[tokio::test]
+    async fn peak_ewma_ignores_reported_calls() {
+        use crate::Strategy;
+        for (strategy, want) in [(Strategy::PeakEwma, 0), (Strategy::LeastPending, 1)] {
+            let ch = crate::BalancedChannel::builder()
+                .strategy(strategy)
+                .uri("http://127.0.0.1:1")
+                .uri("http://127.0.0.1:2")
+                .build()
+                .unwrap();
+            let pool = &ch.pool;
+            let snap = pool.snapshot();
+            let now = pool.policy.now_ns().max(1);
+            pool.policy.clock.fetch_max(now, Ordering::Relaxed);
+            for (inst, ns) in snap.iter().zip([2e6f64, 4e6]) {
+                inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
+                inst.latency_at.store(now, Ordering::Relaxed);
+            }
+            snap[0].reported.set_others(10, now);
+            let picked = crate::BalancedChannel::pick(pool, &snap, &[]);
+            assert_eq!(picked, Some(want), "{strategy:?}");
         }
     }
 }

@@ -194,7 +194,8 @@ impl Drop for InFlight {
 /// trailers of every response (or in the head of a trailers-only one): the server's calls in
 /// flight (the named metric [`IN_FLIGHT_METRIC`]), its queries and errors per second over the
 /// last second (an error: UNAVAILABLE, RESOURCE_EXHAUSTED, or an answer without a gRPC status),
-/// and the utilizations set through the [`OrcaHandle`].
+/// and the utilizations set through the [`OrcaHandle`]. Out-of-band report streams
+/// ([`OobService`](super::OobService)) pass through it uncounted.
 ///
 /// ```no_run
 /// # async fn demo(router: tonic::service::Routes) -> Result<(), Box<dyn std::error::Error>> {
@@ -252,10 +253,11 @@ where
     }
 
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
-        let call = InFlight::new(&self.handle);
+        // An out-of-band report stream is no call: not counted, and no report of its own.
+        let call = (req.uri().path() != super::oob::PATH).then(|| InFlight::new(&self.handle));
         OrcaFuture {
             inner: self.inner.call(req),
-            call: Some(call),
+            call,
         }
     }
 }

@@ -218,6 +218,63 @@ pub(super) fn encode(report: &LoadReport, out: &mut Vec<u8>) {
     put_double(out, 9, report.application_utilization);
 }
 
+/// Encodes an `xds.service.orca.v3.OrcaLoadReportRequest`: field 1 `report_interval` (a
+/// `google.protobuf.Duration`: 1 `seconds` int64, 2 `nanos` int32), field 2
+/// `request_cost_names` (repeated string, which this crate never sends).
+pub(super) fn encode_request(interval: std::time::Duration, out: &mut Vec<u8>) {
+    let mut d = Vec::with_capacity(16);
+    if interval.as_secs() != 0 {
+        put_varint(&mut d, 1 << 3 | u64::from(VARINT));
+        put_varint(&mut d, interval.as_secs().min(i64::MAX as u64));
+    }
+    if interval.subsec_nanos() != 0 {
+        put_varint(&mut d, 2 << 3 | u64::from(VARINT));
+        put_varint(&mut d, u64::from(interval.subsec_nanos()));
+    }
+    put_varint(out, 1 << 3 | u64::from(LEN));
+    put_varint(out, d.len() as u64);
+    out.extend_from_slice(&d);
+}
+
+/// Decodes an `OrcaLoadReportRequest`: its `report_interval`, `None` when it is absent, zero,
+/// or negative (the server's minimum applies then); `Err` if the message is malformed. The
+/// cost names are skipped: the server reports utilization only, as gRFC A51 says of
+/// out-of-band reports.
+pub(super) fn decode_request(buf: &[u8]) -> Result<Option<std::time::Duration>, ()> {
+    let mut r = Reader { buf };
+    let mut interval = None;
+    while !r.buf.is_empty() {
+        match r.key().ok_or(())? {
+            (1, LEN) => interval = duration(r.len_delimited().ok_or(())?)?,
+            (2, LEN) => {
+                std::str::from_utf8(r.len_delimited().ok_or(())?).map_err(|_| ())?;
+            }
+            (1 | 2, _) => return Err(()),
+            (f, w) => r.skip(f, w, 0).ok_or(())?,
+        }
+    }
+    Ok(interval)
+}
+
+/// A `google.protobuf.Duration`, if it is above zero.
+fn duration(buf: &[u8]) -> Result<Option<std::time::Duration>, ()> {
+    let mut r = Reader { buf };
+    let (mut secs, mut nanos) = (0i64, 0i64);
+    while !r.buf.is_empty() {
+        match r.key().ok_or(())? {
+            // int64 and int32 are varints of the two's complement (negatives are 10 bytes).
+            (1, VARINT) => secs = r.varint().ok_or(())? as i64,
+            (2, VARINT) => nanos = i64::from(r.varint().ok_or(())? as i32),
+            (1 | 2, _) => return Err(()),
+            (f, w) => r.skip(f, w, 0).ok_or(())?,
+        }
+    }
+    if secs < 0 || nanos < 0 || (secs == 0 && nanos == 0) || nanos >= 1_000_000_000 {
+        return Ok(None);
+    }
+    Ok(Some(std::time::Duration::new(secs as u64, nanos as u32)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,5 +405,43 @@ mod tests {
         ten.push(0x02);
         assert_eq!(Reader { buf: &ten }.varint(), None);
         assert_eq!(Reader { buf: &[0x80; 11] }.varint(), None);
+    }
+
+    /// The out-of-band request, as bytes written by hand: 1.5 s is `0a 08 08 01 10 80 ca b5 ee 01`
+    /// (seconds 1, nanos 500,000,000); 2 s has no nanos; decoding reads it back.
+    #[test]
+    fn request_encoding_by_hand() {
+        let mut out = Vec::new();
+        encode_request(std::time::Duration::from_millis(1500), &mut out);
+        assert_eq!(out, [0x0a, 8, 0x08, 1, 0x10, 0x80, 0xca, 0xb5, 0xee, 0x01]);
+        assert_eq!(
+            decode_request(&out),
+            Ok(Some(std::time::Duration::from_millis(1500)))
+        );
+        let mut out = Vec::new();
+        encode_request(std::time::Duration::from_secs(2), &mut out);
+        assert_eq!(out, [0x0a, 2, 0x08, 2]);
+    }
+
+    /// A request without an interval, with a zero or negative one, asks for the server's
+    /// minimum (`None`); cost names and unknown fields are skipped; garbage is refused.
+    #[test]
+    fn request_decoding_edge_cases() {
+        assert_eq!(decode_request(&[]), Ok(None));
+        assert_eq!(decode_request(&[0x0a, 0]), Ok(None));
+        // seconds = -1: ten bytes of two's complement.
+        let mut neg = vec![0x0a, 11, 0x08];
+        neg.extend([0xff; 9]);
+        neg.push(0x01);
+        assert_eq!(decode_request(&neg), Ok(None));
+        // request_cost_names "io", an unknown varint field 7, then 3 s.
+        let b = [0x12, 2, b'i', b'o', 0x38, 5, 0x0a, 2, 0x08, 3];
+        assert_eq!(
+            decode_request(&b),
+            Ok(Some(std::time::Duration::from_secs(3)))
+        );
+        for bad in [&[0x0a, 5, 0x08][..], &[0x08, 1], &[0x12, 1, 0xff], &[0xff]] {
+            assert_eq!(decode_request(bad), Err(()), "{bad:x?}");
+        }
     }
 }

@@ -107,6 +107,14 @@ pub struct Shared {
     pub health_hang: std::sync::atomic::AtomicBool,
     /// The `:authority` of the first request it received (set once: no lock per request).
     pub authority: std::sync::OnceLock<String>,
+    /// Requests for out-of-band load reports (`OpenRcaService/StreamCoreMetrics`) received,
+    /// whether it serves them or not.
+    pub oob_requests: AtomicU64,
+    /// Out-of-band load report streams open now (served with `ServerOptions::orca_oob`).
+    pub oob_open: AtomicUsize,
+    /// When set, the per-call load reports of `ServerOptions::orca` are taken off the
+    /// responses (the calls are still counted, and out-of-band reports still go out).
+    pub orca_per_call_off: std::sync::atomic::AtomicBool,
     /// The ids of the unary calls that reached the handler, once [`Instance::record_ids`]
     /// turned recording on (off, no lock is taken).
     recording: std::sync::atomic::AtomicBool,
@@ -180,6 +188,9 @@ impl Shared {
             health_checks: AtomicU64::new(0),
             health_hang: std::sync::atomic::AtomicBool::new(false),
             authority: std::sync::OnceLock::new(),
+            oob_requests: AtomicU64::new(0),
+            oob_open: AtomicUsize::new(0),
+            orca_per_call_off: std::sync::atomic::AtomicBool::new(false),
             recording: std::sync::atomic::AtomicBool::new(false),
             ids: Mutex::new(Vec::new()),
             connections: AtomicUsize::new(0),
@@ -453,6 +464,10 @@ pub struct ServerOptions {
     /// Reports its load (ORCA) on every response through this handle (`OrcaLayer`).
     #[cfg(feature = "orca")]
     pub orca: Option<tonic_balancer::orca::OrcaHandle>,
+    /// Also serves out-of-band load reports of `orca`'s handle (`OobService`), with this
+    /// minimum interval.
+    #[cfg(feature = "orca")]
+    pub orca_oob: Option<Duration>,
 }
 
 /// A server's TCP connection, counted in its instance's `connections` and `open_connections`.
@@ -527,6 +542,120 @@ impl tokio::io::AsyncWrite for Counted {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The trailer of per-call load reports (ORCA).
+#[cfg(feature = "orca")]
+const REPORT: &str = "endpoint-load-metrics-bin";
+
+/// A response body whose trailers lose their per-call load report.
+#[cfg(feature = "orca")]
+struct NoReport(tonic::body::Body);
+
+#[cfg(feature = "orca")]
+impl http_body::Body for NoReport {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        let mut polled = Pin::new(&mut self.0).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &mut polled {
+            if let Some(t) = frame.trailers_mut() {
+                t.remove(REPORT);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+}
+
+/// The method of out-of-band load reports (ORCA).
+pub const OOB_PATH: &str = "/xds.service.orca.v3.OpenRcaService/StreamCoreMetrics";
+
+/// The out-of-band load report service, its open streams counted in `Shared::oob_open`.
+#[cfg(feature = "orca")]
+#[derive(Clone)]
+struct OobCounted {
+    inner: tonic_balancer::orca::OobService,
+    shared: Arc<Shared>,
+}
+
+#[cfg(feature = "orca")]
+impl tonic::server::NamedService for OobCounted {
+    const NAME: &'static str = "xds.service.orca.v3.OpenRcaService";
+}
+
+#[cfg(feature = "orca")]
+impl tower::Service<http::Request<tonic::body::Body>> for OobCounted {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        tower::Service::<http::Request<tonic::body::Body>>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let open = OobOpen::new(self.shared.clone());
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|inner| tonic::body::Body::new(OobBody { inner, _open: open })))
+        })
+    }
+}
+
+/// One open out-of-band stream, counted while it lives.
+#[cfg(feature = "orca")]
+struct OobOpen(Arc<Shared>);
+
+#[cfg(feature = "orca")]
+impl OobOpen {
+    fn new(shared: Arc<Shared>) -> OobOpen {
+        shared.oob_open.fetch_add(1, Ordering::SeqCst);
+        OobOpen(shared)
+    }
+}
+
+#[cfg(feature = "orca")]
+impl Drop for OobOpen {
+    fn drop(&mut self) {
+        self.0.oob_open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that holds its stream's place in the count until it is dropped.
+#[cfg(feature = "orca")]
+struct OobBody {
+    inner: tonic::body::Body,
+    _open: OobOpen,
+}
+
+#[cfg(feature = "orca")]
+impl http_body::Body for OobBody {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
 }
 
@@ -614,12 +743,38 @@ impl Instance {
                         builder = builder.tls_config(tls).expect("the test's TLS identity");
                     }
                     #[cfg(feature = "orca")]
+                    let oob =
+                        options
+                            .orca
+                            .clone()
+                            .zip(options.orca_oob)
+                            .map(|(h, min)| OobCounted {
+                                inner: tonic_balancer::orca::OobService::new(h).min_interval(min),
+                                shared: shared.clone(),
+                            });
+                    #[cfg(not(feature = "orca"))]
+                    let oob: Option<FleetServer<Svc>> = None;
+                    #[cfg(feature = "orca")]
+                    let strip = shared.clone();
+                    #[cfg(feature = "orca")]
                     let orca = tower::util::option_layer(options.orca.map(|handle| {
                         tower::ServiceBuilder::new()
                             .map_response(
-                                |r: http::Response<
+                                move |r: http::Response<
                                     tonic_balancer::orca::OrcaBody<tonic::body::Body>,
-                                >| r.map(tonic::body::Body::new),
+                                >| {
+                                    if strip.orca_per_call_off.load(Ordering::Relaxed) {
+                                        let mut r = r.map(|b| {
+                                            tonic::body::Body::new(NoReport(
+                                                tonic::body::Body::new(b),
+                                            ))
+                                        });
+                                        r.headers_mut().remove(REPORT);
+                                        r
+                                    } else {
+                                        r.map(tonic::body::Body::new)
+                                    }
+                                },
                             )
                             .layer(tonic_balancer::orca::OrcaLayer::new(handle))
                     }));
@@ -629,6 +784,9 @@ impl Instance {
                     let server = builder
                         .layer(tower::util::MapRequestLayer::new(
                             move |req: http::Request<tonic::body::Body>| {
+                                if req.uri().path() == OOB_PATH {
+                                    seen.oob_requests.fetch_add(1, Ordering::SeqCst);
+                                }
                                 if seen.authority.get().is_none() {
                                     if let Some(a) = req.uri().authority() {
                                         let _ = seen.authority.set(a.to_string());
@@ -642,6 +800,7 @@ impl Instance {
                         .add_service(tonic_health::pb::health_server::HealthServer::new(
                             HealthSvc(shared),
                         ))
+                        .add_optional_service(oob)
                         .serve_with_incoming(incoming);
                     tokio::select! {
                         _ = server => {}
