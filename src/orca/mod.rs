@@ -376,7 +376,8 @@ mod tests {
                 inst.latency_at.store(now, Ordering::Relaxed);
             }
             snap[0].reported.set_others(10, now);
-            let picked = crate::BalancedChannel::pick(pool, &snap, &[]);
+            let picked =
+                crate::BalancedChannel::pick(pool, &snap, &[], crate::tiebreak::Method::NONE);
             assert_eq!(picked, Some(want), "{strategy:?}");
         }
     }
