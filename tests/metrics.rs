@@ -53,27 +53,7 @@ struct Scrape {
 
 fn scrape() -> Scrape {
     let text = recorder().render();
-    let mut samples = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let (head, value) = line.rsplit_once(' ').expect("a sample line");
-        let value: f64 = value.parse().unwrap_or_else(|_| panic!("value of {line}"));
-        let (name, labels) = match head.split_once('{') {
-            Some((name, rest)) => (name, rest.trim_end_matches('}')),
-            None => (head, ""),
-        };
-        let labels = labels
-            .split("\",")
-            .filter(|kv| !kv.is_empty())
-            .map(|kv| {
-                let (k, v) = kv.split_once('=').expect("label=value");
-                (k.to_owned(), v.trim_matches('"').to_owned())
-            })
-            .collect();
-        samples.push((name.to_owned(), labels, value));
-    }
+    let samples = text.lines().filter_map(fleet::prom::sample).collect();
     Scrape { text, samples }
 }
 

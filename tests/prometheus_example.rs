@@ -184,24 +184,7 @@ impl Scrape {
                 kinds.insert(family.to_owned(), kind.to_owned());
                 continue;
             }
-            if line.starts_with('#') || line.is_empty() {
-                continue;
-            }
-            let (head, value) = line.rsplit_once(' ').expect("a sample line");
-            let value: f64 = value.parse().unwrap_or_else(|_| panic!("value of {line}"));
-            let (name, labels) = match head.split_once('{') {
-                Some((name, rest)) => (name, rest.trim_end_matches('}')),
-                None => (head, ""),
-            };
-            let labels = labels
-                .split("\",")
-                .filter(|kv| !kv.is_empty())
-                .map(|kv| {
-                    let (k, v) = kv.split_once('=').expect("label=value");
-                    (k.to_owned(), v.trim_matches('"').to_owned())
-                })
-                .collect();
-            samples.push((name.to_owned(), labels, value));
+            samples.extend(fleet::prom::sample(line));
         }
         Scrape {
             text,

@@ -7,6 +7,7 @@
 
 #[cfg(feature = "hickory-dns")]
 pub mod dns;
+pub mod prom;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
