@@ -4,11 +4,11 @@
 #![cfg(feature = "metrics")]
 mod fleet;
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use fleet::pb::fleet_client::FleetClient;
+use fleet::prom::Scrape;
 use fleet::{Behavior, Fleet};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tonic::Code;
@@ -45,48 +45,8 @@ fn recorder() -> &'static PrometheusHandle {
     })
 }
 
-/// One scrape: every sample line, as (name, labels, value).
-struct Scrape {
-    text: String,
-    samples: Vec<(String, BTreeMap<String, String>, f64)>,
-}
-
 fn scrape() -> Scrape {
-    let text = recorder().render();
-    let samples = text.lines().filter_map(fleet::prom::sample).collect();
-    Scrape { text, samples }
-}
-
-impl Scrape {
-    /// The sum of the samples of `name` whose labels include all of `with`.
-    fn sum(&self, name: &str, with: &[(&str, &str)]) -> f64 {
-        self.matching(name, with).map(|(_, v)| v).sum()
-    }
-
-    fn matching<'a>(
-        &'a self,
-        name: &'a str,
-        with: &'a [(&'a str, &'a str)],
-    ) -> impl Iterator<Item = (&'a BTreeMap<String, String>, f64)> + 'a {
-        self.samples
-            .iter()
-            .filter(move |(n, labels, _)| {
-                n == name
-                    && with
-                        .iter()
-                        .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
-            })
-            .map(|(_, l, v)| (l, *v))
-    }
-
-    /// The `# TYPE` line of a family.
-    fn kind(&self, family: &str) -> Option<&str> {
-        self.text.lines().find_map(|l| {
-            l.strip_prefix("# TYPE ")
-                .and_then(|rest| rest.strip_prefix(family))
-                .and_then(|rest| rest.strip_prefix(' '))
-        })
-    }
+    Scrape::parse(recorder().render())
 }
 
 const UNARY: &str = "fleet.v1.Fleet/Unary";

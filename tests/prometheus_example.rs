@@ -9,7 +9,8 @@
 #![cfg(feature = "metrics")]
 mod fleet;
 
-use std::collections::BTreeMap;
+use fleet::prom::Scrape;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -163,55 +164,6 @@ async fn get(addr: &str) -> Result<String, String> {
         return Err(format!("not 200 OK: {head}"));
     }
     Ok(body.to_owned())
-}
-
-type Labels = BTreeMap<String, String>;
-
-/// One scrape: every sample line as (name, labels, value), and the `# TYPE` of each family.
-struct Scrape {
-    text: String,
-    samples: Vec<(String, Labels, f64)>,
-    kinds: BTreeMap<String, String>,
-}
-
-impl Scrape {
-    fn parse(text: String) -> Scrape {
-        let mut samples = Vec::new();
-        let mut kinds = BTreeMap::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (family, kind) = rest.split_once(' ').expect("# TYPE family kind");
-                kinds.insert(family.to_owned(), kind.to_owned());
-                continue;
-            }
-            samples.extend(fleet::prom::sample(line));
-        }
-        Scrape {
-            text,
-            samples,
-            kinds,
-        }
-    }
-
-    fn matching<'a>(
-        &'a self,
-        name: &'a str,
-        with: &'a [(&'a str, &'a str)],
-    ) -> impl Iterator<Item = (&'a Labels, f64)> + 'a {
-        self.samples
-            .iter()
-            .filter(move |(n, labels, _)| {
-                n == name
-                    && with
-                        .iter()
-                        .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
-            })
-            .map(|(_, l, v)| (l, *v))
-    }
-
-    fn sum(&self, name: &str, with: &[(&str, &str)]) -> f64 {
-        self.matching(name, with).map(|(_, v)| v).sum()
-    }
 }
 
 /// The instruments, as Prometheus names them (`.` as `_`, the unit's suffix, `_total` for
@@ -479,11 +431,7 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
     // Kinds, and the labels of every sample.
     let t = ("grpc_target", TARGET);
     for (name, kind, labels) in INSTRUMENTS {
-        assert_eq!(
-            s.kinds.get(*name).map(String::as_str),
-            Some(*kind),
-            "# TYPE of {name}"
-        );
+        assert_eq!(s.kind(name), Some(*kind), "# TYPE of {name}");
         let sample = if *kind == "histogram" {
             format!("{name}_count")
         } else {

@@ -24,3 +24,61 @@ pub fn sample(line: &str) -> Option<(String, BTreeMap<String, String>, f64)> {
         .collect();
     Some((name.to_owned(), labels, value))
 }
+
+/// The labels of a sample.
+pub type Labels = BTreeMap<String, String>;
+
+/// One scrape: its text, every sample line as (name, labels, value), and the `# TYPE` of each
+/// family.
+pub struct Scrape {
+    pub text: String,
+    samples: Vec<(String, Labels, f64)>,
+    kinds: BTreeMap<String, String>,
+}
+
+impl Scrape {
+    pub fn parse(text: String) -> Scrape {
+        let mut samples = Vec::new();
+        let mut kinds = BTreeMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (family, kind) = rest.split_once(' ').expect("# TYPE family kind");
+                kinds.insert(family.to_owned(), kind.to_owned());
+                continue;
+            }
+            samples.extend(sample(line));
+        }
+        Scrape {
+            text,
+            samples,
+            kinds,
+        }
+    }
+
+    /// The samples of `name` whose labels include all of `with`.
+    pub fn matching<'a>(
+        &'a self,
+        name: &'a str,
+        with: &'a [(&'a str, &'a str)],
+    ) -> impl Iterator<Item = (&'a Labels, f64)> + 'a {
+        self.samples
+            .iter()
+            .filter(move |(n, labels, _)| {
+                n == name
+                    && with
+                        .iter()
+                        .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|(_, l, v)| (l, *v))
+    }
+
+    /// The sum of the samples of `name` whose labels include all of `with`.
+    pub fn sum(&self, name: &str, with: &[(&str, &str)]) -> f64 {
+        self.matching(name, with).map(|(_, v)| v).sum()
+    }
+
+    /// The `# TYPE` of a family.
+    pub fn kind(&self, family: &str) -> Option<&str> {
+        self.kinds.get(family).map(String::as_str)
+    }
+}
