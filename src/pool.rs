@@ -198,6 +198,9 @@ impl Pool {
                 next.push(inst.clone());
             }
         }
+        // Where the others' turns are: the instances that join start there (see
+        // `Tie::join_at`).
+        let level = crate::tiebreak::Level::of(next.iter().map(|i| &i.tie));
         let mut added = 0;
         for joining in add {
             let key = &joining.target.key;
@@ -209,6 +212,9 @@ impl Pool {
                 Reuse::No => None,
             };
             let inst = revived.unwrap_or_else(|| self.create(joining));
+            if let Some(level) = level {
+                inst.tie.join_at(level);
+            }
             next.push(inst);
             added += 1;
         }

@@ -196,3 +196,39 @@ async fn a_slow_instance_gets_few_calls_but_is_re_checked() {
     let s = ch.endpoints()[3].slowness().unwrap();
     assert!(s > 5.0, "slowness {s}");
 }
+
+/// An instance that joins a set whose instances have taken turns for a while starts where their
+/// turns are: it takes its turn with the rest rather than the next several calls in a row (with
+/// many clients, every client's several calls at once: the oracle contender of the shootout's
+/// many-clients scenario had its p99 go from 32 ms to 15 ms with this).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_instance_takes_turns_with_the_rest_not_a_burst() {
+    let fleet = Fleet::start(5, Behavior::Delay(MS));
+    let uris = fleet.uris();
+    let ch = BalancedChannel::from_static(uris[..4].to_vec()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    for id in 0..80 {
+        client.unary(req(id)).await.unwrap();
+    }
+    assert_eq!(fleet.instances[4].served(), 0);
+    let endpoint = tonic::transport::Endpoint::from_shared(uris[4].clone()).unwrap();
+    assert!(ch.insert(endpoint).unwrap());
+    let before = fleet.served();
+    // Ten calls: two for each of the five (before, the newcomer took nine of them).
+    for id in 100..110 {
+        client.unary(req(id)).await.unwrap();
+    }
+    let got = since(&fleet, &before);
+    assert!(
+        got[4] <= 3,
+        "the newcomer took {} of the next 10 calls: {got:?}; {:?}",
+        got[4],
+        ch.endpoints()
+    );
+    // And it does get its turns.
+    for id in 200..240 {
+        client.unary(req(id)).await.unwrap();
+    }
+    let got = since(&fleet, &before);
+    assert!(got[4] >= 4, "the newcomer got {got:?} of 50 calls");
+}
