@@ -23,12 +23,21 @@
 //! - `ref 1 channel`: the reference, one channel carrying all the calls with the same strategy
 //!   (it sees every call in flight; no reports);
 //!
+//! - `oracle` (least pending only, a contender beyond the list): no reports, but every
+//!   client takes a slowed instance out of its set at the first instant of its slowdown and
+//!   puts it back after: what knowing at once which instances are slow, and nothing of the
+//!   others' calls in flight, can do at best;
+//!
 //! and weighted round robin (blackout 1 s, weights rebuilt every 250 ms) on per-call and on
-//! out-of-band reports. Each contender gets a fresh set of channels, 1.5 s of warm-up at the
+//! out-of-band reports. Besides the latencies, the table gives the share of the calls sent to an
+//! instance while it was slowed (`to slowed`; a fair share is 8%) and the p99 of the other
+//! calls (`p99 elsewhere`): where the p99 comes from. Each contender gets a fresh set of channels, 1.5 s of warm-up at the
 //! same rate, then 5 s measured; the order of the contenders rotates from one round to the
 //! next (`--rounds`, default 1), and with several rounds each cell is the median of its rounds.
 //!
-//! Run it alone: `cargo run --release --features orca --example shootout -- --scenario many-clients`.
+//! Run it alone: `cargo run --release --features orca --example shootout -- --scenario many-clients`;
+//! `MANY_CLIENTS_ONLY=oracle,LeastPending` runs only the contenders whose name contains one of
+//! those.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -72,6 +81,11 @@ enum Reports {
     OobFast,
     /// One channel for all the calls (reports ignored).
     Reference,
+    /// No reports, but every client takes a slowed instance out of its set for the whole of
+    /// its slowdown, at its first instant, and puts it back after (a contender beyond the
+    /// issue's list, knowing what no client can): the best that spreading the calls without
+    /// knowing each instance's calls in flight can do.
+    Oracle,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,7 +94,7 @@ struct Contender {
     reports: Reports,
 }
 
-const CONTENDERS: [Contender; 12] = [
+const CONTENDERS: [Contender; 13] = [
     Contender {
         strategy: Strategy::LeastPending,
         reports: Reports::None,
@@ -100,6 +114,10 @@ const CONTENDERS: [Contender; 12] = [
     Contender {
         strategy: Strategy::LeastPending,
         reports: Reports::Reference,
+    },
+    Contender {
+        strategy: Strategy::LeastPending,
+        reports: Reports::Oracle,
     },
     Contender {
         strategy: Strategy::PeakEwma,
@@ -146,6 +164,7 @@ impl Contender {
             Reports::Oob => "oob 1s",
             Reports::OobFast => "oob 100ms",
             Reports::Reference => "ref 1 channel",
+            Reports::Oracle => "oracle",
         };
         format!("{s}, {r}")
     }
@@ -169,7 +188,9 @@ impl Contender {
                 s => b.strategy(s),
             };
             b = match self.reports {
-                Reports::None | Reports::Reference => b.load_report_max_age(Duration::ZERO),
+                Reports::None | Reports::Reference | Reports::Oracle => {
+                    b.load_report_max_age(Duration::ZERO)
+                }
                 Reports::PerCall => b,
                 Reports::Oob => b
                     .load_reports_out_of_band(OOB_INTERVAL)
@@ -282,12 +303,27 @@ impl Servers {
     }
 }
 
-/// One contender's measured calls: latency from the scheduled start, `None` for a failure.
-async fn run_one(
-    servers: &Arc<Servers>,
-    uris: &[String],
-    contender: Contender,
-) -> Vec<Option<Duration>> {
+/// One measured call.
+struct Call {
+    /// Its scheduled start, from the start of the measured window.
+    at: Duration,
+    /// The instance that answered (its index), if it succeeded.
+    by: Option<usize>,
+    /// From the scheduled start to the answer; `None` for a failure.
+    latency: Option<Duration>,
+}
+
+impl Call {
+    /// Whether it was sent to an instance while that instance was slowed.
+    fn on_slowed(&self, episodes: &[(usize, Duration)]) -> bool {
+        episodes
+            .iter()
+            .any(|&(i, from)| self.by == Some(i) && self.at >= from && self.at < from + EPISODE)
+    }
+}
+
+/// One contender's measured calls.
+async fn run_one(servers: &Arc<Servers>, uris: &[String], contender: Contender) -> Vec<Call> {
     // Without reports, the servers send none: what a user who does not turn them on has.
     servers.per_call_reports(contender.reports == Reports::PerCall);
     let channels = contender.channels(uris).await;
@@ -302,6 +338,8 @@ async fn run_one(
     // The antagonist, on the measured window's clock.
     let antagonist = {
         let servers = servers.clone();
+        let oracle =
+            (contender.reports == Reports::Oracle).then(|| (channels.clone(), uris.to_vec()));
         tokio::spawn(async move {
             let mut events: Vec<(Instant, usize, bool)> = episodes()
                 .into_iter()
@@ -316,6 +354,17 @@ async fn run_one(
             for (at, i, on) in events {
                 tokio::time::sleep_until(at.into()).await;
                 servers.slow(i, on);
+                if let Some((channels, uris)) = &oracle {
+                    for c in channels {
+                        if on {
+                            c.remove(&uris[i]).expect("a valid URI");
+                        } else {
+                            let e = tonic::transport::Endpoint::from_shared(uris[i].clone())
+                                .expect("a valid URI");
+                            c.insert(e).expect("a valid URI");
+                        }
+                    }
+                }
             }
         })
     };
@@ -335,17 +384,24 @@ async fn run_one(
                 ..Default::default()
             });
             req.set_timeout(DEADLINE);
-            let ok = tokio::time::timeout(DEADLINE + Duration::from_millis(100), client.unary(req))
-                .await
-                .is_ok_and(|r| r.is_ok());
-            ok.then(|| at.elapsed())
+            let reply =
+                tokio::time::timeout(DEADLINE + Duration::from_millis(100), client.unary(req))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok());
+            let latency = reply.is_some().then(|| at.elapsed());
+            Call {
+                at: at.saturating_duration_since(measured_from),
+                by: reply.and_then(|r| r.into_inner().instance[1..].parse().ok()),
+                latency,
+            }
         }));
     }
-    let mut lat = Vec::with_capacity(total - warm);
+    let mut calls = Vec::with_capacity(total - warm);
     for (k, t) in tasks.into_iter().enumerate() {
-        let l = t.await.ok().flatten();
+        let call = t.await.expect("a call's task");
         if k >= warm {
-            lat.push(l);
+            calls.push(call);
         }
     }
     let _ = antagonist.await;
@@ -354,21 +410,50 @@ async fn run_one(
     }
     drop(clients);
     drop(channels);
-    lat
+    calls
 }
 
-/// p50, p99, p99.9 (failures ranked above every success: `None`), and the share that
-/// succeeded.
-fn summary(mut lat: Vec<Option<Duration>>) -> ([Option<Duration>; 3], f64) {
+/// What a contender's run measured.
+#[derive(Clone, Copy)]
+struct Summary {
+    /// p50, p99, p99.9 (failures ranked above every success: `None`).
+    q: [Option<Duration>; 3],
+    /// The share of the calls that succeeded.
+    ok: f64,
+    /// The share of the calls sent to an instance while it was slowed (its fair share is
+    /// 8%: 4 instances slowed 2 s each, of 20 instances for 5 s).
+    to_slowed: f64,
+    /// The p99 of the calls sent elsewhere.
+    p99_elsewhere: Option<Duration>,
+}
+
+/// p50, p99, p99.9 of `lat` (failures ranked above every success).
+fn quantiles(mut lat: Vec<Option<Duration>>) -> [Option<Duration>; 3] {
     let n = lat.len().max(1);
-    let ok = lat.iter().filter(|l| l.is_some()).count() as f64 / n as f64;
     lat.sort_by_key(|l| l.unwrap_or(Duration::MAX));
     let q = |p: f64| {
         lat.get(((n as f64 * p).ceil() as usize).clamp(1, n) - 1)
             .copied()
             .flatten()
     };
-    ([q(0.5), q(0.99), q(0.999)], ok)
+    [q(0.5), q(0.99), q(0.999)]
+}
+
+fn summary(calls: &[Call]) -> Summary {
+    let n = calls.len().max(1) as f64;
+    let eps = episodes();
+    let slowed = calls.iter().filter(|c| c.on_slowed(&eps)).count() as f64;
+    let elsewhere = calls
+        .iter()
+        .filter(|c| !c.on_slowed(&eps))
+        .map(|c| c.latency)
+        .collect();
+    Summary {
+        q: quantiles(calls.iter().map(|c| c.latency).collect()),
+        ok: calls.iter().filter(|c| c.latency.is_some()).count() as f64 / n,
+        to_slowed: slowed / n,
+        p99_elsewhere: quantiles(elsewhere)[1],
+    }
 }
 
 fn cell(d: Option<Duration>) -> String {
@@ -414,43 +499,80 @@ pub fn run(rounds: usize) {
         "slow episodes (from the start of the measured window): {}",
         episodes.join(", ")
     );
-    let mut results: Vec<Vec<([Option<Duration>; 3], f64)>> = vec![Vec::new(); CONTENDERS.len()];
+    let mut results: Vec<Vec<Summary>> = vec![Vec::new(); CONTENDERS.len()];
+    // MANY_CLIENTS_ONLY=a,b: only the contenders whose name contains one of these.
+    let only: Vec<String> = std::env::var("MANY_CLIENTS_ONLY")
+        .map(|v| v.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
     for round in 0..rounds {
         for j in 0..CONTENDERS.len() {
             let c = (j + round * 3) % CONTENDERS.len();
-            let lat = rt.block_on(run_one(&servers, &uris, CONTENDERS[c]));
-            let s = summary(lat);
+            let name = CONTENDERS[c].name();
+            if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+                continue;
+            }
+            let calls = rt.block_on(run_one(&servers, &uris, CONTENDERS[c]));
+            let s = summary(&calls);
             eprintln!(
-                "  round {} {:<26} p50 {:>7} p99 {:>7}",
+                "  round {} {:<26} p50 {:>7} p99 {:>7}  to slowed {:>5.2}%  p99 elsewhere {:>7}",
                 round + 1,
                 CONTENDERS[c].name(),
-                cell(s.0[0]),
-                cell(s.0[1])
+                cell(s.q[0]),
+                cell(s.q[1]),
+                s.to_slowed * 100.0,
+                cell(s.p99_elsewhere),
             );
             results[c].push(s);
         }
     }
     updater.abort();
-    let med: Vec<([Option<Duration>; 3], f64)> = results
+    // Each contender's rounds: the median of each figure (the mean of the share that
+    // succeeded).
+    let med: Vec<Option<Summary>> = results
         .iter()
         .map(|r| {
-            let q = |k: usize| median(r.iter().map(|s| s.0[k]).collect());
-            let ok = r.iter().map(|s| s.1).sum::<f64>() / r.len() as f64;
-            ([q(0), q(1), q(2)], ok)
+            if r.is_empty() {
+                return None;
+            }
+            let q = |k: usize| median(r.iter().map(|s| s.q[k]).collect());
+            let mut slowed: Vec<f64> = r.iter().map(|s| s.to_slowed).collect();
+            slowed.sort_by(f64::total_cmp);
+            Some(Summary {
+                q: [q(0), q(1), q(2)],
+                ok: r.iter().map(|s| s.ok).sum::<f64>() / r.len() as f64,
+                to_slowed: slowed[(slowed.len() - 1) / 2],
+                p99_elsewhere: median(r.iter().map(|s| s.p99_elsewhere).collect()),
+            })
         })
         .collect();
     let p99 = |strategy: Strategy, reports: Reports| {
         CONTENDERS
             .iter()
             .position(|c| c.strategy == strategy && c.reports == reports)
-            .and_then(|k| med[k].0[1])
+            .and_then(|k| med[k].and_then(|m| m.q[1]))
     };
     println!(
-        "{:<28} {:>8} {:>9} {:>9} {:>9} {:>14} {:>10}",
-        "contender", "ok", "p50", "p99", "p99.9", "p99/no reports", "p99/ref"
+        "{:<28} {:>8} {:>9} {:>9} {:>9} {:>14} {:>10} {:>10} {:>14}",
+        "contender",
+        "ok",
+        "p50",
+        "p99",
+        "p99.9",
+        "p99/no reports",
+        "p99/ref",
+        "to slowed",
+        "p99 elsewhere"
     );
     for (k, c) in CONTENDERS.iter().enumerate() {
-        let ([p50, p99c, p999], ok) = med[k];
+        let Some(Summary {
+            q: [p50, p99c, p999],
+            ok,
+            to_slowed,
+            p99_elsewhere,
+        }) = med[k]
+        else {
+            continue;
+        };
         let ratio = |base: Option<Duration>| match (p99c, base) {
             (Some(a), Some(b)) => format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64()),
             _ => "-".to_owned(),
@@ -478,14 +600,16 @@ pub fn run(rounds: usize) {
             }),
         };
         println!(
-            "{:<28} {:>7.2}% {:>9} {:>9} {:>9} {:>14} {:>10}",
+            "{:<28} {:>7.2}% {:>9} {:>9} {:>9} {:>14} {:>10} {:>9.2}% {:>14}",
             c.name(),
             ok * 100.0,
             cell(p50),
             cell(p99c),
             cell(p999),
             vs_none,
-            vs_ref
+            vs_ref,
+            to_slowed * 100.0,
+            cell(p99_elsewhere)
         );
     }
 }
