@@ -237,7 +237,7 @@ impl BalancedChannel {
         let expiry = policy.latency_expiry_ns;
         let inv_expiry = policy.inv_latency_expiry;
         // Calls in flight: this channel's, plus the other clients' as of a fresh load report.
-        let max_age = policy.orca.max_age_ticks;
+        let tick = crate::orca::tick(now);
         let mut rng = Rng::thread();
         // An independent stream for the slow-start draws (the strategy's own draws use `rng`).
         let mut gate =
@@ -271,9 +271,8 @@ impl BalancedChannel {
                     &mut rng,
                     &snap.strides,
                     |i| {
-                        i.is_usable().then(|| {
-                            i.in_flight.load(Ordering::Relaxed) + i.reported.others(now, max_age)
-                        })
+                        i.is_usable()
+                            .then(|| i.in_flight.load(Ordering::Relaxed) + i.others.get(tick))
                     },
                     |i| i.tie.turn_for(dear, now),
                 )
@@ -285,11 +284,7 @@ impl BalancedChannel {
                     snap,
                     &mut rng,
                     &snap.strides,
-                    |i| {
-                        usable(i).then(|| {
-                            i.in_flight.load(Ordering::Relaxed) + i.reported.others(now, max_age)
-                        })
-                    },
+                    |i| usable(i).then(|| i.in_flight.load(Ordering::Relaxed) + i.others.get(tick)),
                     |i| i.tie.turn_for(dear, now),
                 )
                 .map(|c| took_turn(snap, c, dear))
@@ -298,15 +293,11 @@ impl BalancedChannel {
                 // Peak EWMA's latency already carries the other clients' load (their calls
                 // queue with ours): it weighs this channel's own calls only (see
                 // examples/shootout/many_clients.rs for what adding the reported ones did).
-                let max_age = if strategy == Strategy::PeakEwma {
-                    0
-                } else {
-                    max_age
-                };
+                let reports = strategy != Strategy::PeakEwma;
                 let mut load = |i: &Arc<Instance>| -> Option<Load> {
                     usable(i).then(|| Load {
                         in_flight: i.in_flight.load(Ordering::Relaxed)
-                            + i.reported.others(now, max_age),
+                            + if reports { i.others.get(tick) } else { 0 },
                         latency_ns: i.latency(now, expiry, inv_expiry),
                     })
                 };

@@ -76,15 +76,18 @@ impl std::fmt::Display for State {
 #[repr(C, align(64))]
 pub(crate) struct Instance {
     pub(crate) in_flight: AtomicUsize,
-    /// The calls on its own connection (`channel`), counted only when it may have more than one
-    /// connection (see `crate::conns`).
-    pub(crate) conn_in_flight: AtomicUsize,
+    /// The other clients' calls in flight, from its load reports (ORCA).
+    pub(crate) others: crate::orca::Others,
     state: AtomicU8,
     /// Connection breaks seen under calls: the calls that were on a connection when it broke
     /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
     pub(crate) breaks: AtomicU32,
-    /// The least-pending tie-break's record (see `tiebreak.rs`).
+    /// The least-pending tie-break's record (see `tiebreak.rs`); what the pick reads of it ends
+    /// the first cache line.
     pub(crate) tie: Tie,
+    /// The calls on its own connection (`channel`), counted only when it may have more than one
+    /// connection (see `crate::conns`).
+    pub(crate) conn_in_flight: AtomicUsize,
     /// Peak-sensitive moving average of the time to response headers, in nanoseconds
     /// (`f64` bits; 0 before the first sample).
     pub(crate) latency_ns: AtomicU64,
@@ -144,6 +147,7 @@ impl Instance {
         let now_ns = policy.now_ns();
         Instance {
             in_flight: AtomicUsize::new(0),
+            others: Default::default(),
             conn_in_flight: AtomicUsize::new(0),
             extra: crate::conns::Extra::new(&policy.conns),
             state: AtomicU8::new(state as u8),

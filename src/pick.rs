@@ -38,9 +38,11 @@
 //! own: the caller hands the pick each candidate's dear pass instead (see `crate::tiebreak`).
 //!
 //! The scan is one pass over the counts (a tight loop over integers) that also notes where the
-//! tied candidates are; the tie-break then looks at a uniform random sample of at most
-//! [`TIE_SAMPLE`] of them, so that a pick over many idle instances stays cheap (the lowest
-//! pass of a random sample of eight: close to the lowest of all). With more than [`TIE_BUF`]
+//! tied candidates are; the tie-break then looks at all of them if there are at most
+//! [`TIE_SAMPLE`], else at that many in a row (in the order of the set, around its end) from a
+//! random one, so that a pick over many idle instances stays cheap (the lowest pass of eight:
+//! close to the lowest of all). Each tie is in that sample with the same chance, for one random
+//! draw (a uniform sample of eight took eight draws, a fifth of the pick). With more than [`TIE_BUF`]
 //! ties (a large idle fleet), a second pass looks for the sample from a random position with a
 //! random stride instead.
 //!
@@ -191,8 +193,8 @@ pub(crate) const TIE_SAMPLE: usize = 8;
 /// [`strides_for`]); empty means in order.
 ///
 /// One pass finds the fewest calls in flight and notes where the tied candidates are (up to
-/// 64 of them); the tie-break then looks at a uniform sample of at most 8 of them and takes the
-/// lowest pass among those not gated. With more than 64 ties, a second pass from a random
+/// 64 of them); the tie-break then looks at 8 of them (all if there are fewer: 8 in a row from a
+/// random one otherwise) and takes the lowest pass among those not gated. With more than 64 ties, a second pass from a random
 /// position with a random stride finds the sample.
 #[inline]
 pub fn least_pending<T>(
@@ -232,14 +234,24 @@ pub fn least_pending<T>(
     }
     if t <= TIE_BUF {
         let mut sample = Sample::default();
-        // A uniform sample of at most TIE_SAMPLE of the ties (a partial Fisher-Yates shuffle).
-        let m = t.min(TIE_SAMPLE);
         let mut turn = turn;
-        for j in 0..m {
-            let r = j + rng.below(t - j);
-            ties.swap(j, r);
-            let i = ties[j] as usize;
-            sample.push(i, turn(&items[i]));
+        if t <= TIE_SAMPLE {
+            // Every tie is looked at.
+            for &i in &ties[..t] {
+                sample.push(i as usize, turn(&items[i as usize]));
+            }
+        } else {
+            // TIE_SAMPLE ties in a row from a random one on (around the end): each tie is
+            // in the sample with the same chance, for one random draw.
+            let mut k = rng.below(t);
+            for _ in 0..TIE_SAMPLE {
+                let i = ties[k] as usize;
+                sample.push(i, turn(&items[i]));
+                k += 1;
+                if k == t {
+                    k = 0;
+                }
+            }
         }
         return sample.chosen();
     }

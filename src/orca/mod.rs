@@ -143,7 +143,7 @@ pub(crate) fn read(map: &mut http::HeaderMap) -> Option<LoadReport> {
 const TICK_SHIFT: u32 = 20;
 
 #[inline]
-fn tick(ns: u64) -> u32 {
+pub(crate) fn tick(ns: u64) -> u32 {
     ((ns >> TICK_SHIFT) as u32).wrapping_add(1)
 }
 
@@ -179,11 +179,46 @@ impl Settings {
     }
 }
 
+/// The other clients' calls in flight on one instance as of its last load report, while that
+/// report is fresh: the count (low 32 bits) and the tick until which it is fresh (high 32
+/// bits); 0: none. Apart from the rest of [`Reported`] so that it sits in the cache line of
+/// the instance that the pick reads.
+#[derive(Debug, Default)]
+pub(crate) struct Others(AtomicU64);
+
+impl Others {
+    /// The other clients' calls in flight on this instance, from a report still fresh at
+    /// `now_tick` ([`tick`] of the pick's clock); 0 when there is none. Read for every
+    /// candidate of every pick: one load and a compare, no branch.
+    #[inline]
+    pub(crate) fn get(&self, now_tick: u32) -> usize {
+        let w = self.0.load(Ordering::Relaxed);
+        // Ticks left until it is stale, wrapping: negative once past. A report from after
+        // `now_tick` (the pick's coarse clock can lag) has more left than its age allows:
+        // fresh, as it should be.
+        let left = ((w >> 32) as u32).wrapping_sub(now_tick) as i32;
+        if left >= 0 {
+            (w & 0xffff_ffff) as usize
+        } else {
+            0
+        }
+    }
+
+    /// Keeps `count` as the other clients' calls, from a report received at `at_ns`, fresh
+    /// for `max_age_ticks` (0: not kept).
+    pub(crate) fn set(&self, count: u64, at_ns: u64, max_age_ticks: u32) {
+        let w = if max_age_ticks == 0 {
+            0
+        } else {
+            let until = tick(at_ns).wrapping_add(max_age_ticks);
+            u64::from(until) << 32 | count.min(u64::from(u32::MAX))
+        };
+        self.0.store(w, Ordering::Relaxed);
+    }
+}
+
 /// What one instance reported last, as the pick reads it: atomics only.
 pub(crate) struct Reported {
-    /// The calls in flight of the other clients as of the last report (low 32 bits) and the
-    /// report's tick (high 32 bits); 0: none.
-    others: AtomicU64,
     /// Weighted round robin's state (gRFC A58).
     pub(crate) wrr: crate::wrr::EndpointWeight,
     /// The last report whole, for [`EndpointStats`](crate::EndpointStats).
@@ -199,7 +234,6 @@ pub(crate) struct Reported {
 impl Default for Reported {
     fn default() -> Reported {
         Reported {
-            others: AtomicU64::new(0),
             wrr: Default::default(),
             last: ArcSwapOption::empty(),
             events: tokio::sync::watch::Sender::new(()),
@@ -209,25 +243,6 @@ impl Default for Reported {
 }
 
 impl Reported {
-    /// The other clients' calls in flight on this instance, from a report at most
-    /// `max_age_ticks` old as of `now_ns`; 0 when there is none.
-    #[inline]
-    pub(crate) fn others(&self, now_ns: u64, max_age_ticks: u32) -> usize {
-        let w = self.others.load(Ordering::Relaxed);
-        if w == 0 || max_age_ticks == 0 {
-            return 0;
-        }
-        let age = tick(now_ns).wrapping_sub((w >> 32) as u32);
-        if age > max_age_ticks {
-            // Stale, or (a wrapped difference) from after `now`, which the coarse clock can
-            // lag: fresh then.
-            if age < u32::MAX / 2 {
-                return 0;
-            }
-        }
-        (w & 0xffff_ffff) as usize
-    }
-
     /// The instance moved to state `to` (see `Instance::transition`).
     pub(crate) fn state_changed(&self, to: crate::State) {
         if matches!(to, crate::State::Connecting | crate::State::Failing) {
@@ -251,14 +266,6 @@ impl Reported {
     pub(crate) fn last(&self) -> Option<Arc<LoadReport>> {
         self.last.load_full()
     }
-
-    #[cfg(test)]
-    pub(crate) fn set_others(&self, others: u32, at_ns: u64) {
-        self.others.store(
-            u64::from(tick(at_ns)) << 32 | u64::from(others),
-            Ordering::Relaxed,
-        );
-    }
 }
 
 /// Reads the load report in a response's trailers (or trailers-only head) from `inst`, if
@@ -281,12 +288,13 @@ fn take_report_slow(inst: &crate::instance::Instance, map: &mut http::HeaderMap)
     policy.clock.fetch_max(now, Ordering::Relaxed);
     let own = inst.in_flight.load(Ordering::Relaxed);
     tracing::trace!(addr = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "load report");
-    observe(&inst.reported, report, own, now, &policy.orca);
+    observe(&inst.others, &inst.reported, report, own, now, &policy.orca);
 }
 
 /// Takes in a report from `inst`, received at `now_ns` while this channel had `own` calls in
 /// flight there (the call that carried it included, as the server counted it).
 pub(crate) fn observe(
+    others_now: &Others,
     reported: &Reported,
     report: LoadReport,
     own: usize,
@@ -295,9 +303,7 @@ pub(crate) fn observe(
 ) {
     if let Some(total) = report.calls_in_flight() {
         let others = (total.round() - own as f64).clamp(0.0, f64::from(u32::MAX)) as u64;
-        reported
-            .others
-            .store(u64::from(tick(now_ns)) << 32 | others, Ordering::Relaxed);
+        others_now.set(others, now_ns, settings.max_age_ticks);
     }
     reported.wrr.update(&report, now_ns, &settings.wrr);
     reported.last.store(Some(Arc::new(report)));
@@ -312,16 +318,21 @@ mod tests {
     #[test]
     fn others_only_while_fresh() {
         let s = Settings::new(Duration::from_millis(100), WrrConfig::default());
-        let r = Reported::default();
-        assert_eq!(r.others(5_000_000_000, s.max_age_ticks), 0);
+        let r = Others::default();
         let at = 5_000_000_000u64;
-        r.set_others(7, at);
-        assert_eq!(r.others(at, s.max_age_ticks), 7);
-        assert_eq!(r.others(at + 90_000_000, s.max_age_ticks), 7);
-        assert_eq!(r.others(at + 200_000_000, s.max_age_ticks), 0);
-        assert_eq!(r.others(at - 50_000_000, s.max_age_ticks), 7);
+        assert_eq!(r.get(tick(at)), 0);
+        r.set(7, at, s.max_age_ticks);
+        assert_eq!(r.get(tick(at)), 7);
+        assert_eq!(r.get(tick(at + 90_000_000)), 7);
+        assert_eq!(r.get(tick(at + 200_000_000)), 0);
+        // The pick's clock may lag the report's.
+        assert_eq!(r.get(tick(at - 50_000_000)), 7);
         let off = Settings::new(Duration::ZERO, WrrConfig::default());
-        assert_eq!(r.others(at + 2_000_000, off.max_age_ticks), 0);
+        r.set(7, at, off.max_age_ticks);
+        assert_eq!(r.get(tick(at)), 0);
+        // Far past, or the clock wrapped: stale, never a count from long ago.
+        r.set(7, at, s.max_age_ticks);
+        assert_eq!(r.get(tick(at + 3_600_000_000_000)), 0);
     }
 
     /// A report's count of the other clients' calls is its total minus this channel's own
@@ -330,18 +341,19 @@ mod tests {
     fn observe_subtracts_own_calls() {
         let s = Settings::default();
         let r = Reported::default();
+        let o = Others::default();
         let mut rep = LoadReport::default();
         rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), 12.0);
-        observe(&r, rep.clone(), 4, 1_000, &s);
-        assert_eq!(r.others(1_000, s.max_age_ticks), 8);
+        observe(&o, &r, rep.clone(), 4, 1_000, &s);
+        assert_eq!(o.get(tick(1_000)), 8);
         rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), 2.0);
-        observe(&r, rep, 4, 1_000, &s);
-        assert_eq!(r.others(1_000, s.max_age_ticks), 0);
+        observe(&o, &r, rep, 4, 1_000, &s);
+        assert_eq!(o.get(tick(1_000)), 0);
         let mut other = LoadReport::default();
         other.named_metrics.insert(IN_FLIGHT_METRIC.into(), 9.0);
-        observe(&r, other, 1, 1_000, &s);
-        observe(&r, LoadReport::default(), 1, 2_000, &s);
-        assert_eq!(r.others(2_000, s.max_age_ticks), 8);
+        observe(&o, &r, other, 1, 1_000, &s);
+        observe(&o, &r, LoadReport::default(), 1, 2_000, &s);
+        assert_eq!(o.get(tick(2_000)), 8);
         assert_eq!(r.last().as_deref(), Some(&LoadReport::default()));
     }
 
@@ -375,7 +387,7 @@ mod tests {
                 inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
                 inst.latency_at.store(now, Ordering::Relaxed);
             }
-            snap[0].reported.set_others(10, now);
+            snap[0].others.set(10, now, pool.policy.orca.max_age_ticks);
             let picked =
                 crate::BalancedChannel::pick(pool, &snap, &[], crate::tiebreak::Method::NONE);
             assert_eq!(picked, Some(want), "{strategy:?}");
