@@ -641,6 +641,8 @@ usage: cargo run --release --example shootout -- [options]
   --sweep            the load sweep instead: each scenario (open-loop ones only) at each
                      rate, every contender at every rate; prints p99 by rate and charts it
   --rates LIST       the sweep's rates, a comma list (default 500,1000,2000,3000,4000)
+  --load-reports     every instance reports its load (ORCA) on every response, as with
+                     OrcaLayer (needs --features orca): compare with a run without it
   --rounds N         many-clients: every contender N times, in a rotated order each round;
                      each cell the median (default 1)
   --live             a live view of each instance instead, redrawn while the run goes on:
@@ -756,6 +758,13 @@ fn parse_args() -> Result<Opts, String> {
                 for v in value()?.split(',').filter(|s| !s.is_empty()) {
                     o.rates.push(parse_rate(v, "--rates")?);
                 }
+            }
+            "--load-reports" => {
+                if cfg!(not(feature = "orca")) {
+                    return Err("--load-reports needs the orca feature: cargo run --release --features orca --example shootout -- --load-reports".to_owned());
+                }
+                #[cfg(feature = "orca")]
+                fleet::REPORT_LOAD.store(true, std::sync::atomic::Ordering::Relaxed);
             }
             "--rounds" => {
                 let v = value()?;
