@@ -45,10 +45,9 @@
 //! end) from a random one, so that a pick over many idle instances stays cheap (the lowest pass
 //! of four of them is close to the lowest of all, and the turns stay even: see the tests). Each
 //! tie is in that window with the same chance, for one random draw (a uniform sample of eight
-//! took eight draws and eight reads of a tie's record, a quarter of the pick over 50). With
-//! more than [`TIE_BUF`]
-//! ties (a large idle fleet), a second pass looks for the sample from a random position with a
-//! random stride instead.
+//! took eight draws and eight reads of a tie's record). With more than [`TIE_BUF`] ties (a
+//! large idle fleet), a second pass looks for the sample from a random position with a random
+//! stride instead.
 //!
 //! # Peak EWMA
 //!
@@ -203,8 +202,8 @@ pub(crate) const TIE_WINDOW: usize = 4;
 ///
 /// One pass finds the fewest calls in flight and notes where the tied candidates are (up to
 /// 64 of them); the tie-break then looks at all of them if there are at most 8, else at 4 in a
-/// row from a random one, and takes the lowest pass among those not gated. With more than 64 ties, a second pass from a random
-/// position with a random stride finds the sample.
+/// row from a random one, and takes the lowest pass among those not gated. With more than 64
+/// ties, a second pass from a random position with a random stride finds the sample.
 #[inline]
 pub fn least_pending<T>(
     items: &[T],
