@@ -588,7 +588,7 @@ impl Builder {
     /// `orca::OobService`: never more often than its minimum, 30 s by default). With least pending, ask for reports at least as often as
     /// [`load_report_max_age`](Builder::load_report_max_age) (1 s by default), or they are stale
     /// before the next one. A broken stream is opened again with the channel's
-    /// [`Backoff`](crate::Backoff); an instance that does not serve the method (UNIMPLEMENTED)
+    /// [`Backoff`]; an instance that does not serve the method (UNIMPLEMENTED)
     /// is not asked again until its connection is opened again. The streams end when their
     /// instance is removed. [`build`](Builder::build) refuses a zero interval.
     ///

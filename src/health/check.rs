@@ -14,7 +14,7 @@ use crate::instance::{Instance, State};
 ///
 /// Every `interval`, each instance is asked `grpc.health.v1.Health/Check` for `service` over its
 /// own connection. An answer other than `SERVING`, an error, or no answer within `timeout` takes
-/// the instance out ([`State::Unhealthy`](crate::State::Unhealthy)) until it answers `SERVING`
+/// the instance out ([`State::Unhealthy`]) until it answers `SERVING`
 /// again. The first check runs as soon as the instance joins.
 ///
 /// Built from [`HealthCheck::default`] with one setter per setting:
