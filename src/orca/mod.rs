@@ -143,9 +143,13 @@ pub(crate) fn read(map: &mut http::HeaderMap) -> Option<LoadReport> {
 const TICK_SHIFT: u32 = 20;
 
 #[inline]
-pub(crate) fn tick(ns: u64) -> u32 {
-    ((ns >> TICK_SHIFT) as u32).wrapping_add(1)
+pub(crate) fn tick(ns: u64) -> u64 {
+    (ns >> TICK_SHIFT) + 1
 }
+
+/// The bits of [`Others`] that hold the count; the tick takes the other 40 (2^40 ticks of
+/// about a millisecond: 36 years of the pool's clock, so that it never wraps).
+const COUNT_BITS: u32 = 24;
 
 /// The report settings of one channel (see the `Builder` methods).
 #[derive(Debug, Clone, Copy)]
@@ -180,7 +184,7 @@ impl Settings {
 }
 
 /// The other clients' calls in flight on one instance as of its last load report, while that
-/// report is fresh: the count (low 32 bits) and the tick until which it is fresh (high 32
+/// report is fresh: the tick until which it is fresh (high 40 bits) and the count (low 24
 /// bits); 0: none. Apart from the rest of [`Reported`] so that it sits in the cache line of
 /// the instance that the pick reads.
 #[derive(Debug, Default)]
@@ -189,29 +193,26 @@ pub(crate) struct Others(AtomicU64);
 impl Others {
     /// The other clients' calls in flight on this instance, from a report still fresh at
     /// `now_tick` ([`tick`] of the pick's clock); 0 when there is none. Read for every
-    /// candidate of every pick: one load and a compare, no branch.
+    /// candidate of every pick: one load and a compare, no branch. A report from after
+    /// `now_tick` (the pick's coarse clock can lag) is fresh, as it should be.
     #[inline]
-    pub(crate) fn get(&self, now_tick: u32) -> usize {
+    pub(crate) fn get(&self, now_tick: u64) -> usize {
         let w = self.0.load(Ordering::Relaxed);
-        // Ticks left until it is stale, wrapping: negative once past. A report from after
-        // `now_tick` (the pick's coarse clock can lag) has more left than its age allows:
-        // fresh, as it should be.
-        let left = ((w >> 32) as u32).wrapping_sub(now_tick) as i32;
-        if left >= 0 {
-            (w & 0xffff_ffff) as usize
+        if w >> COUNT_BITS >= now_tick {
+            (w & ((1 << COUNT_BITS) - 1)) as usize
         } else {
             0
         }
     }
 
-    /// Keeps `count` as the other clients' calls, from a report received at `at_ns`, fresh
-    /// for `max_age_ticks` (0: not kept).
+    /// Keeps `count` (at most 2^24 - 1) as the other clients' calls, from a report received at
+    /// `at_ns`, fresh for `max_age_ticks` (0: not kept).
     pub(crate) fn set(&self, count: u64, at_ns: u64, max_age_ticks: u32) {
         let w = if max_age_ticks == 0 {
             0
         } else {
-            let until = tick(at_ns).wrapping_add(max_age_ticks);
-            u64::from(until) << 32 | count.min(u64::from(u32::MAX))
+            let until = tick(at_ns) + u64::from(max_age_ticks);
+            until << COUNT_BITS | count.min((1 << COUNT_BITS) - 1)
         };
         self.0.store(w, Ordering::Relaxed);
     }
@@ -330,9 +331,24 @@ mod tests {
         let off = Settings::new(Duration::ZERO, WrrConfig::default());
         r.set(7, at, off.max_age_ticks);
         assert_eq!(r.get(tick(at)), 0);
-        // Far past, or the clock wrapped: stale, never a count from long ago.
+        // Long past: stale, an hour or 30 or 60 days later (a 32-bit tick wrapped after 26
+        // days and made a count from long ago fresh again for as long).
         r.set(7, at, s.max_age_ticks);
-        assert_eq!(r.get(tick(at + 3_600_000_000_000)), 0);
+        for later in [3_600u64, 30 * 86_400, 60 * 86_400] {
+            assert_eq!(
+                r.get(tick(at + later * 1_000_000_000)),
+                0,
+                "{later} s later"
+            );
+        }
+        // The longest age stays fresh however far the pick's clock lags.
+        let longest = Settings::new(Duration::MAX, WrrConfig::default());
+        r.set(7, at, longest.max_age_ticks);
+        assert_eq!(r.get(tick(at - 1_000_000_000)), 7);
+        assert_eq!(r.get(tick(at + 86_400_000_000_000)), 7);
+        // A count past 24 bits is kept as the most it can hold.
+        r.set(u64::MAX, at, s.max_age_ticks);
+        assert_eq!(r.get(tick(at)), (1 << COUNT_BITS) - 1);
     }
 
     /// A report's count of the other clients' calls is its total minus this channel's own
