@@ -166,7 +166,7 @@ impl Tie {
     /// The instance joins a set whose turns are at `level`: its passes start there (or stay
     /// where they are, if further on). Without this a newcomer (pass 0) would win
     /// [`CREDIT`](crate::pick::CREDIT) turns in a row from every client at once: with 50
-    /// clients, 400 calls in a burst on an instance that gets 5 a second from each.
+    /// clients, 400 calls in a burst on an instance that gets 2 a second from each.
     pub(crate) fn join_at(&self, level: Level) {
         self.pass.fetch_max(level.pass, Ordering::Relaxed);
         self.dear_pass.fetch_max(level.dear_pass, Ordering::Relaxed);
