@@ -72,10 +72,15 @@ async fn a_slow_spell_is_forgotten_once_the_instance_is_fast_again() {
         c.await.unwrap().unwrap();
     }
     // At least one long call (least pending spreads the twelve, but the fast instances may
-    // take more of them as their calls end).
+    // take more of them as their calls end: on a loaded machine the slow one may get only one
+    // or two, and one long answer moves its slowness to 2.5x, two to about 6x).
     assert!(slow.served() > 5, "{:?}", fleet.served());
     let s = ch.endpoints()[0].slowness().unwrap();
-    assert!(s > 10.0, "slowness {s}: {:?}", ch.endpoints());
+    assert!(
+        s > 2.0,
+        "not seen as slow (gated): slowness {s}: {:?}",
+        ch.endpoints()
+    );
     slow.set(Behavior::Delay(2 * MS));
     let before = fleet.served();
     for k in 0..200 {

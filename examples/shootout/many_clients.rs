@@ -420,10 +420,10 @@ struct Summary {
     q: [Option<Duration>; 3],
     /// The share of the calls that succeeded.
     ok: f64,
-    /// The share of the calls sent to an instance while it was slowed (its fair share is
+    /// The share of the calls answered by an instance while it was slowed (its fair share is
     /// 8%: 4 instances slowed 2 s each, of 20 instances for 5 s).
     to_slowed: f64,
-    /// The p99 of the calls sent elsewhere.
+    /// The p99 of the calls answered by an instance that was not slowed.
     p99_elsewhere: Option<Duration>,
 }
 
@@ -443,9 +443,11 @@ fn summary(calls: &[Call]) -> Summary {
     let n = calls.len().max(1) as f64;
     let eps = episodes();
     let slowed = calls.iter().filter(|c| c.on_slowed(&eps)).count() as f64;
+    // Answered by an instance that was not slowed (a failed call's instance is not known:
+    // failures show in `ok`).
     let elsewhere = calls
         .iter()
-        .filter(|c| !c.on_slowed(&eps))
+        .filter(|c| c.by.is_some() && !c.on_slowed(&eps))
         .map(|c| c.latency)
         .collect();
     Summary {
