@@ -1056,8 +1056,8 @@ fn from_http_status(status: http::StatusCode) -> tonic::Code {
     }
 }
 
-/// A connection that broke under a call is UNAVAILABLE (see [`broken_connection`](crate::error::broken_connection)); errors
-/// that carry a status keep it.
+/// A connection that broke under a call is UNAVAILABLE (see
+/// [`broken_connection`](crate::error::broken_connection)); errors that carry a status keep it.
 pub(crate) fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
     if sources(&*e).any(|err| err.is::<tonic::Status>()) || !is_transport(&*e) {
         return e;

@@ -29,13 +29,14 @@
 //!   others' calls in flight, can do at best;
 //!
 //! and weighted round robin (blackout 1 s, weights rebuilt every 250 ms) on per-call and on
-//! out-of-band reports. Besides the latencies, the table gives the share of the calls sent to an
-//! instance while it was slowed (`to slowed`; a fair share is 8%) and the p99 of the other
-//! calls (`p99 elsewhere`): where the p99 comes from. Each contender gets a fresh set of channels, 1.5 s of warm-up at the
-//! same rate, then 5 s measured; the order of the contenders rotates from one round to the
+//! out-of-band reports. Besides the latencies, the table gives the share of the calls answered
+//! by an instance while it was slowed (`to slowed`; a fair share is 8%) and the p99 of the
+//! calls answered by the others (`p99 elsewhere`): where the p99 comes from. Each contender gets
+//! a fresh set of channels, 1.5 s of warm-up at the same rate, then 5 s measured; the order of the contenders rotates from one round to the
 //! next (`--rounds`, default 1), and with several rounds each cell is the median of its rounds.
 //!
-//! Run it alone: `cargo run --release --features orca --example shootout -- --scenario many-clients`;
+//! Run it alone:
+//! `cargo run --release --features orca --example shootout -- --scenario many-clients`;
 //! `MANY_CLIENTS_ONLY=oracle,LeastPending` runs only the contenders whose name contains one of
 //! those.
 
@@ -314,7 +315,7 @@ struct Call {
 }
 
 impl Call {
-    /// Whether it was sent to an instance while that instance was slowed.
+    /// Whether it was answered by an instance while that instance was slowed.
     fn on_slowed(&self, episodes: &[(usize, Duration)]) -> bool {
         episodes
             .iter()
@@ -464,9 +465,17 @@ fn cell(d: Option<Duration>) -> String {
     })
 }
 
-fn median(mut v: Vec<Option<Duration>>) -> Option<Duration> {
-    v.sort_by_key(|d| d.unwrap_or(Duration::MAX));
+/// The median of `v` (the lower of the middle two) in the order of `cmp`.
+fn median<T: Copy>(mut v: Vec<T>, cmp: impl FnMut(&T, &T) -> std::cmp::Ordering) -> T {
+    v.sort_by(cmp);
     v[(v.len() - 1) / 2]
+}
+
+/// The median of latencies, failures (`None`) ranked above every success.
+fn median_latency(v: Vec<Option<Duration>>) -> Option<Duration> {
+    median(v, |a, b| {
+        a.unwrap_or(Duration::MAX).cmp(&b.unwrap_or(Duration::MAX))
+    })
 }
 
 /// Runs the scenario (`rounds` times every contender) and prints its table.
@@ -536,14 +545,12 @@ pub fn run(rounds: usize) {
             if r.is_empty() {
                 return None;
             }
-            let q = |k: usize| median(r.iter().map(|s| s.q[k]).collect());
-            let mut slowed: Vec<f64> = r.iter().map(|s| s.to_slowed).collect();
-            slowed.sort_by(f64::total_cmp);
+            let q = |k: usize| median_latency(r.iter().map(|s| s.q[k]).collect());
             Some(Summary {
                 q: [q(0), q(1), q(2)],
                 ok: r.iter().map(|s| s.ok).sum::<f64>() / r.len() as f64,
-                to_slowed: slowed[(slowed.len() - 1) / 2],
-                p99_elsewhere: median(r.iter().map(|s| s.p99_elsewhere).collect()),
+                to_slowed: median(r.iter().map(|s| s.to_slowed).collect(), f64::total_cmp),
+                p99_elsewhere: median_latency(r.iter().map(|s| s.p99_elsewhere).collect()),
             })
         })
         .collect();

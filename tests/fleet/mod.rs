@@ -474,7 +474,6 @@ pub struct ServerOptions {
 /// When set, every instance started with the default settings reports its load (ORCA) on
 /// every response (the shootout's `--load-reports`).
 #[cfg(feature = "orca")]
-#[allow(dead_code)]
 pub static REPORT_LOAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// A server's TCP connection, counted in its instance's `connections` and `open_connections`.
@@ -682,12 +681,13 @@ impl Instance {
 
     /// Starts an instance on this address (any 127.x.y.z works on Linux loopback).
     pub fn start_at(name: &str, at: SocketAddr, behavior: Behavior) -> Instance {
-        #[allow(unused_mut)]
-        let mut options = ServerOptions::default();
-        #[cfg(feature = "orca")]
-        if REPORT_LOAD.load(Ordering::Relaxed) {
-            options.orca = Some(tonic_balancer::orca::OrcaHandle::new());
-        }
+        let options = ServerOptions {
+            #[cfg(feature = "orca")]
+            orca: REPORT_LOAD
+                .load(Ordering::Relaxed)
+                .then(tonic_balancer::orca::OrcaHandle::new),
+            ..ServerOptions::default()
+        };
         Self::start_with(name, at, behavior, options)
     }
 
