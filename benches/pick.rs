@@ -11,7 +11,7 @@
 //!   counts and tie-break state read from the real instance records), one thread. Two fleets: `busy`
 //!   (0 to 3 calls in flight, latencies of 2 to 10 ms, one instance in twenty unusable) and
 //!   `idle` (nothing in flight, equal latencies: every instance ties, the worst case for the
-//!   tie-break).
+//!   tie-break). No load reports (see `reported` below).
 //! - `pick/pure/*`: the least-pending function over a plain `Vec`, its own cost.
 //! - `pick/contended/*`: a pick and the +1/-1 a call makes on the chosen instance, while other
 //!   threads (one per other core, at least one) run the same loop on the same channel, so that
@@ -19,7 +19,9 @@
 //!
 //! - `pick/subset/*`: the channel's least-pending pick over 1,000 instances with
 //!   `subset(50)` (client 7 of 100: the pick scans its 50), next to the same pick over all
-//!   1,000, in the same run; `busy` and `idle` fleets as above.
+//!   1,000, in the same run; `busy` and `idle` fleets as above, each also `reported`: every
+//!   instance has a fresh load report (of no other client's call, so that the ties are the
+//!   same), and the pick reads the reported counts too (without any fresh report, it does not).
 //!
 //! `weighted_round_robin` has a schedule from weights of 10 to 100 (the channel's own cycle, as
 //! its background task builds it).
@@ -163,8 +165,9 @@ fn bench_subset(c: &mut Criterion) {
     let rt = runtime();
     let mut g = c.benchmark_group("pick/subset");
     g.throughput(Throughput::Elements(1));
-    for fleet in ["busy", "idle"] {
-        let busy = fleet == "busy";
+    for fleet in ["busy", "idle", "busy/reported", "idle/reported"] {
+        let busy = fleet.starts_with("busy");
+        let reported = fleet.ends_with("reported");
         let subset = {
             let _enter = rt.enter();
             let p = Picker::with_subset(1000, Strategy::LeastPending, 50, 7, 100);
@@ -175,6 +178,13 @@ fn bench_subset(c: &mut Criterion) {
         };
         assert_eq!(subset.len(), 50);
         let full = picker(&rt, 1000, Strategy::LeastPending, busy);
+        if reported {
+            for p in [&subset, &full] {
+                for i in 0..p.len() {
+                    p.report(i, 0);
+                }
+            }
+        }
         for (name, p) in [("subset_50_of_1000", &subset), ("all_1000", &full)] {
             g.bench_with_input(
                 BenchmarkId::new(format!("{fleet}/least_pending"), name),

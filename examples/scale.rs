@@ -24,10 +24,11 @@
 //! full mesh's connections; removing one instance changes on average ≤ 1.1 members per client.
 //! Options: `scale [CLIENTS INSTANCES SUBSET SECONDS]` (defaults 100 1000 50 3).
 //!
-//! `scale picks (subset|all) N` makes N picks of the channel's own least-pending pick over
-//! 1,000 instances, with `subset(50)` (client 7 of 100) or without, for callgrind's instruction
-//! count (load-independent, unlike the criterion bench on a shared machine); instructions per
-//! pick = (instructions for 2N − instructions for N) / N:
+//! `scale picks (subset|all) N [idle]` makes N picks of the channel's own least-pending pick
+//! over 1,000 instances (0-3 calls in flight each; `idle`: none), with `subset(50)` (client 7 of
+//! 100) or without, for callgrind's instruction count (load-independent, unlike the criterion
+//! bench on a shared machine); instructions per pick = (instructions for 2N − instructions for
+//! N) / N:
 //!
 //! ```text
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/examples/scale picks subset 20000
@@ -198,8 +199,9 @@ fn moved(before: &[Vec<usize>], after: &[Vec<usize>], map: impl Fn(usize) -> usi
         .collect()
 }
 
-/// `picks (subset|all) N`: N picks over 1,000 instances with 0 to 3 calls in flight each.
-fn picks(which: &str, n: usize) {
+/// `picks (subset|all) N [idle]`: N picks over 1,000 instances with 0 to 3 calls in flight
+/// each (`idle`: none in flight, every instance ties).
+fn picks(which: &str, n: usize, idle: bool) {
     use tonic_balancer::__bench::Picker;
     use tonic_balancer::Strategy;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -214,7 +216,7 @@ fn picks(which: &str, n: usize) {
     };
     let mut r = Rng::seeded(0xB05);
     for i in 0..p.len() {
-        let busy = (r.next_u64() % 4) as usize;
+        let busy = if idle { 0 } else { (r.next_u64() % 4) as usize };
         p.set(i, busy, std::time::Duration::from_millis(2), true);
     }
     let mut sum = 0usize;
@@ -228,7 +230,8 @@ fn main() {
     let raw: Vec<String> = std::env::args().skip(1).collect();
     if raw.first().map(String::as_str) == Some("picks") {
         let n = raw.get(2).and_then(|n| n.parse().ok()).unwrap_or(10_000);
-        return picks(raw.get(1).map_or("subset", String::as_str), n);
+        let idle = raw.get(3).map(String::as_str) == Some("idle");
+        return picks(raw.get(1).map_or("subset", String::as_str), n, idle);
     }
     let args: Vec<usize> = std::env::args()
         .skip(1)

@@ -941,6 +941,7 @@ impl Builder {
                 oob: self.load_reports_oob,
                 ..crate::orca::Settings::new(self.load_report_max_age, self.wrr)
             },
+            reports_fresh: Default::default(),
             observe: Default::default(),
         });
         let mut pool = Pool::new(policy.clone(), self.strategy);

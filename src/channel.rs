@@ -266,17 +266,30 @@ impl BalancedChannel {
             // state, so the scan's loop stays tight.
             Strategy::LeastPending if tried.is_empty() && slow == 0 => {
                 let dear = policy.methods.is_dear(method);
-                pick::least_pending(
-                    snap,
-                    &mut rng,
-                    &snap.strides,
-                    |i| {
-                        i.is_usable()
-                            .then(|| i.in_flight.load(Ordering::Relaxed) + i.others.get(tick))
-                    },
-                    |i| i.tie.turn_for(dear, now),
-                )
-                .map(|c| took_turn(snap, c, dear))
+                let turn = |i: &Arc<Instance>| i.tie.turn_for(dear, now);
+                let chosen = if policy.reports_fresh.any(tick) {
+                    pick::least_pending(
+                        snap,
+                        &mut rng,
+                        &snap.strides,
+                        |i| {
+                            i.is_usable()
+                                .then(|| i.in_flight.load(Ordering::Relaxed) + i.others.get(tick))
+                        },
+                        turn,
+                    )
+                } else {
+                    // No instance has a fresh report (every `others` reads 0): the scan
+                    // does not read them.
+                    pick::least_pending(
+                        snap,
+                        &mut rng,
+                        &snap.strides,
+                        |i| i.is_usable().then(|| i.in_flight.load(Ordering::Relaxed)),
+                        turn,
+                    )
+                };
+                chosen.map(|c| took_turn(snap, c, dear))
             }
             Strategy::LeastPending => {
                 let dear = policy.methods.is_dear(method);

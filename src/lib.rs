@@ -267,6 +267,17 @@ pub mod __bench {
             });
         }
 
+        /// Gives instance `i` a load report of `others` calls in flight from other clients,
+        /// fresh for as long as a report can be (the pick then reads every instance's reported
+        /// count, as it does while any instance's report is fresh).
+        pub fn report(&self, i: usize, others: u64) {
+            let pool = &self.channel.pool;
+            let snap = pool.snapshot();
+            let now = pool.policy.now_ns();
+            let until = snap[i].others.set(others, now, u32::MAX / 2);
+            pool.policy.reports_fresh.note(until);
+        }
+
         /// Gives instance `i` a weighted-round-robin weight (a report of `weight` queries per
         /// second at utilization 1), then rebuilds the schedule as the channel's task does.
         /// For a channel built with [`Strategy::WeightedRoundRobin`](crate::Strategy) and no

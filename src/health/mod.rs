@@ -90,6 +90,8 @@ pub(crate) struct Policy {
     pub(crate) conns: crate::conns::Settings,
     /// What the pick does with server-reported load.
     pub(crate) orca: crate::orca::Settings,
+    /// Until when some instance's report of the other clients' calls is fresh.
+    pub(crate) reports_fresh: crate::orca::Fresh,
     /// The channel's totals, and what its metrics need.
     pub(crate) observe: crate::observe::Shared,
 }

@@ -206,15 +206,45 @@ impl Others {
     }
 
     /// Keeps `count` (at most 2^24 - 1) as the other clients' calls, from a report received at
-    /// `at_ns`, fresh for `max_age_ticks` (0: not kept).
-    pub(crate) fn set(&self, count: u64, at_ns: u64, max_age_ticks: u32) {
-        let w = if max_age_ticks == 0 {
+    /// `at_ns`, fresh for `max_age_ticks` (0: not kept). Returns the tick until which it is
+    /// fresh (0: not kept).
+    pub(crate) fn set(&self, count: u64, at_ns: u64, max_age_ticks: u32) -> u64 {
+        let until = if max_age_ticks == 0 {
             0
         } else {
-            let until = tick(at_ns) + u64::from(max_age_ticks);
+            tick(at_ns) + u64::from(max_age_ticks)
+        };
+        let w = if until == 0 {
+            0
+        } else {
             until << COUNT_BITS | count.min((1 << COUNT_BITS) - 1)
         };
         self.0.store(w, Ordering::Relaxed);
+        until
+    }
+}
+
+/// The tick until which some instance of the channel has a fresh count of the other clients'
+/// calls (0: none ever). While it is past, every instance's [`Others`] reads 0, and the pick
+/// scans without reading them: a channel whose servers send no reports (or whose reports went
+/// stale) pays nothing for them per candidate.
+#[derive(Debug, Default)]
+pub(crate) struct Fresh(AtomicU64);
+
+impl Fresh {
+    /// An instance's count is fresh until `until`. A plain load first: with per-call reports
+    /// this runs on every response, and the word moves at most once a tick.
+    #[inline]
+    pub(crate) fn note(&self, until: u64) {
+        if until > self.0.load(Ordering::Relaxed) {
+            self.0.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether some instance may have a count fresh at `now_tick` (see [`Others::get`]).
+    #[inline]
+    pub(crate) fn any(&self, now_tick: u64) -> bool {
+        self.0.load(Ordering::Relaxed) >= now_tick
     }
 }
 
@@ -289,13 +319,33 @@ fn take_report_slow(inst: &crate::instance::Instance, map: &mut http::HeaderMap)
     policy.clock.fetch_max(now, Ordering::Relaxed);
     let own = inst.in_flight.load(Ordering::Relaxed);
     tracing::trace!(addr = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "load report");
-    observe(&inst.others, &inst.reported, report, own, now, &policy.orca);
+    observe(inst, report, own, now);
 }
 
 /// Takes in a report from `inst`, received at `now_ns` while this channel had `own` calls in
 /// flight there (the call that carried it included, as the server counted it).
 pub(crate) fn observe(
+    inst: &crate::instance::Instance,
+    report: LoadReport,
+    own: usize,
+    now_ns: u64,
+) {
+    let policy = &inst.policy;
+    keep(
+        &inst.others,
+        &policy.reports_fresh,
+        &inst.reported,
+        report,
+        own,
+        now_ns,
+        &policy.orca,
+    );
+}
+
+/// What [`observe`] keeps, and where.
+fn keep(
     others_now: &Others,
+    fresh: &Fresh,
     reported: &Reported,
     report: LoadReport,
     own: usize,
@@ -304,7 +354,7 @@ pub(crate) fn observe(
 ) {
     if let Some(total) = report.calls_in_flight() {
         let others = (total.round() - own as f64).clamp(0.0, f64::from(u32::MAX)) as u64;
-        others_now.set(others, now_ns, settings.max_age_ticks);
+        fresh.note(others_now.set(others, now_ns, settings.max_age_ticks));
     }
     reported.wrr.update(&report, now_ns, &settings.wrr);
     reported.last.store(Some(Arc::new(report)));
@@ -352,25 +402,45 @@ mod tests {
     }
 
     /// A report's count of the other clients' calls is its total minus this channel's own
-    /// (never below zero); a report without the metric leaves the estimate alone.
+    /// (never below zero); a report without the metric leaves the estimate alone. The
+    /// channel's [`Fresh`] says some count is fresh exactly while one is.
     #[test]
     fn observe_subtracts_own_calls() {
         let s = Settings::default();
         let r = Reported::default();
         let o = Others::default();
+        let f = Fresh::default();
+        assert!(!f.any(tick(0)));
+        // A report without the metric: nothing fresh.
+        keep(&o, &f, &r, LoadReport::default(), 1, 1_000, &s);
+        assert!(!f.any(tick(1_000)));
         let mut rep = LoadReport::default();
         rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), 12.0);
-        observe(&o, &r, rep.clone(), 4, 1_000, &s);
+        keep(&o, &f, &r, rep.clone(), 4, 1_000, &s);
         assert_eq!(o.get(tick(1_000)), 8);
+        assert!(f.any(tick(1_000)));
         rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), 2.0);
-        observe(&o, &r, rep, 4, 1_000, &s);
+        keep(&o, &f, &r, rep, 4, 1_000, &s);
         assert_eq!(o.get(tick(1_000)), 0);
         let mut other = LoadReport::default();
         other.named_metrics.insert(IN_FLIGHT_METRIC.into(), 9.0);
-        observe(&o, &r, other, 1, 1_000, &s);
-        observe(&o, &r, LoadReport::default(), 1, 2_000, &s);
+        keep(&o, &f, &r, other, 1, 1_000, &s);
+        keep(&o, &f, &r, LoadReport::default(), 1, 2_000, &s);
         assert_eq!(o.get(tick(2_000)), 8);
         assert_eq!(r.last().as_deref(), Some(&LoadReport::default()));
+        // Fresh for the max age (1 s) after the last count, and no longer.
+        let until = tick(1_000) + u64::from(s.max_age_ticks);
+        assert!(f.any(until));
+        assert_eq!(o.get(until), 8);
+        assert!(!f.any(until + 1));
+        assert_eq!(o.get(until + 1), 0);
+        // Reports not kept (max age 0): nothing fresh.
+        let off = Settings::new(Duration::ZERO, WrrConfig::default());
+        let f = Fresh::default();
+        let mut rep = LoadReport::default();
+        rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), 12.0);
+        keep(&o, &f, &r, rep, 4, 1_000, &off);
+        assert!(!f.any(tick(1_000)));
     }
 
     /// A report with a negative, infinite or NaN in-flight metric is not used for the count.
@@ -403,7 +473,8 @@ mod tests {
                 inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
                 inst.latency_at.store(now, Ordering::Relaxed);
             }
-            snap[0].others.set(10, now, pool.policy.orca.max_age_ticks);
+            let until = snap[0].others.set(10, now, pool.policy.orca.max_age_ticks);
+            pool.policy.reports_fresh.note(until);
             let picked =
                 crate::BalancedChannel::pick(pool, &snap, &[], crate::tiebreak::Method::NONE);
             assert_eq!(picked, Some(want), "{strategy:?}");

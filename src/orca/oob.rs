@@ -280,5 +280,5 @@ fn take(inst: &Instance, report: LoadReport) {
         .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     let own = inst.in_flight.load(std::sync::atomic::Ordering::Relaxed);
     tracing::trace!(addr = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "out-of-band load report");
-    super::observe(&inst.others, &inst.reported, report, own, now, &policy.orca);
+    super::observe(inst, report, own, now);
 }
