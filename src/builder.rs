@@ -942,6 +942,7 @@ impl Builder {
                 ..crate::orca::Settings::new(self.load_report_max_age, self.wrr)
             },
             reports_fresh: Default::default(),
+            pool: std::sync::OnceLock::new(),
             observe: Default::default(),
         });
         let mut pool = Pool::new(policy.clone(), self.strategy);
@@ -955,6 +956,7 @@ impl Builder {
         pool.max_replay_body = self.max_replay_body;
         pool.subset = subset.map(|s| Box::new(crate::subset::Subset::new(s)));
         let pool = Arc::new(pool);
+        let _ = policy.pool.set(Arc::downgrade(&pool));
         #[cfg(feature = "metrics")]
         crate::metrics::configure(&pool, metrics.0, metrics.1);
         if let Some(subset) = &pool.subset {

@@ -239,7 +239,7 @@ impl Instance {
             .is_ok();
         if ok {
             tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
-            self.left_service(to);
+            self.changed_service(from, to);
         }
         ok
     }
@@ -249,18 +249,36 @@ impl Instance {
         let from = State::from_u8(self.state.swap(to as u8, Ordering::AcqRel));
         if from != to {
             tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
-            self.left_service(to);
+            self.changed_service(from, to);
         }
         from
     }
 
-    /// A change of state: its out-of-band reports hear of it, and out of service (failing,
+    /// A change of state: its out-of-band reports hear of it; out of service (failing,
     /// ejected, unhealthy, draining) its weighted-round-robin weight must earn its blackout
-    /// again when it is back (gRFC A58).
-    fn left_service(&self, to: State) {
+    /// again when it is back (gRFC A58); back in service, it rejoins the set's turns.
+    fn changed_service(&self, from: State, to: State) {
         self.reported.state_changed(to);
         if !to.is_usable() {
             self.reported.wrr.reset();
+        } else if !from.is_usable() {
+            self.rejoin();
+        }
+    }
+
+    /// Back in service (reconnected, readmitted after an ejection, healthy again): its passes
+    /// start where the rest of the set's turns are, as a newcomer's do (see `Tie::join_at`).
+    /// It kept its passes while out and the others moved on: without this, every client would
+    /// give it [`CREDIT`](crate::pick::CREDIT) turns in a row at once (with 50 clients, a burst
+    /// of 400 calls on an instance just back from trouble).
+    fn rejoin(&self) {
+        let Some(pool) = self.policy.pool.get().and_then(std::sync::Weak::upgrade) else {
+            return;
+        };
+        let snap = pool.snapshot();
+        let others = snap.iter().filter(|i| !std::ptr::eq(Arc::as_ptr(i), self));
+        if let Some(level) = crate::tiebreak::Level::of(others.map(|i| &i.tie)) {
+            self.tie.join_at(level);
         }
     }
 

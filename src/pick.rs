@@ -32,7 +32,8 @@
 //! ejection) would win every tie until it caught up; so the chosen instance's pass restarts at
 //! the lowest from [`CREDIT`] turns before the runner-up's last one ([`Chosen::floor`]): an
 //! instance that kept its turns is never set back by that, and a latecomer wins at most a few
-//! more ties than the rest, not a burst. An instance that joins the set starts at the set's
+//! more ties than the rest, not a burst. An instance that joins the set, or comes back into
+//! service (reconnected, readmitted after an ejection, healthy again), starts at the set's
 //! turns (the median pass, see `Tie::join_at`), with no credit at all: with many clients, a few
 //! more ties each is a burst on the newcomer.
 //!

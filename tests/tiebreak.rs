@@ -237,3 +237,73 @@ async fn a_new_instance_takes_turns_with_the_rest_not_a_burst() {
     let got = since(&fleet, &before);
     assert!(got[4] >= 4, "the newcomer got {got:?} of 50 calls");
 }
+
+/// An instance back in service after an ejection (its passes stayed where they were while the
+/// others took their turns) takes its turn with the rest, as a newcomer does, rather than the
+/// next several calls in a row (before, it took nine of the next ten, and with many clients
+/// every client's several calls at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst() {
+    use tonic_balancer::{Ejection, State};
+    const LIMIT: Duration = Duration::from_secs(60);
+    let fleet = Fleet::start(5, Behavior::Delay(MS));
+    let ejection = Ejection::default()
+        .consecutive_failures(2)
+        .base_time(Duration::from_secs(2))
+        .success_rate_interval(None);
+    let ch = fleet
+        .uris()
+        .iter()
+        .fold(BalancedChannel::builder(), |b, u| b.uri(u))
+        .ejection(ejection)
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    for id in 0..50 {
+        client.unary(req(id)).await.unwrap();
+    }
+    let back = &fleet.instances[4];
+    let state = || fleet::stats(&ch, &back.uri()).state();
+    back.set(Behavior::Fail(tonic::Code::Unavailable));
+    let start = std::time::Instant::now();
+    let mut id = 1_000;
+    while state() != State::Ejected {
+        assert!(start.elapsed() < LIMIT, "not ejected: {}", fleet::dump(&ch));
+        let _ = client.unary(req(id)).await;
+        id += 1;
+    }
+    back.set(Behavior::Delay(MS));
+    // The others take their turns while it is out.
+    let mut while_out = 0;
+    while state() == State::Ejected {
+        assert!(
+            start.elapsed() < LIMIT,
+            "not readmitted: {}",
+            fleet::dump(&ch)
+        );
+        client.unary(req(id)).await.unwrap();
+        id += 1;
+        while_out += 1;
+    }
+    // More turns each than the credit of 8 an instance owed turns may win back.
+    assert!(while_out >= 40, "only {while_out} calls while it was out");
+    let before = fleet.served();
+    for id in 2_000..2_010 {
+        client.unary(req(id)).await.unwrap();
+    }
+    let got = since(&fleet, &before);
+    assert!(
+        got[4] <= 3,
+        "back from its ejection, it took {} of the next 10 calls: {got:?}; {}",
+        got[4],
+        fleet::dump(&ch)
+    );
+    for id in 2_100..2_140 {
+        client.unary(req(id)).await.unwrap();
+    }
+    let got = since(&fleet, &before);
+    assert!(
+        got[4] >= 4,
+        "back from its ejection, it got {got:?} of 50 calls"
+    );
+}

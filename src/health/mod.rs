@@ -92,6 +92,9 @@ pub(crate) struct Policy {
     pub(crate) orca: crate::orca::Settings,
     /// Until when some instance's report of the other clients' calls is fresh.
     pub(crate) reports_fresh: crate::orca::Fresh,
+    /// The pool these settings belong to (set once it is built), for an instance that comes
+    /// back into service to find where the set's turns are (see `Instance::rejoin`).
+    pub(crate) pool: std::sync::OnceLock<std::sync::Weak<crate::pool::Pool>>,
     /// The channel's totals, and what its metrics need.
     pub(crate) observe: crate::observe::Shared,
 }
