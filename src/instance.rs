@@ -276,7 +276,10 @@ impl Instance {
             return;
         };
         let snap = pool.snapshot();
-        let others = snap.iter().filter(|i| !std::ptr::eq(Arc::as_ptr(i), self));
+        // The others in service: the passes of those out of service stopped where they left.
+        let others = snap
+            .iter()
+            .filter(|i| i.is_usable() && !std::ptr::eq(Arc::as_ptr(i), self));
         if let Some(level) = crate::tiebreak::Level::of(others.map(|i| &i.tie)) {
             self.tie.join_at(level);
         }

@@ -207,11 +207,12 @@ async fn the_stream_limit_opens_a_second_connection() {
 /// (as a server or proxy with a connection limit does); 4 held calls: 2 on the instance's
 /// connection, 2 spill onto an extra one, which fails. The instance never shows failing or
 /// connecting, the failed connection is dropped and no other extra one is tried while its
-/// backoff runs (a fifth call waits on the instance's connection), and nothing is left counted. The 2 calls on the extra connection are sent again
-/// on the instance's own connection when their requests had not gone out (the connection failed
-/// as it opened); when they had (hyper writes them before the server's first frame arrives, and
-/// the server's close is then a broken connection under a sent call), they fail UNAVAILABLE, as
-/// on any broken connection: which one happens is a race of the machine's scheduling.
+/// backoff runs (a fifth call waits on the instance's connection), and nothing is left
+/// counted. The 2 calls on the extra connection are sent again on the instance's own
+/// connection when their requests had not gone out (the connection failed as it opened); when
+/// they had (hyper writes them before the server's first frame arrives, and the server's close
+/// is then a broken connection under a sent call), they fail UNAVAILABLE, as on any broken
+/// connection: which one happens is a race of the machine's scheduling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_extra_connection_leaves_the_instance_ready() {
     let server = Instance::start_with(
@@ -268,6 +269,9 @@ async fn a_failed_extra_connection_leaves_the_instance_ready() {
                 && server.held() == 2
                 && stats.connections() == 1
                 && stats.in_flight() + failed.load(Ordering::SeqCst) == 4
+                // Both calls of the extra connection are done with it: failed to the caller,
+                // or sent again (so tonic's own reconnect, below, is over too).
+                && failed.load(Ordering::SeqCst) as u64 + ch.stats().transparent_retries() >= 2
         },
     )
     .await;
@@ -285,7 +289,8 @@ async fn a_failed_extra_connection_leaves_the_instance_ready() {
         "the extra connection turned away {turned} times"
     );
     // Within the backoff a call that finds the instance's connection full opens no extra
-    // connection (one would count at once, before it connects): it waits on the instance's own.
+    // connection: it waits on the instance's own. (One it opened would count at once, and the
+    // server would turn it away before the call could succeed: the last check below.)
     let fifth = {
         let mut client = FleetClient::new(ch.clone());
         tokio::spawn(async move { client.unary(Req::default()).await.is_ok() })

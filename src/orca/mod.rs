@@ -193,7 +193,8 @@ pub(crate) struct Others(AtomicU64);
 impl Others {
     /// The other clients' calls in flight on this instance, from a report still fresh at
     /// `now_tick` ([`tick`] of the pick's clock); 0 when there is none. Read for every
-    /// candidate of every pick: one load and a compare, no branch. A report from after
+    /// candidate of every least-pending pick while some instance's report is fresh (see
+    /// [`Fresh`]): one load, a compare and a select. A report from after
     /// `now_tick` (the pick's coarse clock can lag) is fresh, as it should be.
     #[inline]
     pub(crate) fn get(&self, now_tick: u64) -> usize {
