@@ -382,6 +382,41 @@ mod tests {
 
     const MS: f64 = 1e6;
 
+    /// An instance back in service starts at the turns of the instances in service: with most
+    /// of the set still out (their passes stopped where they left), their passes do not count.
+    #[tokio::test]
+    async fn a_returning_instance_starts_at_the_turns_of_those_in_service() {
+        use crate::State;
+        let ch = crate::BalancedChannel::builder()
+            .uris((1..=5).map(|p| format!("http://127.0.0.1:{p}")))
+            .build()
+            .unwrap();
+        let snap = ch.pool.snapshot();
+        let ahead = 50 * crate::pick::UNIT;
+        for (k, inst) in snap.iter().enumerate() {
+            if k < 4 {
+                inst.set_state(State::Ejected);
+                inst.tie.pass.store(0, Ordering::Relaxed);
+            } else {
+                inst.set_state(State::Ready);
+                inst.tie.pass.store(ahead, Ordering::Relaxed);
+            }
+        }
+        // Back (the median of all four others would be a pass of 0).
+        snap[0].set_state(State::Ready);
+        assert_eq!(snap[0].tie.pass.load(Ordering::Relaxed), ahead);
+        // With none in service, no level: the pass stays where it was.
+        for inst in snap.iter() {
+            inst.set_state(State::Ejected);
+        }
+        snap[1].set_state(State::Ready);
+        assert_eq!(snap[1].tie.pass.load(Ordering::Relaxed), 0);
+        // A pass further on than the set's stays.
+        snap[0].tie.pass.store(2 * ahead, Ordering::Relaxed);
+        snap[0].set_state(State::Ready);
+        assert_eq!(snap[0].tie.pass.load(Ordering::Relaxed), 2 * ahead);
+    }
+
     #[test]
     fn method_keys_differ_and_are_stable() {
         let a = Method::of("/fleet.Fleet/Unary");
