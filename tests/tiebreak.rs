@@ -218,24 +218,34 @@ async fn a_new_instance_takes_turns_with_the_rest_not_a_burst() {
     assert_eq!(fleet.instances[4].served(), 0);
     let endpoint = tonic::transport::Endpoint::from_shared(uris[4].clone()).unwrap();
     assert!(ch.insert(endpoint).unwrap());
+    // Before, the newcomer took nine of the next ten.
+    takes_turns_not_a_burst(&fleet, &mut client, &ch, "the newcomer").await;
+}
+
+/// Instance 4 of five, just back: of the next 10 sequential calls (two for each) it takes at
+/// most 3, and of 50 at least 4 (it does get its turns).
+async fn takes_turns_not_a_burst(
+    fleet: &Fleet,
+    client: &mut FleetClient<BalancedChannel>,
+    ch: &BalancedChannel,
+    who: &str,
+) {
     let before = fleet.served();
-    // Ten calls: two for each of the five (before, the newcomer took nine of them).
-    for id in 100..110 {
+    for id in 10_000..10_010 {
         client.unary(req(id)).await.unwrap();
     }
-    let got = since(&fleet, &before);
+    let got = since(fleet, &before);
     assert!(
         got[4] <= 3,
-        "the newcomer took {} of the next 10 calls: {got:?}; {:?}",
+        "{who} took {} of the next 10 calls: {got:?}; {}",
         got[4],
-        ch.endpoints()
+        fleet::dump(ch)
     );
-    // And it does get its turns.
-    for id in 200..240 {
+    for id in 10_100..10_140 {
         client.unary(req(id)).await.unwrap();
     }
-    let got = since(&fleet, &before);
-    assert!(got[4] >= 4, "the newcomer got {got:?} of 50 calls");
+    let got = since(fleet, &before);
+    assert!(got[4] >= 4, "{who} got {got:?} of 50 calls");
 }
 
 /// An instance back in service after an ejection (its passes stayed where they were while the
@@ -287,23 +297,6 @@ async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst
     }
     // More turns each than the credit of 8 an instance owed turns may win back.
     assert!(while_out >= 40, "only {while_out} calls while it was out");
-    let before = fleet.served();
-    for id in 2_000..2_010 {
-        client.unary(req(id)).await.unwrap();
-    }
-    let got = since(&fleet, &before);
-    assert!(
-        got[4] <= 3,
-        "back from its ejection, it took {} of the next 10 calls: {got:?}; {}",
-        got[4],
-        fleet::dump(&ch)
-    );
-    for id in 2_100..2_140 {
-        client.unary(req(id)).await.unwrap();
-    }
-    let got = since(&fleet, &before);
-    assert!(
-        got[4] >= 4,
-        "back from its ejection, it got {got:?} of 50 calls"
-    );
+    // Before, it took nine of the next ten.
+    takes_turns_not_a_burst(&fleet, &mut client, &ch, "back from its ejection, it").await;
 }
