@@ -268,26 +268,11 @@ impl BalancedChannel {
                 let dear = policy.methods.is_dear(method);
                 let turn = |i: &Arc<Instance>| i.tie.turn_for(dear, now);
                 let chosen = if policy.reports_fresh.any(tick) {
-                    pick::least_pending(
-                        snap,
-                        &mut rng,
-                        &snap.strides,
-                        |i| {
-                            i.is_usable()
-                                .then(|| i.in_flight.load(Ordering::Relaxed) + i.others.get(tick))
-                        },
-                        turn,
-                    )
+                    tight_least_pending::<true>(snap, &mut rng, tick, turn)
                 } else {
                     // No instance has a fresh report (every `others` reads 0): the scan
                     // does not read them.
-                    pick::least_pending(
-                        snap,
-                        &mut rng,
-                        &snap.strides,
-                        |i| i.is_usable().then(|| i.in_flight.load(Ordering::Relaxed)),
-                        turn,
-                    )
+                    tight_least_pending::<false>(snap, &mut rng, tick, turn)
                 };
                 chosen.map(|c| took_turn(snap, c, dear))
             }
@@ -297,7 +282,7 @@ impl BalancedChannel {
                     snap,
                     &mut rng,
                     &snap.strides,
-                    |i| usable(i).then(|| i.in_flight.load(Ordering::Relaxed) + i.others.get(tick)),
+                    |i| usable(i).then(|| counted(i, tick, true)),
                     |i| i.tie.turn_for(dear, now),
                 )
                 .map(|c| took_turn(snap, c, dear))
@@ -309,8 +294,7 @@ impl BalancedChannel {
                 let reports = strategy != Strategy::PeakEwma;
                 let mut load = |i: &Arc<Instance>| -> Option<Load> {
                     usable(i).then(|| Load {
-                        in_flight: i.in_flight.load(Ordering::Relaxed)
-                            + if reports { i.others.get(tick) } else { 0 },
+                        in_flight: counted(i, tick, reports),
                         latency_ns: i.latency(now, expiry, inv_expiry),
                     })
                 };
@@ -336,6 +320,32 @@ impl BalancedChannel {
         rng.store();
         picked
     }
+}
+
+/// The calls in flight on `i` that the pick compares: this channel's, plus, with `reports`,
+/// the other clients' as of a report still fresh at `tick` (see `orca::Others`).
+#[inline(always)]
+fn counted(i: &Instance, tick: u64, reports: bool) -> usize {
+    i.in_flight.load(Ordering::Relaxed) + if reports { i.others.get(tick) } else { 0 }
+}
+
+/// The least-pending pick of a first attempt without slow start: nothing to check but the
+/// state, so the scan's loop stays tight; the other clients' calls are read only with
+/// `REPORTS` (a loop of its own without them).
+#[inline]
+fn tight_least_pending<const REPORTS: bool>(
+    snap: &Members,
+    rng: &mut Rng,
+    tick: u64,
+    turn: impl FnMut(&Arc<Instance>) -> pick::Turn,
+) -> Option<pick::Chosen> {
+    pick::least_pending(
+        snap,
+        rng,
+        &snap.strides,
+        |i| i.is_usable().then(|| counted(i, tick, REPORTS)),
+        turn,
+    )
 }
 
 /// The least-pending choice's instance takes its turn (its pass advances; and its dear pass,

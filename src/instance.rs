@@ -130,6 +130,15 @@ pub(crate) struct Instance {
     pub(crate) closed: crate::shutdown::Closed,
 }
 
+/// Where the turns of the instances in service among `set` are (the median pass, see
+/// `tiebreak::Level`): an instance that joins or comes back starts there. Those out of service
+/// are left out (their passes stopped where they left); `None` when none is in service.
+pub(crate) fn level_in_service<'a>(
+    set: impl Iterator<Item = &'a Arc<Instance>>,
+) -> Option<crate::tiebreak::Level> {
+    crate::tiebreak::Level::of(set.filter(|i| i.is_usable()).map(|i| &i.tie))
+}
+
 impl Instance {
     /// Creates an instance whose channel connects on its first call. Needs a tokio runtime.
     /// `connected`: a connection opened already (`Builder::connect`); the instance starts
@@ -276,11 +285,8 @@ impl Instance {
             return;
         };
         let snap = pool.snapshot();
-        // The others in service: the passes of those out of service stopped where they left.
-        let others = snap
-            .iter()
-            .filter(|i| i.is_usable() && !std::ptr::eq(Arc::as_ptr(i), self));
-        if let Some(level) = crate::tiebreak::Level::of(others.map(|i| &i.tie)) {
+        let others = snap.iter().filter(|i| !std::ptr::eq(Arc::as_ptr(i), self));
+        if let Some(level) = level_in_service(others) {
             self.tie.join_at(level);
         }
     }

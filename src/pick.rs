@@ -34,8 +34,8 @@
 //! instance that kept its turns is never set back by that, and a latecomer wins at most a few
 //! more ties than the rest, not a burst. An instance that joins the set, or comes back into
 //! service (reconnected, readmitted after an ejection, healthy again), starts at the set's
-//! turns (the median pass, see `Tie::join_at`), with no credit at all: with many clients, a few
-//! more ties each is a burst on the newcomer.
+//! turns (the median pass of those in service, see `Tie::join_at`), with no credit at all: with
+//! many clients, a few more ties each is a burst on the newcomer.
 //!
 //! Calls to a dear method (one many times costlier than the typical call) take turns of their
 //! own: the caller hands the pick each candidate's dear pass instead (see `crate::tiebreak`).

@@ -200,9 +200,7 @@ impl Pool {
         }
         // Where the others' turns are: the instances that join start there (see
         // `Tie::join_at`).
-        // (Those in service: the passes of those out of service stopped where they left.)
-        let level =
-            crate::tiebreak::Level::of(next.iter().filter(|i| i.is_usable()).map(|i| &i.tie));
+        let level = crate::instance::level_in_service(next.iter());
         let mut added = 0;
         for joining in add {
             let key = &joining.target.key;

@@ -32,8 +32,9 @@
 //! out-of-band reports. Besides the latencies, the table gives the share of the calls answered
 //! by an instance while it was slowed (`to slowed`; a fair share is 8%) and the p99 of the
 //! calls answered by the others (`p99 elsewhere`): where the p99 comes from. Each contender gets
-//! a fresh set of channels, 1.5 s of warm-up at the same rate, then 5 s measured; the order of the contenders rotates from one round to the
-//! next (`--rounds`, default 1), and with several rounds each cell is the median of its rounds.
+//! a fresh set of channels, 1.5 s of warm-up at the same rate, then 5 s measured; the order of
+//! the contenders rotates from one round to the next (`--rounds`, default 1), and with several
+//! rounds each cell is the median of its rounds.
 //!
 //! Run it alone:
 //! `cargo run --release --features orca --example shootout -- --scenario many-clients`;

@@ -210,16 +210,12 @@ impl Others {
     /// `at_ns`, fresh for `max_age_ticks` (0: not kept). Returns the tick until which it is
     /// fresh (0: not kept).
     pub(crate) fn set(&self, count: u64, at_ns: u64, max_age_ticks: u32) -> u64 {
-        let until = if max_age_ticks == 0 {
-            0
-        } else {
-            tick(at_ns) + u64::from(max_age_ticks)
-        };
-        let w = if until == 0 {
-            0
-        } else {
-            until << COUNT_BITS | count.min((1 << COUNT_BITS) - 1)
-        };
+        if max_age_ticks == 0 {
+            self.0.store(0, Ordering::Relaxed);
+            return 0;
+        }
+        let until = tick(at_ns) + u64::from(max_age_ticks);
+        let w = until << COUNT_BITS | count.min((1 << COUNT_BITS) - 1);
         self.0.store(w, Ordering::Relaxed);
         until
     }
