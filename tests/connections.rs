@@ -280,14 +280,13 @@ async fn a_failed_extra_connection_leaves_the_instance_ready() {
         [tonic_balancer::State::Ready].into(),
         "the instance only ever showed ready"
     );
-    // The extra connection was turned away once; tonic's channel may have opened it once more
-    // for the second call queued on it when the server's close came before that call went
-    // out (its reconnect, not the balancer's: a race of the machine's scheduling).
+    // The extra connection was turned away. How many times is tonic's: its channel opens the
+    // connection again for a call queued on it (and again within one readiness poll when the
+    // connection it had broke), until a connect fails; a race of the machine's scheduling (1 to
+    // 3 seen). The balancer's rule is what follows: both calls are done with that channel, so
+    // any connection from here on is one the balancer opened.
     let turned = server.turned_away();
-    assert!(
-        turned == 1 || turned == 2,
-        "the extra connection turned away {turned} times"
-    );
+    assert!(turned >= 1, "the extra connection was never tried");
     // Within the backoff a call that finds the instance's connection full opens no extra
     // connection: it waits on the instance's own. (One it opened would count at once, and the
     // server would turn it away before the call could succeed: the last check below.)
