@@ -772,7 +772,7 @@ impl Builder {
 
     /// Builds the channel, with connections opened already to some of its instances.
     fn build_with(
-        self,
+        mut self,
         mut connected: std::collections::HashMap<Key, tonic::transport::Channel>,
     ) -> Result<BalancedChannel, Error> {
         if let Some(e) = self.error {
@@ -788,6 +788,7 @@ impl Builder {
                 });
             }
         }
+        self.cap_durations();
         self.backoff.validate()?;
         #[cfg(feature = "metrics")]
         self.metrics.validate()?;
@@ -1011,6 +1012,28 @@ impl Builder {
         }
         crate::metrics::spawn(&pool);
         Ok(BalancedChannel { pool })
+    }
+
+    /// Every duration setting at most 30 years: any duration is accepted (`Duration::MAX` for
+    /// "never"), and a longer one means the same as 30 years, so that no timer overflows.
+    fn cap_durations(&mut self) {
+        use crate::time::cap;
+        self.backoff = self.backoff.clone().capped();
+        self.ejection = self.ejection.clone().capped();
+        self.retry = self.retry.take().map(RetryPolicy::capped);
+        #[cfg(feature = "health-check")]
+        {
+            self.health_check = self.health_check.take().map(HealthCheck::capped);
+        }
+        self.wrr = self.wrr.capped();
+        self.latency_expiry = cap(self.latency_expiry);
+        self.latency_decay = cap(self.latency_decay);
+        self.discovery_interval = cap(self.discovery_interval);
+        self.discovery_timeout = cap(self.discovery_timeout);
+        self.slow_start = self.slow_start.map(cap);
+        self.conns.idle = cap(self.conns.idle);
+        self.load_report_max_age = cap(self.load_report_max_age);
+        self.load_reports_oob = self.load_reports_oob.map(cap);
     }
 
     /// What the channel's metrics call it (`grpc.target`) unless told otherwise.

@@ -140,30 +140,42 @@ impl Extra {
 
 /// The channel for a call just routed to `inst` (whose `guard` counts it): the instance's own
 /// connection if it has room, else an extra one with room, opened if need be. The guard records
-/// the connection it counts against.
+/// the connection it counts against. `avoid` names a connection not to use if another will do
+/// (one that just refused the call's stream; [`UNCOUNTED`]: none).
 #[inline]
-pub(crate) fn channel(inst: &Arc<Instance>, guard: &mut CallGuard) -> Channel {
+pub(crate) fn channel(inst: &Arc<Instance>, guard: &mut CallGuard, avoid: u8) -> Channel {
     let Some(extra) = inst.extra.as_deref() else {
         return inst.channel.clone();
     };
     let limit = inst.policy.conns.streams;
-    if inst.conn_in_flight.fetch_add(1, Ordering::AcqRel) < limit {
-        guard.conn = FIRST;
-        return inst.channel.clone();
+    if avoid != FIRST {
+        if inst.conn_in_flight.fetch_add(1, Ordering::AcqRel) < limit {
+            guard.conn = FIRST;
+            return inst.channel.clone();
+        }
+        inst.conn_in_flight.fetch_sub(1, Ordering::AcqRel);
     }
-    inst.conn_in_flight.fetch_sub(1, Ordering::AcqRel);
-    spill(inst, extra, limit, guard)
+    spill(inst, extra, limit, guard, avoid)
 }
 
-/// The instance's own connection is full: an extra one.
+/// The instance's own connection is full (or to be avoided): an extra one.
 #[cold]
 #[inline(never)]
-fn spill(inst: &Arc<Instance>, extra: &Extra, limit: usize, guard: &mut CallGuard) -> Channel {
+fn spill(
+    inst: &Arc<Instance>,
+    extra: &Extra,
+    limit: usize,
+    guard: &mut CallGuard,
+    avoid: u8,
+) -> Channel {
     // Each round either finds room, or opens a connection (at most one per free slot), or
     // finds every slot full.
     for _ in 0..=extra.slots.len() {
         let mut free = None;
         for (k, slot) in extra.slots.iter().enumerate() {
+            if k as u8 + 2 == avoid {
+                continue;
+            }
             let held = slot.channel.load_full();
             let Some(ch) = held else {
                 free.get_or_insert(k);
@@ -174,7 +186,9 @@ fn spill(inst: &Arc<Instance>, extra: &Extra, limit: usize, guard: &mut CallGuar
                 let now = slot.channel.load();
                 if (*now).as_ref().is_some_and(|n| Arc::ptr_eq(n, &ch)) {
                     guard.conn = k as u8 + 2;
-                    return (*ch).clone();
+                    let channel = (*ch).clone();
+                    guard.extra_conn = Some(ch);
+                    return channel;
                 }
             }
             release_slot(inst, extra, k);
@@ -200,7 +214,9 @@ fn spill(inst: &Arc<Instance>, extra: &Extra, limit: usize, guard: &mut CallGuar
         slot.in_flight.fetch_add(1, Ordering::AcqRel);
         if let Some(ch) = slot.channel.load_full() {
             guard.conn = k as u8 + 2;
-            return (*ch).clone();
+            let channel = (*ch).clone();
+            guard.extra_conn = Some(ch);
+            return channel;
         }
         release_slot(inst, extra, k);
     }
@@ -234,24 +250,35 @@ fn open(inst: &Arc<Instance>, extra: &Extra, k: usize) {
 }
 
 /// The connection of `guard`'s call failed (could not connect, or broke): if it was an extra
-/// connection, it is dropped, no other opens before the channel's connection backoff has
-/// passed, and `true` says so. The instance keeps its state (gRFC A105: a connection beyond the
-/// first that fails leaves the instance READY): its own connection is not this one, and a
-/// server that turns away connections beyond some number of its own still serves those it has;
-/// a server that is gone breaks the instance's own connection too. False for a call on the
-/// instance's own connection, whose failure is the instance's.
+/// connection, it is dropped (if it is still the one in its slot: a call that was queued on a
+/// connection dropped already must not close the one that took its place), no other opens
+/// before the channel's connection backoff has passed, and `true` says so. The instance keeps
+/// its state (gRFC A105: a connection beyond the first that fails leaves the instance READY):
+/// its own connection is not this one, and a server that turns away connections beyond some
+/// number of its own still serves those it has; a server that is gone breaks the instance's own
+/// connection too. False for a call on the instance's own connection, whose failure is the
+/// instance's.
 pub(crate) fn extra_failed(guard: &CallGuard, error: &dyn std::error::Error) -> bool {
     let inst = guard.instance();
-    let (Some(extra), Some(k)) = (inst.extra.as_deref(), extra_slot(guard.conn)) else {
+    let (Some(extra), Some(k), Some(mine)) = (
+        inst.extra.as_deref(),
+        extra_slot(guard.conn),
+        guard.extra_conn.as_ref(),
+    ) else {
         return false;
     };
     // The calls queued on it fail together: the first of them closes it and sets the backoff.
-    if extra.slots[k].channel.swap(None).is_some() {
+    let prev = extra.slots[k]
+        .channel
+        .compare_and_swap(mine, None::<Arc<Channel>>);
+    if (*prev).as_ref().is_some_and(|p| Arc::ptr_eq(p, mine)) {
         extra.open.fetch_sub(1, Ordering::Relaxed);
         let failures = extra.failures.fetch_add(1, Ordering::Relaxed);
         let wait = inst.policy.backoff.delay(failures);
         extra.hold_until.store(
-            inst.policy.now_ns().saturating_add(wait.as_nanos() as u64),
+            inst.policy
+                .now_ns()
+                .saturating_add(crate::time::nanos(wait)),
             Ordering::Relaxed,
         );
         tracing::debug!(addr = %inst.target.name, error = %error, retry_in = ?wait, "extra connection failed; the instance stays ready on its own");
@@ -298,7 +325,7 @@ fn release_slot(inst: &Instance, extra: &Extra, k: usize) {
 /// Closes the extra connections that carried no call for `idle`; ends when none is open (the
 /// next one to open starts it again) or the instance is gone.
 async fn sweep(inst: Weak<Instance>, idle: Duration) {
-    let idle_ns = idle.as_nanos() as u64;
+    let idle_ns = crate::time::nanos(idle);
     let tick = (idle / 4).max(Duration::from_millis(1));
     loop {
         tokio::time::sleep(tick).await;
@@ -340,13 +367,4 @@ async fn sweep(inst: Weak<Instance>, idle: Duration) {
             }
         }
     }
-}
-
-/// Whether the server reset the call's stream with REFUSED_STREAM (it did not process it; a
-/// server over its stream limit answers so).
-pub(crate) fn is_refused_stream(e: &(dyn std::error::Error + 'static)) -> bool {
-    crate::error::sources(e).any(|err| {
-        err.downcast_ref::<h2::Error>()
-            .is_some_and(|h| h.is_remote() && h.reason() == Some(h2::Reason::REFUSED_STREAM))
-    })
 }

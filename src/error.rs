@@ -235,17 +235,6 @@ pub(crate) fn is_transport(e: &(dyn std::error::Error + 'static)) -> bool {
     })
 }
 
-/// Whether the server said it did not process the call: its stream was above the last one a
-/// GOAWAY said it processed (RFC 9113 §6.8), or it was reset with REFUSED_STREAM. Such a call
-/// may be sent again whatever was written of it.
-pub(crate) fn refused_by_server(e: &(dyn std::error::Error + 'static)) -> bool {
-    sources(e).any(|err| {
-        err.downcast_ref::<h2::Error>().is_some_and(|h| {
-            h.is_remote() && (h.is_go_away() || h.reason() == Some(h2::Reason::REFUSED_STREAM))
-        })
-    })
-}
-
 /// UNAVAILABLE for a connection that broke under a call (reset, broken pipe), as gRPC names it;
 /// tonic reports it as UNKNOWN "transport error". `None` if `e` is not a transport error.
 pub(crate) fn broken_connection(

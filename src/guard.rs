@@ -41,6 +41,9 @@ pub(crate) struct CallGuard {
     method: Method,
     /// The connection of its instance it counts against (`crate::conns`).
     pub(crate) conn: u8,
+    /// That connection, if it is one of the instance's extra ones: what the call's failure
+    /// closes, if it is still the one in its slot.
+    pub(crate) extra_conn: Option<Arc<tonic::transport::Channel>>,
     outcome: Option<Outcome>,
 }
 
@@ -58,6 +61,7 @@ impl CallGuard {
             connecting,
             answered: false,
             conn: crate::conns::UNCOUNTED,
+            extra_conn: None,
             start: Instant::now(),
             outcome: None,
         }
@@ -144,16 +148,38 @@ impl Drop for CallGuard {
         if self.conn != crate::conns::UNCOUNTED {
             crate::conns::release(&self.inst, self.conn);
         }
-        if self.outcome.is_none() && !self.answered && !self.connecting {
-            // Dropped by the caller (a timeout of its own, a tower `Timeout`) while the
-            // instance had not answered: not a failure of the instance, but the call took at
-            // least this long there. Without this sample, an instance that hangs would keep
-            // its old fast estimate and win every tie while callers give up on it.
-            if let Some(held) = self.held_in_silence() {
-                health::observe_latency(&self.inst, self.method, held, Instant::now());
-            }
+        if self.outcome.is_none() && !self.answered {
+            self.given_up();
         }
         health::record(&self.inst, self.outcome.unwrap_or(Outcome::Cancelled));
+    }
+}
+
+impl CallGuard {
+    /// Dropped unanswered without an outcome: the caller gave up on the call (a timeout of its
+    /// own, a tower `Timeout`), or the call gave this attempt up (a hedge answered first). Not
+    /// a failure of the instance, but it held the call at least this long: a sample that says
+    /// the instance is at least that slow, if that is more than it usually takes. Without it, an
+    /// instance that hangs, or one whose every attempt a hedge overtakes, would keep its old
+    /// fast estimate (or none) and win every tie while callers give up on it.
+    #[cold]
+    fn given_up(&self) {
+        if self.connecting && self.inst.state() != crate::instance::State::Ready {
+            // Its connection was being opened and is not known to work: the time says nothing
+            // of the service.
+            return;
+        }
+        let held = self.start.elapsed();
+        let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed)) * 1e-9;
+        if held >= health::DEADLINE_FLOOR && held.as_secs_f64() > usual {
+            health::observe_latency(&self.inst, self.method, held, Instant::now());
+        }
+    }
+
+    /// Whether the call was routed while its instance had no connection known to work.
+    #[inline]
+    pub(crate) fn routed_connecting(&self) -> bool {
+        self.connecting
     }
 }
 

@@ -117,6 +117,14 @@ pub(crate) struct Instance {
     pub(crate) ejection_streak: AtomicU32,
     /// Readmitted after an ejection: one more failure ejects it again.
     pub(crate) probation: AtomicBool,
+    /// The current ejection's number: a readmission timer readmits only the ejection it was
+    /// set for (not a later one, after the instance was removed and taken back).
+    pub(crate) ejection_id: AtomicU32,
+    /// When the current ejection ends, in nanoseconds since the pool's epoch.
+    pub(crate) ejected_until: AtomicU64,
+    /// The state it was in when it was removed (see [`Instance::drain`]): taken back into the
+    /// set, it returns to what that state says (see `health::revive`).
+    drained_from: AtomicU8,
     /// Slow start: when it joined or was readmitted, in nanoseconds since the pool's epoch
     /// (0: not warming up).
     pub(crate) warm_from: AtomicU64,
@@ -176,6 +184,9 @@ impl Instance {
             ejections: AtomicU32::new(0),
             ejection_streak: AtomicU32::new(0),
             probation: AtomicBool::new(false),
+            ejection_id: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
+            drained_from: AtomicU8::new(State::Connecting as u8),
             warm_from: AtomicU64::new(0),
             window_ok: AtomicU64::new(0),
             window_err: AtomicU64::new(0),
@@ -211,12 +222,20 @@ impl Instance {
             }
         }
         let from = State::from_u8(cur);
+        self.drained_from.store(cur, Ordering::Release);
         if from == State::Ejected {
             self.policy.ejected.fetch_sub(1, Ordering::AcqRel);
         }
         self.reported.state_changed(State::Draining);
+        // Out of service: its weighted-round-robin weight must earn its blackout again.
+        self.reported.wrr.reset();
         tracing::debug!(addr = %self.target.name, from = %from, to = "draining", "instance state changed");
         from
+    }
+
+    /// The state it was in when it was last removed.
+    pub(crate) fn drained_from(&self) -> State {
+        State::from_u8(self.drained_from.load(Ordering::Acquire))
     }
 
     /// Whether the pick may send calls to it: one load and a compare (`Connecting` and

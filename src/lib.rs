@@ -105,6 +105,7 @@
 #![warn(missing_docs)]
 
 mod builder;
+mod call;
 mod channel;
 mod conns;
 mod deadline;
@@ -130,10 +131,12 @@ mod stats;
 mod subset;
 mod target;
 mod tiebreak;
+mod time;
 mod wrr;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
-pub use channel::{BalancedChannel, ResponseFuture};
+pub use call::ResponseFuture;
+pub use channel::BalancedChannel;
 pub use conns::{DEFAULT_CONNECTION_IDLE, DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION};
 #[cfg(feature = "hickory-dns")]
 pub use discover::DnsSettings;
@@ -303,7 +306,7 @@ pub mod __bench {
         pub fn pick(&self) -> Option<usize> {
             let pool = &self.channel.pool;
             let snap = pool.snapshot();
-            crate::BalancedChannel::pick(pool, &snap, &[], crate::tiebreak::Method::NONE)
+            crate::pick::dispatch::pick(pool, &snap, &[], crate::tiebreak::Method::NONE)
         }
 
         /// Adds `delta` to instance `i`'s count, as a call's guard does.

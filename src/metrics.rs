@@ -17,6 +17,7 @@
 //! | `grpc.client.call.duration` | histogram | s | method, target, status |
 //! | `grpc.client.call.retries` | histogram | `{retry}` | method, target |
 //! | `grpc.client.call.transparent_retries` | histogram | `{transparent_retry}` | method, target |
+//! | `grpc.client.call.hedges` | histogram | `{hedge}` | method, target |
 //! | `grpc.client.call.retry_delay` | histogram | s | method, target |
 //! | `tonic_balancer.client.call.refused` | counter | `{call}` | method, target |
 //! | `tonic_balancer.client.retry_budget_exhausted` | counter | `{retry}` | target |
@@ -167,6 +168,8 @@ mod imp {
         pub const CALL_RETRIES: &str = "grpc.client.call.retries";
         /// Transparent retries per call (A96).
         pub const CALL_TRANSPARENT_RETRIES: &str = "grpc.client.call.transparent_retries";
+        /// Hedges per call (A96): attempts made by the hedging policy beside the first.
+        pub const CALL_HEDGES: &str = "grpc.client.call.hedges";
         /// Time a call spent waiting between attempts (A96).
         pub const CALL_RETRY_DELAY: &str = "grpc.client.call.retry_delay";
         /// Calls refused at once because no instance was usable.
@@ -390,6 +393,7 @@ mod imp {
             Unit::Count,
             "transparent retries per call"
         );
+        describe_histogram!(CALL_HEDGES, Unit::Count, "hedges per call");
         describe_histogram!(
             CALL_RETRY_DELAY,
             Unit::Seconds,
@@ -487,60 +491,29 @@ mod imp {
         ])
     }
 
-    /// The metrics of one call.
+    /// The metrics of one call (its attempts have their own, [`Attempt`]).
     pub(crate) struct Call {
         start: Instant,
-        attempt_start: Instant,
-        /// An attempt is under way.
-        open: bool,
-        attempts: u32,
         retries: u32,
         transparent: u32,
+        hedges: u32,
         delay: Duration,
         method: SharedString,
         target: SharedString,
-        /// Message bytes the current attempt's request body yielded (written by that body,
-        /// wherever its connection polls it; taken when the attempt ends).
-        sent: Arc<AtomicU64>,
-        /// Message bytes of the current attempt's response, and where its frames stand.
-        rcvd: u64,
-        rcvd_messages: Messages,
     }
 
     impl Call {
         pub(crate) fn new(shared: &Shared, path: &str) -> Option<Call> {
             let config = shared.metrics.get()?;
-            let now = Instant::now();
             Some(Call {
-                start: now,
-                attempt_start: now,
-                open: false,
-                attempts: 0,
+                start: Instant::now(),
                 retries: 0,
                 transparent: 0,
+                hedges: 0,
                 delay: Duration::ZERO,
                 method: config.method(path),
                 target: config.target.clone(),
-                sent: Arc::new(AtomicU64::new(0)),
-                rcvd: 0,
-                rcvd_messages: Messages::default(),
             })
-        }
-
-        /// Counts the message bytes that this attempt's request body yields.
-        pub(crate) fn count_sent(&self, req: &mut http::Request<tonic::body::Body>) {
-            let inner = std::mem::take(req.body_mut());
-            *req.body_mut() = tonic::body::Body::new(CountedBody {
-                inner,
-                sent: self.sent.clone(),
-                messages: Messages::default(),
-            });
-        }
-
-        /// A data frame of the attempt's response body.
-        #[inline]
-        pub(crate) fn received(&mut self, data: &[u8]) {
-            self.rcvd += self.rcvd_messages.payload(data);
         }
 
         fn labels(&self) -> [Label; 2] {
@@ -558,55 +531,95 @@ mod imp {
             ]
         }
 
-        pub(crate) fn attempt(&mut self, _shared: &Shared, retry: bool) {
-            if self.open {
-                // The previous attempt never reached its instance: replayed.
-                self.close(tonic::Code::Unavailable);
+        /// An attempt of the call starts.
+        pub(crate) fn attempt(&mut self, kind: crate::call::Kind) -> Attempt {
+            use crate::call::Kind;
+            match kind {
+                Kind::First => {}
+                Kind::Transparent => self.transparent += 1,
+                Kind::Retry => self.retries += 1,
+                Kind::Hedge => self.hedges += 1,
             }
-            if self.attempts > 0 {
-                if retry {
-                    self.retries += 1;
-                } else {
-                    self.transparent += 1;
-                }
-            }
-            self.attempts += 1;
-            self.rcvd = 0;
-            self.rcvd_messages = Messages::default();
             metrics::counter!(ATTEMPT_STARTED, self.labels().iter()).increment(1);
-            self.attempt_start = Instant::now();
-            self.open = true;
-        }
-
-        fn close(&mut self, code: tonic::Code) {
-            self.open = false;
-            let took = self.attempt_start.elapsed().as_secs_f64();
-            let labels = self.labels_with(code);
-            metrics::histogram!(ATTEMPT_DURATION, labels.iter()).record(took);
-            let sent = self.sent.swap(0, Ordering::Relaxed);
-            metrics::histogram!(ATTEMPT_SENT_SIZE, labels.iter()).record(sent as f64);
-            let rcvd = std::mem::take(&mut self.rcvd);
-            metrics::histogram!(ATTEMPT_RCVD_SIZE, labels.iter()).record(rcvd as f64);
-        }
-
-        pub(crate) fn retrying(&mut self, code: tonic::Code, delay: Duration) {
-            if self.open {
-                self.close(code);
+            Attempt {
+                start: Instant::now(),
+                sent: Arc::new(AtomicU64::new(0)),
+                rcvd: 0,
+                rcvd_messages: Messages::default(),
+                method: self.method.clone(),
+                target: self.target.clone(),
+                code: None,
             }
+        }
+
+        /// The call waits `delay` before its next attempt.
+        pub(crate) fn retrying(&mut self, delay: Duration) {
             self.delay += delay;
         }
 
         pub(crate) fn finish(&mut self, code: tonic::Code) {
-            if self.open {
-                self.close(code);
-            }
             let took = self.start.elapsed().as_secs_f64();
             metrics::histogram!(CALL_DURATION, self.labels_with(code).iter()).record(took);
             let labels = self.labels();
             metrics::histogram!(CALL_RETRIES, labels.iter()).record(f64::from(self.retries));
             metrics::histogram!(CALL_TRANSPARENT_RETRIES, labels.iter())
                 .record(f64::from(self.transparent));
+            metrics::histogram!(CALL_HEDGES, labels.iter()).record(f64::from(self.hedges));
             metrics::histogram!(CALL_RETRY_DELAY, labels.iter()).record(self.delay.as_secs_f64());
+        }
+    }
+
+    /// The metrics of one attempt: recorded when it is dropped, with the status it ended with
+    /// (CANCELLED if none was given: the call gave it up, or its caller did).
+    pub(crate) struct Attempt {
+        start: Instant,
+        /// Message bytes its request body yielded (written by that body, wherever its
+        /// connection polls it).
+        sent: Arc<AtomicU64>,
+        /// Message bytes of its response, and where its frames stand.
+        rcvd: u64,
+        rcvd_messages: Messages,
+        method: SharedString,
+        target: SharedString,
+        code: Option<tonic::Code>,
+    }
+
+    impl Attempt {
+        /// Counts the message bytes that this attempt's request body yields.
+        pub(crate) fn count_sent(&self, req: &mut http::Request<tonic::body::Body>) {
+            let inner = std::mem::take(req.body_mut());
+            *req.body_mut() = tonic::body::Body::new(CountedBody {
+                inner,
+                sent: self.sent.clone(),
+                messages: Messages::default(),
+            });
+        }
+
+        /// A data frame of the attempt's response body.
+        #[inline]
+        pub(crate) fn received(&mut self, data: &[u8]) {
+            self.rcvd += self.rcvd_messages.payload(data);
+        }
+
+        /// The attempt ended with this status (the first one given counts).
+        pub(crate) fn ended(&mut self, code: tonic::Code) {
+            self.code.get_or_insert(code);
+        }
+    }
+
+    impl Drop for Attempt {
+        fn drop(&mut self) {
+            let code = self.code.unwrap_or(tonic::Code::Cancelled);
+            let took = self.start.elapsed().as_secs_f64();
+            let labels = [
+                Label::new(LABEL_METHOD, self.method.clone()),
+                Label::new(LABEL_TARGET, self.target.clone()),
+                Label::new(LABEL_STATUS, code_name(code)),
+            ];
+            metrics::histogram!(ATTEMPT_DURATION, labels.iter()).record(took);
+            let sent = self.sent.load(Ordering::Relaxed);
+            metrics::histogram!(ATTEMPT_SENT_SIZE, labels.iter()).record(sent as f64);
+            metrics::histogram!(ATTEMPT_RCVD_SIZE, labels.iter()).record(self.rcvd as f64);
         }
     }
 

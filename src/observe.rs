@@ -22,6 +22,7 @@ type CallResult = Result<http::Response<tonic::body::Body>, tower::BoxError>;
 pub(crate) struct Shared {
     retries: AtomicU64,
     replays: AtomicU64,
+    hedges: AtomicU64,
     refused: AtomicU64,
     budget_exhausted: AtomicU64,
     ejections: AtomicU64,
@@ -109,14 +110,47 @@ pub(crate) struct CallObs {
     span: Option<Box<tracing::Span>>,
     /// Attempts so far (the first one included).
     attempts: u32,
-    /// The next attempt is a retry of the retry policy (not a transparent replay).
-    retry_next: bool,
     /// Recorded already (or nothing to record).
     done: bool,
-    /// The status of the current attempt's response head (a trailers-only answer).
+    /// The status of the delivered attempt's response head (a trailers-only answer).
     head: Option<tonic::Code>,
+    /// The attempt whose answer the caller got, once there is one.
+    delivered: AttemptObs,
     #[cfg(feature = "metrics")]
     metrics: Option<crate::metrics::Call>,
+}
+
+/// One attempt of a call, seen from outside: with metrics on, its own duration, sizes and
+/// status (recorded when it is dropped); nothing otherwise.
+#[derive(Default)]
+pub(crate) struct AttemptObs {
+    #[cfg(feature = "metrics")]
+    metrics: Option<crate::metrics::Attempt>,
+}
+
+impl AttemptObs {
+    /// The request of this attempt, about to be sent: with metrics on, its body counts the
+    /// message bytes it yields (A66's sent size).
+    #[inline(always)]
+    pub(crate) fn count_sent(&self, req: &mut http::Request<tonic::body::Body>) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = self.metrics.as_ref() {
+            m.count_sent(req);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = req;
+    }
+
+    /// The attempt ended with this status.
+    #[inline(always)]
+    pub(crate) fn ended(&mut self, code: tonic::Code) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = self.metrics.as_mut() {
+            m.ended(code);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = code;
+    }
 }
 
 impl Default for CallObs {
@@ -125,9 +159,9 @@ impl Default for CallObs {
         CallObs {
             span: None,
             attempts: 0,
-            retry_next: false,
             done: true,
             head: None,
+            delivered: AttemptObs::default(),
             #[cfg(feature = "metrics")]
             metrics: None,
         }
@@ -150,9 +184,9 @@ impl CallObs {
         CallObs {
             span,
             attempts: 0,
-            retry_next: false,
             done: false,
             head: None,
+            delivered: AttemptObs::default(),
             #[cfg(feature = "metrics")]
             metrics: crate::metrics::Call::new(&pool.policy.observe, req.uri().path()),
         }
@@ -164,64 +198,58 @@ impl CallObs {
         self.span.as_deref()
     }
 
-    /// An attempt of the call goes to `inst`: the first, a transparent replay, or (after
-    /// [`retrying`](Self::retrying)) a retry of the retry policy.
+    /// An attempt of the call goes to `inst`.
     #[inline(always)]
-    pub(crate) fn attempt(&mut self, inst: &Instance) {
+    pub(crate) fn attempt(&mut self, inst: &Instance, kind: crate::call::Kind) -> AttemptObs {
+        use crate::call::Kind;
         self.attempts += 1;
-        self.head = None;
-        let retry = std::mem::take(&mut self.retry_next);
-        if self.attempts > 1 {
-            let shared = &inst.policy.observe;
-            let counter = if retry {
-                &shared.retries
-            } else {
-                &shared.replays
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
+        let shared = &inst.policy.observe;
+        match kind {
+            Kind::First => {}
+            Kind::Transparent => {
+                shared.replays.fetch_add(1, Ordering::Relaxed);
+            }
+            Kind::Retry => {
+                shared.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            Kind::Hedge => {
+                shared.hedges.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if let Some(span) = &self.span {
             record_attempt(span, inst, self.attempts);
         }
-        #[cfg(feature = "metrics")]
-        if let Some(m) = self.metrics.as_mut() {
-            m.attempt(&inst.policy.observe, retry);
+        AttemptObs {
+            #[cfg(feature = "metrics")]
+            metrics: self.metrics.as_mut().map(|m| m.attempt(kind)),
         }
     }
 
-    /// The request of the current attempt, about to be sent: with metrics on, its body counts
-    /// the message bytes it yields (A66's sent size).
+    /// The caller gets the answer of this attempt (its response head has come).
     #[inline(always)]
-    pub(crate) fn count_sent(&self, req: &mut http::Request<tonic::body::Body>) {
-        #[cfg(feature = "metrics")]
-        if let Some(m) = self.metrics.as_ref() {
-            m.count_sent(req);
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = req;
+    pub(crate) fn deliver(&mut self, attempt: AttemptObs) {
+        self.delivered = attempt;
     }
 
     /// A frame of the response body (with metrics on, its message bytes count as received).
     #[inline(always)]
     pub(crate) fn received(&mut self, frame: &http_body::Frame<bytes::Bytes>) {
         #[cfg(feature = "metrics")]
-        if let (Some(m), Some(data)) = (self.metrics.as_mut(), frame.data_ref()) {
+        if let (Some(m), Some(data)) = (self.delivered.metrics.as_mut(), frame.data_ref()) {
             m.received(data);
         }
         #[cfg(not(feature = "metrics"))]
         let _ = frame;
     }
 
-    /// The current attempt ended with `code` and the retry policy sends the call again after
-    /// `delay`.
-    pub(crate) fn retrying(&mut self, code: tonic::Code, delay: std::time::Duration) {
-        self.retry_next = true;
+    /// An attempt ended with `code` and the call waits `delay` before its next one.
+    pub(crate) fn retrying(&mut self, delay: std::time::Duration) {
         #[cfg(feature = "metrics")]
         if let Some(m) = self.metrics.as_mut() {
-            m.retrying(code, delay);
+            m.retrying(delay);
         }
         #[cfg(not(feature = "metrics"))]
-        let _ = (code, delay);
+        let _ = delay;
     }
 
     /// The call was refused: no instance could take it.
@@ -232,7 +260,7 @@ impl CallObs {
         self.finish(tonic::Code::Unavailable);
     }
 
-    /// The current attempt's response head carries its status (a trailers-only answer).
+    /// The delivered attempt's response head carries its status (a trailers-only answer).
     pub(crate) fn head(&mut self, code: tonic::Code) {
         self.head = Some(code);
     }
@@ -246,6 +274,7 @@ impl CallObs {
         }
         self.done = true;
         let code = self.head.unwrap_or(code);
+        self.delivered.ended(code);
         if let Some(span) = &self.span {
             span.record("outcome", code_name(code));
         }
@@ -269,7 +298,7 @@ impl CallObs {
         match result {
             Err(e) => self.finish(code_of(&**e)),
             Ok(resp) => {
-                // The last answer of a call the retry policy could not send again.
+                // The last answer of a call that could not be sent again.
                 let code = crate::headers::grpc_status(resp.headers());
                 self.finish(code.unwrap_or(tonic::Code::Unknown));
             }
@@ -364,6 +393,7 @@ pub struct ChannelStats {
     attempts: u64,
     retries: u64,
     transparent_retries: u64,
+    hedges: u64,
     refused: u64,
     retry_budget_exhausted: u64,
     ejections: u64,
@@ -384,8 +414,8 @@ impl ChannelStats {
         self.calls
     }
 
-    /// Attempts sent to instances: each call's first one, its retries and its transparent
-    /// retries (the sum of [`EndpointStats::started`](crate::EndpointStats::started) over the
+    /// Attempts sent to instances: each call's first one, its retries, its transparent retries
+    /// and its hedges (the sum of [`EndpointStats::started`](crate::EndpointStats::started) over the
     /// instances, those that have left included).
     pub fn attempts(&self) -> u64 {
         self.attempts
@@ -400,6 +430,12 @@ impl ChannelStats {
     /// instance (gRPC's transparent retry).
     pub fn transparent_retries(&self) -> u64 {
         self.transparent_retries
+    }
+
+    /// Attempts made by a [`HedgingPolicy`](crate::HedgingPolicy) beside each hedged call's
+    /// first one.
+    pub fn hedges(&self) -> u64 {
+        self.hedges
     }
 
     /// Calls refused at once with UNAVAILABLE because no instance was usable (or the set was
@@ -466,11 +502,12 @@ impl std::fmt::Display for ChannelStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "calls={} attempts={} retries={} transparent_retries={} refused={} budget_exhausted={} ejections={}",
+            "calls={} attempts={} retries={} transparent_retries={} hedges={} refused={} budget_exhausted={} ejections={}",
             self.calls,
             self.attempts,
             self.retries,
             self.transparent_retries,
+            self.hedges,
             self.refused,
             self.retry_budget_exhausted,
             self.ejections
@@ -491,7 +528,7 @@ impl std::fmt::Display for ChannelStats {
 
 impl BalancedChannel {
     /// Totals of this channel since it was built (shared by its clones): calls, attempts,
-    /// retries, transparent retries, refusals, ejections, and the discovery source's state and
+    /// retries, transparent retries, hedges, refusals, ejections, and the discovery source's state and
     /// last error. Lock-free counters, kept whether or not the `metrics` feature is on; see
     /// [`endpoints`](Self::endpoints) for each instance.
     ///
@@ -517,6 +554,7 @@ impl BalancedChannel {
         let attempts = live + retired;
         let retries = load(&shared.retries);
         let replays = load(&shared.replays);
+        let hedges = load(&shared.hedges);
         let refused = load(&shared.refused);
         let source = shared.source.get().cloned();
         let error = pool.discovery_error();
@@ -530,10 +568,11 @@ impl BalancedChannel {
             }
         });
         ChannelStats {
-            calls: (attempts + refused).saturating_sub(retries + replays),
+            calls: (attempts + refused).saturating_sub(retries + replays + hedges),
             attempts,
             retries,
             transparent_retries: replays,
+            hedges,
             refused,
             retry_budget_exhausted: load(&shared.budget_exhausted),
             ejections: load(&shared.ejections),

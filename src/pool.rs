@@ -138,13 +138,35 @@ impl Pool {
         target: Target,
         connected: Option<tonic::transport::Channel>,
     ) -> bool {
+        self.insert_in_place_of(target, connected, None)
+    }
+
+    /// As [`insert`](Self::insert), removing the instance of `old` in the same change (a
+    /// discovery key that named another URI): readers see the set with the old one or with the
+    /// new one, never with neither. True if the new URI was not in the set.
+    pub(crate) fn insert_in_place_of(
+        &self,
+        target: Target,
+        connected: Option<tonic::transport::Channel>,
+        old: Option<&Key>,
+    ) -> bool {
+        let old = old.filter(|o| **o != target.key);
         if let Some(subset) = &self.subset {
-            return crate::subset::insert(self, subset, target, connected);
+            return crate::subset::insert(self, subset, target, connected, old);
         }
         let key = target.key.clone();
         let joining = Joining { target, connected };
-        let (_, replaced) = self.change(vec![joining], |i| i.target.key == key, Reuse::No);
-        replaced == 0
+        let mut had = false;
+        self.change(
+            vec![joining],
+            |i| {
+                let same = i.target.key == key;
+                had |= same;
+                same || old == Some(&i.target.key)
+            },
+            Reuse::No,
+        );
+        !had
     }
 
     /// Removes the instance with this URI: no new calls from now on; it finishes the calls it
@@ -184,7 +206,7 @@ impl Pool {
     pub(crate) fn change(
         &self,
         add: Vec<Joining>,
-        gone: impl Fn(&Instance) -> bool,
+        mut gone: impl FnMut(&Instance) -> bool,
         reuse: Reuse,
     ) -> (usize, usize) {
         let _w = lock(&self.write);
@@ -245,12 +267,10 @@ impl Pool {
             .iter()
             .rposition(|w| w.upgrade().is_some_and(|i| i.target.key == *key))?;
         let inst = draining.remove(pos).upgrade()?;
-        // Not known to be connected: the next response says so.
-        inst.transition(State::Draining, State::Connecting)
-            .then(|| {
-                tracing::info!(addr = %inst.target.name, "instance re-added while draining: reused");
-                inst
-            })
+        crate::health::revive(&inst).then(|| {
+            tracing::info!(addr = %inst.target.name, state = %inst.state(), "instance re-added while draining: reused");
+            inst
+        })
     }
 
     /// A new instance, with its health checks if they are on.

@@ -176,13 +176,14 @@ fn apply<R>(
     result
 }
 
-/// [`Pool::insert_with`] with subsetting: the endpoint joins the full list (replacing the one
-/// of its URI); true if its URI was not in the list.
+/// [`Pool::insert_in_place_of`] with subsetting: the endpoint joins the full list (replacing
+/// the one of its URI, and `old`'s, in the same change); true if its URI was not in the list.
 pub(crate) fn insert(
     pool: &Pool,
     subset: &Subset,
     target: Target,
     connected: Option<tonic::transport::Channel>,
+    old: Option<&Key>,
 ) -> bool {
     let key = target.key.clone();
     let connected = connected
@@ -191,14 +192,19 @@ pub(crate) fn insert(
     apply(
         pool,
         subset,
-        |all| match all.iter_mut().find(|t| t.key == target.key) {
-            Some(old) => {
-                *old = target;
-                false
+        |all| {
+            if let Some(old) = old {
+                all.retain(|t| t.key != *old);
             }
-            None => {
-                all.push(target);
-                true
+            match all.iter_mut().find(|t| t.key == target.key) {
+                Some(old) => {
+                    *old = target;
+                    false
+                }
+                None => {
+                    all.push(target);
+                    true
+                }
             }
         },
         connected,

@@ -131,6 +131,14 @@ impl WrrConfig {
         Ok(())
     }
 
+    /// The same settings with every duration at most 30 years (longer ones mean "never").
+    pub(crate) fn capped(mut self) -> WrrConfig {
+        self.blackout_period = crate::time::cap(self.blackout_period);
+        self.weight_expiration_period = crate::time::cap(self.weight_expiration_period);
+        self.weight_update_period = crate::time::cap(self.weight_update_period);
+        self
+    }
+
     pub(crate) fn update_period(&self) -> Duration {
         self.weight_update_period.max(MIN_UPDATE_PERIOD)
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use fleet::pb::fleet_client::FleetClient;
 use fleet::pb::Req;
+use fleet::refusing::{Refusing, Rule};
 use fleet::{Behavior, Instance, ServerOptions};
 use tokio::sync::watch;
 use tonic_balancer::{BalancedChannel, Error};
@@ -421,102 +422,12 @@ async fn idle_extra_connections_close() {
     again.cancel().await;
 }
 
-/// A raw HTTP/2 server (h2, not tonic) that refuses streams unprocessed, on purpose, so that the
-/// refusal does not hang on a race: it resets with REFUSED_STREAM the first `refuse` streams of
-/// each connection (`usize::MAX`: every one) and answers the others as a gRPC server answers
-/// `Unary` (a `Reply`, grpc-status 0).
-struct Refusing {
-    addr: std::net::SocketAddr,
-    /// Streams opened by clients, refused or not.
-    streams: Arc<AtomicUsize>,
-    refused: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Refusing {
-    async fn start(refuse: usize) -> Refusing {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let streams = Arc::new(AtomicUsize::new(0));
-        let refused = Arc::new(AtomicUsize::new(0));
-        let (s, r) = (streams.clone(), refused.clone());
-        let task = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            while let Ok((io, _)) = listener.accept().await {
-                conns.spawn(Self::serve(io, refuse, s.clone(), r.clone()));
-            }
-        });
-        Refusing {
-            addr,
-            streams,
-            refused,
-            task,
-        }
-    }
-
-    async fn serve(
-        io: tokio::net::TcpStream,
-        refuse: usize,
-        streams: Arc<AtomicUsize>,
-        refused: Arc<AtomicUsize>,
-    ) {
-        let Ok(mut conn) = h2::server::handshake(io).await else {
-            return;
-        };
-        let mut on_this = 0;
-        let mut answers = tokio::task::JoinSet::new();
-        while let Some(Ok((req, mut respond))) = conn.accept().await {
-            streams.fetch_add(1, Ordering::SeqCst);
-            on_this += 1;
-            if on_this <= refuse {
-                refused.fetch_add(1, Ordering::SeqCst);
-                respond.send_reset(h2::Reason::REFUSED_STREAM);
-                continue;
-            }
-            answers.spawn(async move {
-                let mut body = req.into_body();
-                while let Some(Ok(chunk)) = body.data().await {
-                    let _ = body.flow_control().release_capacity(chunk.len());
-                }
-                let head = http::Response::builder()
-                    .header("content-type", "application/grpc")
-                    .body(())
-                    .unwrap();
-                let Ok(mut send) = respond.send_response(head, false) else {
-                    return;
-                };
-                let msg = prost::Message::encode_to_vec(&fleet::pb::Reply {
-                    instance: "refusing".into(),
-                    ..Default::default()
-                });
-                let mut frame = vec![0u8];
-                frame.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-                frame.extend_from_slice(&msg);
-                let _ = send.send_data(frame.into(), false);
-                let mut trailers = http::HeaderMap::new();
-                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-                let _ = send.send_trailers(trailers);
-            });
-        }
-    }
-
-    fn uri(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Refusing {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// A stream the server refuses unprocessed (REFUSED_STREAM, as a server over its stream limit
 /// answers) is sent again transparently, and succeeds: the caller sees one successful call, the
 /// server two streams (the first refused), and the instance nothing against it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_stream_is_sent_again() {
-    let server = Refusing::start(1).await;
+    let server = Refusing::start(Rule::First(1)).await;
     let ch = BalancedChannel::builder()
         .uri(&server.uri())
         .build()
@@ -545,7 +456,7 @@ async fn a_refused_stream_is_sent_again() {
 /// (no refusal sticks to the channel).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_stream_is_sent_again_once_only() {
-    let server = Refusing::start(usize::MAX).await;
+    let server = Refusing::start(Rule::First(usize::MAX)).await;
     let ch = BalancedChannel::builder()
         .uri(&server.uri())
         .build()

@@ -91,7 +91,7 @@ impl Dns {
             return Err(bad("the timeout must be above zero".into()));
         }
         let mut opts = ResolverOpts::default();
-        opts.timeout = settings.timeout;
+        opts.timeout = crate::time::cap(settings.timeout);
         opts.attempts = settings.attempts;
         // The channel re-resolves on its own schedule: answers must not be served from a cache
         // past that, and both address families are wanted.

@@ -150,7 +150,7 @@ pub(crate) async fn run(pool: Weak<Pool>, d: Discovery) {
         }
         let wake = p.discovery_wake.clone();
         drop(p);
-        let next = started + d.interval;
+        let next = started + crate::time::cap(d.interval);
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
             _ = wake.notified() => {

@@ -33,7 +33,7 @@ pub(crate) async fn run<K>(
     K: Hash + Eq + Clone + Send + 'static,
 {
     let mut keys: HashMap<K, Key> = HashMap::new();
-    let first_by = tokio::time::Instant::now() + first_within;
+    let first_by = crate::time::after(first_within);
     let mut waiting = pool.upgrade().is_some_and(|p| !*p.discovered.borrow());
     loop {
         let item = if waiting {
@@ -71,12 +71,13 @@ pub(crate) async fn run<K>(
                         continue;
                     }
                 };
-                if let Some(old) = keys.insert(key, target.key.clone()) {
-                    if old != target.key && !keys.values().any(|u| *u == old) {
-                        p.remove(&old);
-                    }
-                }
-                p.insert(target);
+                // The URI the key named before leaves in the same change as the new one
+                // joins (unless another key still names it): no reader sees the set without
+                // either.
+                let old = keys
+                    .insert(key, target.key.clone())
+                    .filter(|old| *old != target.key && !keys.values().any(|u| u == old));
+                p.insert_in_place_of(target, None, old.as_ref());
                 waiting = false;
                 p.discovery_status(None);
             }

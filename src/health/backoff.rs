@@ -44,13 +44,29 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The delay before attempt number `attempt` (0 for the first).
+    /// The delay before attempt number `attempt` (0 for the first). Total for any settings:
+    /// what [`build`](crate::Builder::build) would refuse (a NaN, a jitter above 1) still gives
+    /// a delay, between zero and [`max`](Self::max) plus its jitter, capped at 30 years.
     pub fn delay(&self, attempt: u32) -> Duration {
-        let base = self.initial.as_secs_f64() * self.multiplier.powi(attempt.min(1000) as i32);
-        let base = base.min(self.max.as_secs_f64());
+        let max = crate::time::cap(self.max).as_secs_f64();
+        let base = crate::time::cap(self.initial).as_secs_f64()
+            * self.multiplier.powi(attempt.min(1000) as i32);
+        let base = if base.is_nan() { max } else { base.min(max) };
+        let jitter = if self.jitter.is_nan() {
+            0.0
+        } else {
+            self.jitter.clamp(0.0, 1.0)
+        };
         let unit = crate::pick::random_unit();
-        let jittered = base * (1.0 + self.jitter * (2.0 * unit - 1.0));
-        Duration::from_secs_f64(jittered.max(0.0))
+        crate::time::from_secs_f64(base * (1.0 + jitter * (2.0 * unit - 1.0)))
+    }
+
+    /// The same settings with every duration at most 30 years (longer ones mean "never").
+    pub(crate) fn capped(mut self) -> Backoff {
+        self.initial = crate::time::cap(self.initial);
+        self.max = crate::time::cap(self.max);
+        self.min_connect_timeout = crate::time::cap(self.min_connect_timeout);
+        self
     }
 
     /// Delay before the first reconnect attempt: above zero (default 1 s).
@@ -127,6 +143,24 @@ mod tests {
                     d >= want * 0.8 - 1e-9 && d <= want * 1.2 + 1e-9,
                     "attempt {attempt}: {d} vs {want}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn no_setting_makes_a_delay_panic() {
+        let huge = [
+            Backoff::default().initial(Duration::MAX).max(Duration::MAX),
+            Backoff::default().jitter(f64::INFINITY),
+            Backoff::default().jitter(f64::NAN).multiplier(f64::NAN),
+            Backoff::default()
+                .multiplier(f64::INFINITY)
+                .max(Duration::MAX),
+            Backoff::default().multiplier(f64::MAX).jitter(1.0),
+        ];
+        for b in huge {
+            for attempt in [0, 1, 10, u32::MAX] {
+                assert!(b.delay(attempt) <= crate::time::FOREVER, "{b:?}");
             }
         }
     }

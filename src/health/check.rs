@@ -70,6 +70,13 @@ impl HealthCheck {
         self
     }
 
+    /// The same settings with every duration at most 30 years (longer ones mean "never").
+    pub(crate) fn capped(mut self) -> HealthCheck {
+        self.interval = crate::time::cap(self.interval);
+        self.timeout = crate::time::cap(self.timeout);
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
         let bad = |reason: &str| crate::Error::InvalidSetting {
             name: "health_check",

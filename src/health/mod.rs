@@ -196,6 +196,29 @@ pub(crate) fn record(inst: &Arc<Instance>, outcome: Outcome) {
     }
 }
 
+/// A draining instance is taken back into the set (a discovery answer names it again): it
+/// returns to what its state when it was removed says, not straight into service. One that
+/// was unhealthy stays out until a health check says `SERVING`; one that was ejected stays
+/// out for what was left of its ejection (or, with no time left or no room under the cap,
+/// comes back on probation); any other is connecting. False if it was not draining.
+pub(crate) fn revive(inst: &Arc<Instance>) -> bool {
+    match inst.drained_from() {
+        State::Unhealthy => inst.transition(State::Draining, State::Unhealthy),
+        State::Ejected => {
+            if outlier::resume_ejection(inst) {
+                return true;
+            }
+            let back = inst.transition(State::Draining, State::Connecting);
+            if back {
+                inst.consecutive_failures.store(0, Ordering::Relaxed);
+                inst.probation.store(true, Ordering::Relaxed);
+            }
+            back
+        }
+        _ => inst.transition(State::Draining, State::Connecting),
+    }
+}
+
 /// The instance's connection could not be opened: take it out of the pick and reconnect in the
 /// background with backoff.
 pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error) {

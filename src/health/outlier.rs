@@ -161,6 +161,14 @@ impl Ejection {
         Ok(())
     }
 
+    /// The same settings with every duration at most 30 years (longer ones mean "never").
+    pub(crate) fn capped(mut self) -> Ejection {
+        self.base_time = crate::time::cap(self.base_time);
+        self.max_time = crate::time::cap(self.max_time);
+        self.success_rate_interval = self.success_rate_interval.map(crate::time::cap);
+        self
+    }
+
     /// How many instances of `members` may be ejected at once.
     pub(crate) fn cap(&self, members: usize) -> usize {
         if members < 2 || self.max_ejected_percent == 0 {
@@ -214,6 +222,7 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
         .checked_mul(1u32 << streak.min(16))
         .unwrap_or(policy.ejection.max_time)
         .min(policy.ejection.max_time);
+    let id = start_ejection(inst, time);
     tracing::warn!(
         addr = %inst.target.name,
         reason = why,
@@ -225,13 +234,69 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
     inst.spawn(async move {
         tokio::time::sleep(time).await;
         if let Some(inst) = weak.upgrade() {
-            readmit(&inst);
+            readmit(&inst, id);
         }
     });
     true
 }
 
-fn readmit(inst: &Instance) {
+/// Numbers a new ejection of `inst` that lasts `time` from now; returns its number.
+fn start_ejection(inst: &Instance, time: std::time::Duration) -> u32 {
+    let until = inst
+        .policy
+        .now_ns()
+        .saturating_add(crate::time::nanos(time));
+    inst.ejected_until.store(until, Ordering::Relaxed);
+    inst.ejection_id
+        .fetch_add(1, Ordering::AcqRel)
+        .wrapping_add(1)
+}
+
+/// An instance removed while ejected is taken back into the set: it stays ejected for what was
+/// left of its ejection, if the cap allows it now. False (nothing done) if no time was left or
+/// the cap is full.
+pub(crate) fn resume_ejection(inst: &Arc<Instance>) -> bool {
+    let policy = &inst.policy;
+    let left = inst
+        .ejected_until
+        .load(Ordering::Relaxed)
+        .saturating_sub(policy.now_ns());
+    if left == 0 {
+        return false;
+    }
+    let cap = policy.ejection.cap(policy.members.load(Ordering::Relaxed));
+    let reserved = policy
+        .ejected
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
+            (e < cap).then_some(e + 1)
+        })
+        .is_ok();
+    if !reserved {
+        return false;
+    }
+    if !inst.transition(State::Draining, State::Ejected) {
+        policy.ejected.fetch_sub(1, Ordering::AcqRel);
+        return false;
+    }
+    let time = std::time::Duration::from_nanos(left);
+    let id = start_ejection(inst, time);
+    tracing::info!(addr = %inst.target.name, ejection_secs = time.as_secs_f64(), "instance taken back while ejected: it stays out until its ejection ends");
+    let weak = Arc::downgrade(inst);
+    inst.spawn(async move {
+        tokio::time::sleep(time).await;
+        if let Some(inst) = weak.upgrade() {
+            readmit(&inst, id);
+        }
+    });
+    true
+}
+
+/// The ejection numbered `id` is over: the instance is readmitted on probation, unless that
+/// ejection ended already (the instance was removed, then taken back and ejected anew).
+fn readmit(inst: &Instance, id: u32) {
+    if inst.ejection_id.load(Ordering::Acquire) != id {
+        return;
+    }
     if inst.transition(State::Ejected, State::Ready) {
         inst.policy.ejected.fetch_sub(1, Ordering::AcqRel);
         inst.consecutive_failures.store(0, Ordering::Relaxed);

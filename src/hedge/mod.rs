@@ -2,16 +2,13 @@
 //! a call that has no answer after a delay is sent again to another instance, and the first
 //! answer wins.
 //!
-//! The rules are in [`HedgingPolicy`]'s docs; the call's future is in `call.rs`.
-
-mod call;
+//! The rules are in [`HedgingPolicy`]'s docs; a hedged call's attempts are driven by the one
+//! machine of every call (`crate::call`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::Code;
-
-pub(crate) use call::Hedge;
 
 /// gRFC A6's client-side cap on the attempts of a call.
 const MAX_ATTEMPTS: u32 = 5;
@@ -244,6 +241,8 @@ impl Hedging {
             services: Vec::new(),
         };
         for p in policies {
+            let mut p = p;
+            p.delay = crate::time::cap(p.delay);
             p.validate()?;
             if !p.same_budget(ratio, min) {
                 return Err(bad(

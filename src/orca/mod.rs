@@ -473,7 +473,7 @@ mod tests {
             let until = snap[0].others.set(10, now, pool.policy.orca.max_age_ticks);
             pool.policy.reports_fresh.note(until);
             let picked =
-                crate::BalancedChannel::pick(pool, &snap, &[], crate::tiebreak::Method::NONE);
+                crate::pick::dispatch::pick(pool, &snap, &[], crate::tiebreak::Method::NONE);
             assert_eq!(picked, Some(want), "{strategy:?}");
         }
     }

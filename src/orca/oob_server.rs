@@ -68,13 +68,13 @@ impl OobService {
     /// or for no interval, gets one report per `min`. Values below 10 ms are taken as 10 ms.
     #[must_use]
     pub fn min_interval(mut self, min: Duration) -> OobService {
-        self.min_interval = min.max(FLOOR);
+        self.min_interval = crate::time::cap(min.max(FLOOR));
         self
     }
 
-    /// The interval a client asking for `asked` gets.
+    /// The interval a client asking for `asked` gets (at most 30 years, whatever it asks).
     fn interval(&self, asked: Option<Duration>) -> Duration {
-        asked.map_or(self.min_interval, |d| d.max(self.min_interval))
+        crate::time::cap(asked.map_or(self.min_interval, |d| d.max(self.min_interval)))
     }
 }
 

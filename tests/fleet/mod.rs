@@ -8,6 +8,7 @@
 #[cfg(feature = "hickory-dns")]
 pub mod dns;
 pub mod prom;
+pub mod refusing;
 
 use std::net::SocketAddr;
 use std::pin::Pin;

@@ -64,6 +64,7 @@
 //!
 //! The next usable instance in order, ignoring load: the baseline.
 
+pub(crate) mod dispatch;
 use std::cell::Cell;
 
 /// The stride of an instance as fast as the rest: one turn.

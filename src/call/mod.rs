@@ -1,0 +1,901 @@
+//! The life of a call: one machine for every call, plain, replayed, retried or hedged.
+//!
+//! A call is a set of [attempts](attempt) (usually one) and, when it may make more, what that
+//! needs: its request kept ([`replay`]), the instances it tried, and a plan: transparent replay
+//! only, the [`RetryPolicy`](crate::RetryPolicy), or a [`HedgingPolicy`](crate::HedgingPolicy).
+//! Each attempt ends in one of the ways [`outcome`] lists, which says once, for every kind of
+//! call, what that end does to the instance and to its connection; the plan then decides what
+//! happens to the call:
+//!
+//! - an answer is delivered, unless its status is one the plan sends again (a retryable status
+//!   after a backoff, a non-fatal one at once as a hedge);
+//! - an attempt the server did not process (nothing of it went out, or its stream was refused)
+//!   is sent again at once, unseen by the caller, if its request can be had whole (gRPC's
+//!   transparent retry);
+//! - a broken connection or a reset stream counts as its status for the plan;
+//! - the caller's own body failing, and the deadline, end the call.
+//!
+//! The pick runs only for an attempt that is sent: whether a retry or a hedge could go anywhere
+//! is asked of the set without moving any pick's state ([`could_take`]).
+
+mod attempt;
+mod outcome;
+mod replay;
+
+pub(crate) use attempt::Kind;
+pub(crate) use outcome::head_status;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+use tonic::body::Body;
+use tonic::Code;
+use tower::BoxError;
+
+use self::attempt::{Attempt, Polled};
+use self::outcome::End;
+use self::replay::{Copied, Replay};
+use crate::conns::UNCOUNTED;
+use crate::error::{deadline_exceeded, no_usable_instance};
+use crate::guard::GuardedBody;
+use crate::hedge::HedgingPolicy;
+use crate::instance::Instance;
+use crate::observe::CallObs;
+use crate::pick::dispatch::{could_take, no_instance_message, pick_now};
+use crate::pool::Pool;
+use crate::pushback::Pushback;
+use crate::stats::ServedBy;
+use crate::tiebreak::Method;
+
+/// At most this many transparent replays of one call on instances it has tried already (a
+/// connection closed before the request was written: the same instance may take the call on a
+/// fresh connection). Calls whose instance could not be reached move on to untried instances,
+/// and are bounded by the set.
+const MAX_SAME_INSTANCE_REPLAYS: u32 = 3;
+
+/// At most this many times one call's stream, refused by the server unprocessed, is sent again
+/// unseen by the caller; a further refusal is left to the retry policy (gRFC A6 sends it again
+/// once).
+const MAX_REFUSED_REPLAYS: u32 = 1;
+
+/// The least wait before a hedge looks again for an instance that no attempt of the call has
+/// gone to, when every usable one has been tried (one may be readmitted or added).
+const RECHECK: Duration = Duration::from_millis(50);
+
+pub(crate) type CallResult = Result<http::Response<Body>, BoxError>;
+
+/// The future of one call through a [`BalancedChannel`](crate::BalancedChannel).
+pub struct ResponseFuture {
+    attempts: Attempts,
+    /// What the call needs to make another attempt; `None` for a call that makes none
+    /// (transparent retry off, no policy).
+    again: Option<Box<Again>>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// The call's span and metrics (moved into the response body with the answer).
+    obs: CallObs,
+    phase: Phase,
+}
+
+enum Phase {
+    /// Attempts in flight, or a wait for the next one.
+    Running,
+    /// Waiting for the first answer of discovery (rare: boxed, so that the future of every
+    /// other call does not carry room for a request).
+    Discovering(Box<Discovering>),
+    /// Over: refused before routing (the status to give), or delivered.
+    Over(Option<tonic::Status>),
+}
+
+/// A call waiting for the first answer of discovery.
+struct Discovering {
+    wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+    req: Option<http::Request<Body>>,
+    pool: Arc<Pool>,
+}
+
+/// The plan for attempts after the first.
+enum Plan {
+    /// Transparent replays only.
+    Replay,
+    /// The channel's retry policy (and transparent replays).
+    Retry,
+    /// The method's hedging policy (and transparent replays).
+    Hedge(Arc<HedgingPolicy>),
+}
+
+/// What a call needs to make another attempt.
+struct Again {
+    pool: Arc<Pool>,
+    replay: Replay,
+    method: Method,
+    deadline_at: Option<Instant>,
+    plan: Plan,
+    /// The instances the call must not go to again: those whose attempt ended without success
+    /// and, for a hedged call, every one an attempt went to (empty until then: no allocation on
+    /// a call's first attempt).
+    tried: Vec<Arc<Instance>>,
+    /// Attempts made under the plan, the first included (transparent replays do not count).
+    made: u32,
+    /// Transparent replays on instances tried already (see [`MAX_SAME_INSTANCE_REPLAYS`]).
+    same_instance: u32,
+    /// Refused streams sent again (see [`MAX_REFUSED_REPLAYS`]).
+    refusals: u32,
+    /// The latest answer that did not end the call (a status retried or non-fatal): the
+    /// caller's if no further attempt answers.
+    last: Option<CallResult>,
+    /// When the next attempt goes (the retry's backoff, the next hedge), if `armed`.
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+    /// A hedge goes out at the next turn of the loop (a non-fatal answer came).
+    hedge_now: bool,
+    /// A hedge waits for the request to be sent whole by the first attempt (the replay slot
+    /// wakes the call then).
+    hedge_waits: bool,
+    /// No further attempt of the plan: a server's pushback, the budget, or a request that was
+    /// not kept.
+    stopped: bool,
+}
+
+impl Again {
+    /// The time left before the deadline (`Some(None)`: no deadline); `None` if it has passed.
+    fn time_left(&self) -> Option<Option<Duration>> {
+        match self.deadline_at {
+            None => Some(None),
+            Some(at) => {
+                let left = at.checked_duration_since(Instant::now())?;
+                (!left.is_zero()).then_some(Some(left))
+            }
+        }
+    }
+
+    /// The next attempt goes in `after`.
+    fn arm(&mut self, after: Duration) {
+        let at = crate::time::after(after);
+        match self.timer.as_mut() {
+            Some(t) => t.as_mut().reset(at),
+            None => {
+                // Made on the channel's runtime: the caller may be on any executor.
+                let _rt = self.pool.policy.runtime.enter();
+                self.timer = Some(Box::pin(tokio::time::sleep_until(at)));
+            }
+        }
+        self.armed = true;
+    }
+
+    /// Whether the timer for the next attempt has fired (it is disarmed then).
+    fn fired(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.armed {
+            return false;
+        }
+        let t = self.timer.as_mut().expect("armed");
+        if t.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        self.armed = false;
+        true
+    }
+
+    /// Whether the call waits for a next attempt of its plan.
+    fn waiting(&self) -> bool {
+        self.armed || self.hedge_now || self.hedge_waits
+    }
+
+    /// No further attempt of the plan.
+    fn stop(&mut self) {
+        self.stopped = true;
+        self.armed = false;
+        self.hedge_now = false;
+        self.hedge_waits = false;
+    }
+
+    fn tried(&mut self, inst: &Arc<Instance>) {
+        if !self.tried.iter().any(|t| Arc::ptr_eq(t, inst)) {
+            self.tried.push(inst.clone());
+        }
+    }
+
+    /// Whether the retry policy sends this failure again, and if so the backoff to wait first
+    /// (or the server's pushback instead: a wait it asks for, or no retry). Everything that
+    /// could make the retry impossible is checked before a token of the budget is taken, so
+    /// that a call with nowhere to go keeps the answer it has; nothing of the pick moves.
+    fn retry_after(&mut self, code: Code, pushback: Option<Pushback>) -> Option<Duration> {
+        let policy = self.pool.retry.as_ref()?;
+        if !policy.retries(code) || self.made >= policy.max_attempts {
+            return None;
+        }
+        if !self.replay.replayable() {
+            return None;
+        }
+        let delay = match pushback {
+            None => policy.backoff(self.made),
+            Some(Pushback::After(wait)) => wait,
+            Some(Pushback::Stop) => {
+                tracing::debug!(?code, "the server's pushback says not to retry");
+                return None;
+            }
+        };
+        if self
+            .deadline_at
+            .is_some_and(|d| crate::time::after(delay) >= d)
+        {
+            return None;
+        }
+        if !could_take(&self.pool, &self.tried) {
+            return None;
+        }
+        let budget = self.pool.budget.as_ref()?;
+        if !budget.withdraw() {
+            tracing::debug!("retry budget spent: not retrying");
+            crate::observe::budget_exhausted(&self.pool);
+            return None;
+        }
+        self.made += 1;
+        Some(delay)
+    }
+}
+
+/// The attempts of a call in flight: the first inline (a call that is not hedged never has
+/// more), hedges beside it.
+struct Attempts {
+    head: Option<Attempt>,
+    rest: Vec<Attempt>,
+}
+
+impl Attempts {
+    fn none() -> Attempts {
+        Attempts {
+            head: None,
+            rest: Vec::new(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.head.is_some()) + self.rest.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.head.is_none()
+    }
+
+    fn get_mut(&mut self, i: usize) -> &mut Attempt {
+        match i {
+            0 => self.head.as_mut().expect("in range"),
+            _ => &mut self.rest[i - 1],
+        }
+    }
+
+    fn push(&mut self, a: Attempt) {
+        if self.head.is_none() {
+            self.head = Some(a);
+        } else {
+            self.rest.push(a);
+        }
+    }
+
+    /// Takes attempt `i` out (the last one takes its place).
+    fn remove(&mut self, i: usize) -> Attempt {
+        if i == 0 {
+            let a = self.head.take().expect("in range");
+            self.head = self.rest.pop();
+            a
+        } else {
+            self.rest.swap_remove(i - 1)
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Attempt> {
+        self.head.iter().chain(self.rest.iter())
+    }
+
+    /// Cancels every attempt: dropping one resets its stream (its server sees the
+    /// cancellation) and releases its counts.
+    fn clear(&mut self) {
+        self.head = None;
+        self.rest.clear();
+    }
+}
+
+impl std::fmt::Debug for ResponseFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("attempts", &self.attempts.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResponseFuture {
+    /// A call through `pool`'s channel.
+    #[inline]
+    pub(crate) fn new(pool: &Arc<Pool>, req: http::Request<Body>) -> ResponseFuture {
+        let deadline = crate::deadline::from_headers(req.headers()).map(|d| {
+            // The timer is made on the channel's runtime: the caller may be on any executor.
+            let _rt = pool.policy.runtime.enter();
+            Box::pin(tokio::time::sleep_until(crate::time::after(d)))
+        });
+        let obs = CallObs::new(pool, &req);
+        route(pool, req, deadline, obs)
+    }
+
+    fn over(status: tonic::Status, obs: CallObs) -> ResponseFuture {
+        ResponseFuture {
+            attempts: Attempts::none(),
+            again: None,
+            deadline: None,
+            obs,
+            phase: Phase::Over(Some(status)),
+        }
+    }
+
+    fn replay(&self) -> Option<&Replay> {
+        self.again.as_deref().map(|a| &a.replay)
+    }
+
+    /// Polls the attempts and the plan's timer until the call has its answer or waits.
+    fn drive(&mut self, cx: &mut Context<'_>) -> Poll<CallResult> {
+        loop {
+            let mut moved = false;
+            let mut i = 0;
+            while i < self.attempts.len() {
+                let replay = self.again.as_deref().map(|a| &a.replay);
+                match self.attempts.get_mut(i).poll(cx, replay) {
+                    Poll::Pending => i += 1,
+                    Poll::Ready(polled) => {
+                        let a = self.attempts.remove(i);
+                        if let Some(result) = self.ended(a, polled) {
+                            return Poll::Ready(result);
+                        }
+                        // Attempt `i` is another one now (or none): poll it too.
+                        moved = true;
+                    }
+                }
+            }
+            if let Some(again) = self.again.as_mut() {
+                if again.fired(cx) || again.hedge_now || again.hedge_waits {
+                    match self.next_attempt(cx) {
+                        Next::Sent => moved = true,
+                        Next::Waits => {}
+                        Next::Over(result) => return Poll::Ready(result),
+                    }
+                }
+            }
+            if self.attempts.is_empty() && !self.again.as_ref().is_some_and(|a| a.waiting()) {
+                return Poll::Ready(self.last_word());
+            }
+            if !moved {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// An attempt ended: what that says, and what the call does next. `Some`: the call's
+    /// answer.
+    fn ended(&mut self, a: Attempt, polled: Polled) -> Option<CallResult> {
+        match polled {
+            Polled::Head(resp) => self.answered(a, resp),
+            Polled::Failed(e) => self.failed(a, e),
+            Polled::Unreachable => {
+                let e: BoxError =
+                    format!("{} could not be reached", a.instance().target.name).into();
+                self.failed_as(a, End::Unreachable, e)
+            }
+        }
+    }
+
+    /// An attempt's response head arrived.
+    fn answered(&mut self, mut a: Attempt, mut resp: http::Response<Body>) -> Option<CallResult> {
+        a.guard.headers_received();
+        if self
+            .deadline
+            .as_deref()
+            .is_some_and(crate::deadline::passed)
+        {
+            // The deadline passed as the answer came (often the server's own timer answering
+            // CANCELLED "Timeout expired"): report it as what it is. The instance answered.
+            a.guard.finish(a.guard.deadline_outcome());
+            a.obs.ended(Code::DeadlineExceeded);
+            return Some(self.end_with(deadline_exceeded().into()));
+        }
+        let inst = a.instance().clone();
+        crate::health::connected(&inst);
+        resp.extensions_mut()
+            .insert(ServedBy::new(inst.target.name.clone()));
+        if let Some((code, outcome)) = head_status(&resp) {
+            // A trailers-only response carries its load report in its head.
+            crate::orca::take_report(&inst, resp.headers_mut());
+            a.guard.finish(outcome);
+            if code != Code::Ok {
+                let pushback = crate::pushback::read(resp.headers());
+                if self.goes_on(&inst, code, pushback) {
+                    tracing::debug!(?code, addr = %inst.target.name, "attempt answered; the call goes on");
+                    a.obs.ended(code);
+                    drop(a);
+                    self.again.as_mut().expect("goes on").last = Some(Ok(resp));
+                    return None;
+                }
+            }
+            self.obs.head(code);
+        }
+        Some(self.deliver(a, resp))
+    }
+
+    /// An attempt failed before its response head.
+    fn failed(&mut self, a: Attempt, e: BoxError) -> Option<CallResult> {
+        let caller = self.replay().is_some_and(|r| r.caller_error().is_some());
+        let end = End::of(&*e, caller);
+        self.failed_as(a, end, e)
+    }
+
+    fn failed_as(&mut self, mut a: Attempt, end: End, e: BoxError) -> Option<CallResult> {
+        let outcome = end.settle(&a.guard, &*e);
+        a.guard.finish(outcome);
+        let inst = a.instance().clone();
+        if end == End::Timeout {
+            a.obs.ended(Code::DeadlineExceeded);
+            return Some(self.end_with(deadline_exceeded().into()));
+        }
+        if end.unprocessed() && self.unseen_again(&a, end, &*e) {
+            a.obs.ended(Code::Unavailable);
+            return None;
+        }
+        let caller = self.replay().and_then(Replay::caller_error);
+        let status = end.status(&inst.target.name, e, caller);
+        a.obs.ended(crate::observe::code_of(&*status));
+        drop(a);
+        if end != End::Caller && self.goes_on(&inst, end.code(), None) {
+            tracing::debug!(error = %status, addr = %inst.target.name, "attempt failed; the call goes on");
+            self.again.as_mut().expect("goes on").last = Some(Err(status));
+            return None;
+        }
+        Some(self.end_with(status))
+    }
+
+    /// After an attempt on `inst` ended with `code` (and the server's `pushback`), whether the
+    /// plan makes another attempt (now, later, or beside the ones in flight).
+    fn goes_on(&mut self, inst: &Arc<Instance>, code: Code, pushback: Option<Pushback>) -> bool {
+        let Some(again) = self.again.as_mut() else {
+            return false;
+        };
+        match &again.plan {
+            Plan::Replay => false,
+            Plan::Retry => {
+                again.tried(inst);
+                let Some(delay) = again.retry_after(code, pushback) else {
+                    return false;
+                };
+                self.obs.retrying(delay);
+                again.arm(delay);
+                true
+            }
+            Plan::Hedge(policy) => {
+                if !policy.non_fatal.contains(&code) {
+                    return false;
+                }
+                // A non-fatal answer: the next hedge at once, or when the server says.
+                match pushback {
+                    None => again.hedge_now = true,
+                    Some(Pushback::After(wait)) => {
+                        again.hedge_now = false;
+                        again.arm(wait);
+                    }
+                    Some(Pushback::Stop) => {
+                        tracing::debug!(
+                            "the server's pushback says not to retry: no further hedge"
+                        );
+                        again.stop();
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// After attempt `a`, which the server did not process (`end`), sends the call again at
+    /// once, unseen by the caller, if its request can be had whole: false if it cannot be sent
+    /// again that way.
+    fn unseen_again(
+        &mut self,
+        a: &Attempt,
+        end: End,
+        e: &(dyn std::error::Error + 'static),
+    ) -> bool {
+        let Some(again) = self.again.as_mut() else {
+            return false;
+        };
+        if !again.pool.replay {
+            return false;
+        }
+        let Some(time_left) = again.time_left() else {
+            return false;
+        };
+        let inst = a.instance();
+        // May the same instance take it again?
+        let same_ok = match end {
+            End::Refused => {
+                if again.refusals >= MAX_REFUSED_REPLAYS {
+                    return false;
+                }
+                true
+            }
+            End::ClosedUnsent | End::ConnectFailed
+                if again.same_instance < MAX_SAME_INSTANCE_REPLAYS
+                    && (end == End::ClosedUnsent || a.guard.extra_conn.is_some()) =>
+            {
+                true
+            }
+            _ => false,
+        };
+        if end != End::Refused && again.replay.was_read(a.id) {
+            // Something of it may have gone out.
+            return false;
+        }
+        if !same_ok {
+            again.tried(inst);
+        }
+        let (snap, picked) = pick_now(&again.pool, &again.tried, again.method);
+        let to = match picked {
+            Some(idx) => snap[idx].clone(),
+            None if same_ok && inst.is_usable() => inst.clone(),
+            None => {
+                tracing::debug!(addr = %inst.target.name, reason = %e, "no other instance to send the call to");
+                return false;
+            }
+        };
+        let Some((mut req, id)) = again.replay.instead_of(a.id, time_left) else {
+            tracing::debug!(reason = %e, "call cannot be sent again: its request body is gone");
+            return false;
+        };
+        if end == End::Refused {
+            again.refusals += 1;
+        } else if same_ok {
+            again.same_instance += 1;
+        }
+        if matches!(again.plan, Plan::Hedge(_)) {
+            again.tried(&to);
+        }
+        let avoid = if end == End::Refused && Arc::ptr_eq(&to, inst) {
+            a.guard.conn
+        } else {
+            UNCOUNTED
+        };
+        tracing::debug!(addr = %to.target.name, from = %inst.target.name, reason = %e, "call sent again: its attempt was not processed");
+        let obs = self.obs.attempt(&to, Kind::Transparent);
+        obs.count_sent(&mut req);
+        let method = again.method;
+        self.attempts
+            .push(Attempt::start(&to, method, req, id, true, avoid, obs));
+        true
+    }
+
+    /// The plan's next attempt: a retry after its backoff, or a hedge.
+    fn next_attempt(&mut self, cx: &mut Context<'_>) -> Next {
+        let again = self.again.as_mut().expect("a plan");
+        let policy = match &again.plan {
+            Plan::Hedge(policy) => policy.clone(),
+            Plan::Retry => return self.retry(),
+            Plan::Replay => return Next::Waits,
+        };
+        again.hedge_now = false;
+        again.hedge_waits = false;
+        if again.stopped || again.made >= policy.max_attempts {
+            again.armed = false;
+            return Next::Waits;
+        }
+        let Some(time_left) = again.time_left() else {
+            return Next::Waits;
+        };
+        let busy = !self.attempts.is_empty();
+        if !could_take(&again.pool, &again.tried) {
+            // Every usable instance has been tried: one may come back (readmitted, added)
+            // while the attempts in flight go on.
+            if busy {
+                again.arm(policy.delay.max(RECHECK));
+            }
+            return Next::Waits;
+        }
+        let (mut req, id) = match again.replay.copy(time_left, cx) {
+            Copied::Ready(req, id) => (req, id),
+            Copied::Later if busy => {
+                // The first attempt has not sent the whole request yet: the hedge waits for it.
+                again.hedge_waits = true;
+                return Next::Waits;
+            }
+            Copied::Later | Copied::Unread if !busy => match again.replay.request(time_left) {
+                // No attempt in flight has the request: this one takes it.
+                Some(r) => r,
+                None => {
+                    again.stop();
+                    return Next::Waits;
+                }
+            },
+            Copied::Unread => {
+                again.hedge_waits = true;
+                return Next::Waits;
+            }
+            Copied::Never | Copied::Later => {
+                tracing::debug!("request not kept (larger than max_replay_body): not hedged");
+                again.stop();
+                return Next::Waits;
+            }
+        };
+        if let Some(budget) = &again.pool.budget {
+            if !budget.withdraw() {
+                tracing::debug!("retry budget spent: no further hedge");
+                crate::observe::budget_exhausted(&again.pool);
+                again.stop();
+                return Next::Waits;
+            }
+        }
+        let (snap, picked) = pick_now(&again.pool, &again.tried, again.method);
+        let Some(idx) = picked else {
+            // The set changed since the look above.
+            again.arm(policy.delay.max(RECHECK));
+            return Next::Waits;
+        };
+        let inst = snap[idx].clone();
+        again.made += 1;
+        again.tried(&inst);
+        again.arm(policy.delay);
+        tracing::debug!(addr = %inst.target.name, attempt = again.made, "hedged attempt sent");
+        let method = again.method;
+        let obs = self.obs.attempt(&inst, Kind::Hedge);
+        obs.count_sent(&mut req);
+        let watch = again.pool.replay;
+        self.attempts.push(Attempt::start(
+            &inst, method, req, id, watch, UNCOUNTED, obs,
+        ));
+        Next::Sent
+    }
+
+    /// The retry policy's next attempt, its backoff over.
+    fn retry(&mut self) -> Next {
+        let again = self.again.as_mut().expect("a plan");
+        let sent = again.time_left().and_then(|time_left| {
+            let (snap, picked) = pick_now(&again.pool, &again.tried, again.method);
+            let inst = snap[picked?].clone();
+            let (req, id) = again.replay.request(time_left)?;
+            Some((inst, req, id))
+        });
+        let Some((inst, mut req, id)) = sent else {
+            // The set changed while the call waited: the caller gets the last answer as it was.
+            return Next::Over(self.last_word());
+        };
+        tracing::debug!(addr = %inst.target.name, attempt = again.made, "call retried");
+        let method = again.method;
+        let watch = again.pool.replay;
+        let obs = self.obs.attempt(&inst, Kind::Retry);
+        obs.count_sent(&mut req);
+        self.attempts.push(Attempt::start(
+            &inst, method, req, id, watch, UNCOUNTED, obs,
+        ));
+        Next::Sent
+    }
+
+    /// The attempts are over and no other will be made: the last answer, as it was.
+    fn last_word(&mut self) -> CallResult {
+        let last = self.again.as_mut().and_then(|a| a.last.take());
+        self.phase = Phase::Over(None);
+        let result = last.unwrap_or_else(|| {
+            Err(no_usable_instance("tonic-balancer: no instance left to send the call to").into())
+        });
+        self.obs.ended(&result);
+        result
+    }
+
+    /// The call's answer is `a`'s response: every other attempt is cancelled, no further one
+    /// is made, and the response body carries the attempt's count until the call is over.
+    fn deliver(&mut self, a: Attempt, resp: http::Response<Body>) -> CallResult {
+        if let Some(again) = self.again.as_mut() {
+            again.replay.commit();
+            again.stop();
+            for other in self.attempts.iter() {
+                other.note_sent(&again.replay);
+            }
+        }
+        self.attempts.clear();
+        let Attempt { guard, obs, .. } = a;
+        self.obs.deliver(obs);
+        let deadline = self.deadline.take();
+        self.phase = Phase::Over(None);
+        let obs = std::mem::take(&mut self.obs);
+        Ok(resp.map(|body| Body::new(GuardedBody::new(body, guard, deadline, obs))))
+    }
+
+    /// The call ends with this error: every attempt left is cancelled.
+    fn end_with(&mut self, error: BoxError) -> CallResult {
+        if let Some(again) = self.again.as_mut() {
+            again.stop();
+            for other in self.attempts.iter() {
+                other.note_sent(&again.replay);
+            }
+        }
+        self.attempts.clear();
+        self.phase = Phase::Over(None);
+        self.obs.finish(crate::observe::code_of(&*error));
+        Err(error)
+    }
+
+    /// The call's deadline passed before its answer: each attempt is over, with what that
+    /// says of its instance.
+    fn deadline_passed(&mut self) -> CallResult {
+        let replay = self.again.as_deref().map(|a| &a.replay);
+        while !self.attempts.is_empty() {
+            let mut a = self.attempts.remove(0);
+            if let Some(replay) = replay {
+                a.note_sent(replay);
+            }
+            let outcome = a.guard.deadline_outcome();
+            a.guard.finish(outcome);
+            a.obs.ended(Code::DeadlineExceeded);
+        }
+        self.end_with(deadline_exceeded().into())
+    }
+}
+
+/// What the plan's next attempt came to.
+enum Next {
+    /// An attempt was sent.
+    Sent,
+    /// None now: the call waits (for its timer, the attempts in flight, or the request).
+    Waits,
+    /// The call is over with this.
+    Over(CallResult),
+}
+
+/// Routes one call: picks its instance and makes its future.
+fn route(
+    pool: &Arc<Pool>,
+    req: http::Request<Body>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    mut obs: CallObs,
+) -> ResponseFuture {
+    let method = Method::of(req.uri().path());
+    let (snap, picked) = pick_now(pool, &[], method);
+    // Discovery's first answer may have been published between that pick and the read of
+    // `discovered` below: look again at the set then (the failure path only).
+    let (snap, picked) = match picked {
+        None if snap.is_empty() && *pool.discovered.borrow() => pick_now(pool, &[], method),
+        _ => (snap, picked),
+    };
+    let Some(idx) = picked else {
+        if snap.is_empty() && !*pool.discovered.borrow() {
+            // Discovery has not answered yet: wait for its first answer (bounded by the
+            // lookup's timeout, and by the call's deadline).
+            let mut rx = pool.discovered.subscribe();
+            let wait = Box::pin(async move {
+                let _ = rx.wait_for(|done| *done).await;
+            });
+            return ResponseFuture {
+                attempts: Attempts::none(),
+                again: None,
+                deadline,
+                obs,
+                phase: Phase::Discovering(Box::new(Discovering {
+                    wait,
+                    req: Some(req),
+                    pool: pool.clone(),
+                })),
+            };
+        }
+        let msg = no_instance_message(pool, &snap);
+        tracing::debug!(reason = %msg, "call refused");
+        obs.refused(pool);
+        return ResponseFuture::over(no_usable_instance(msg), CallObs::default());
+    };
+    let inst = &snap[idx];
+    tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
+    let plan = match pool
+        .hedging
+        .as_ref()
+        .and_then(|h| h.policy(req.uri().path()))
+    {
+        Some(policy) => Some(Plan::Hedge(policy.clone())),
+        None if pool.retry.is_some() => Some(Plan::Retry),
+        None if pool.replay => Some(Plan::Replay),
+        None => None,
+    };
+    let mut attempts = Attempts::none();
+    let Some(plan) = plan else {
+        // Nothing will send it again: the request goes as it is.
+        let mut req = req;
+        let a = obs.attempt(inst, Kind::First);
+        a.count_sent(&mut req);
+        attempts.push(Attempt::start(inst, method, req, 0, false, UNCOUNTED, a));
+        return ResponseFuture {
+            attempts,
+            again: None,
+            deadline,
+            obs,
+            phase: Phase::Running,
+        };
+    };
+    if let Some(b) = &pool.budget {
+        b.deposit();
+    }
+    // The request is recorded (up to `max_replay_body`) whatever the plan: a stream the server
+    // refuses has had its body read already, and is sent again from the copy.
+    let (mut req, replay) = Replay::wrap(req, true, pool.max_replay_body);
+    let a = obs.attempt(inst, Kind::First);
+    a.count_sent(&mut req);
+    attempts.push(Attempt::start(
+        inst,
+        method,
+        req,
+        0,
+        pool.replay,
+        UNCOUNTED,
+        a,
+    ));
+    let mut again = Box::new(Again {
+        pool: pool.clone(),
+        replay,
+        method,
+        deadline_at: deadline.as_ref().map(|d| d.deadline()),
+        plan,
+        tried: Vec::new(),
+        made: 1,
+        same_instance: 0,
+        refusals: 0,
+        last: None,
+        timer: None,
+        armed: false,
+        hedge_now: false,
+        hedge_waits: false,
+        stopped: false,
+    });
+    if let Plan::Hedge(policy) = &again.plan {
+        let delay = policy.delay;
+        again.tried(inst);
+        again.arm(delay);
+    }
+    ResponseFuture {
+        attempts,
+        again: Some(again),
+        deadline,
+        obs,
+        phase: Phase::Running,
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = CallResult;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let _in_span = this.obs.span().map(|s| s.clone().entered());
+        match &mut this.phase {
+            Phase::Running => {}
+            Phase::Over(status) => {
+                let status = status
+                    .take()
+                    .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
+                return Poll::Ready(Err(status.into()));
+            }
+            Phase::Discovering(d) => {
+                let Discovering { wait, req, pool } = &mut **d;
+                if let Some(deadline) = this.deadline.as_mut() {
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(this.end_with(deadline_exceeded().into()));
+                    }
+                }
+                if wait.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let (pool, req) = (pool.clone(), req.take().expect("routed once"));
+                let obs = std::mem::take(&mut this.obs);
+                *this = route(&pool, req, this.deadline.take(), obs);
+                return Pin::new(this).poll(cx);
+            }
+        }
+        if let Some(deadline) = this.deadline.as_mut() {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(this.deadline_passed());
+            }
+        }
+        this.drive(cx)
+    }
+}

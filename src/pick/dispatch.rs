@@ -1,0 +1,234 @@
+//! The channel's pick over its current set: the strategy's choice among the usable instances
+//! (with slow start, and the turns of least pending's tie-break), a pick made again on a set
+//! replaced meanwhile, and the check, which changes nothing, of whether any instance could take
+//! a call at all.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Chosen, Load, Rng, Turn};
+use crate::instance::Instance;
+use crate::pool::{Members, Pool, Snapshot};
+use crate::tiebreak::Method;
+use crate::Strategy;
+
+/// Picks an instance from the current set (excluding `tried`). A pick that finds nothing in a
+/// set that was replaced while it read it (its instances draining by then) is made again on
+/// the new set, so that a membership change never fails a call: only a pick that finds
+/// nothing in the set as it is now does.
+///
+/// The pick moves the strategy's state (least pending's turns, round robin's counter): make it
+/// only for an attempt that is sent; [`could_take`] asks without moving anything.
+pub(crate) fn pick_now(
+    pool: &Pool,
+    tried: &[Arc<Instance>],
+    method: Method,
+) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
+    let mut snap = pool.snapshot();
+    // Each round needs a new publication; a few are plenty even under constant churn.
+    for _ in 0..4 {
+        if let Some(idx) = pick(pool, &snap, tried, method) {
+            return (snap, Some(idx));
+        }
+        let now = pool.snapshot();
+        if Arc::ptr_eq(&snap, &now) {
+            break;
+        }
+        snap = now;
+    }
+    (snap, None)
+}
+
+/// Whether some usable instance of the current set is not in `tried`: whether a pick for
+/// another attempt of a call could find one. Reads, never writes: asking changes nothing of
+/// what later picks choose.
+pub(crate) fn could_take(pool: &Pool, tried: &[Arc<Instance>]) -> bool {
+    pool.snapshot()
+        .iter()
+        .any(|i| i.is_usable() && !tried.iter().any(|t| Arc::ptr_eq(t, i)))
+}
+
+/// Picks the instance for one call (excluding the ones in `tried`).
+#[inline]
+pub(crate) fn pick(
+    pool: &Pool,
+    snap: &Members,
+    tried: &[Arc<Instance>],
+    method: Method,
+) -> Option<usize> {
+    if snap.len() == 1 {
+        // Nothing to choose: whatever the strategy, the one instance if it is usable.
+        return pick_with_one(snap, tried);
+    }
+    let slow = pool.policy.slow_start_ns;
+    if slow > 0 {
+        // Slow start may hold back every instance that is warming up; it must never be the
+        // reason a call finds nothing.
+        if let Some(i) = pick_with(pool, snap, tried, slow, method) {
+            return Some(i);
+        }
+    }
+    pick_with(pool, snap, tried, 0, method)
+}
+
+#[inline]
+fn pick_with_one(snap: &[Arc<Instance>], tried: &[Arc<Instance>]) -> Option<usize> {
+    let i = &snap[0];
+    (i.is_usable() && !tried.iter().any(|t| Arc::ptr_eq(t, i))).then_some(0)
+}
+
+#[inline]
+fn pick_with(
+    pool: &Pool,
+    snap: &Members,
+    tried: &[Arc<Instance>],
+    slow: u64,
+    method: Method,
+) -> Option<usize> {
+    let policy = &pool.policy;
+    let now = policy.clock.load(Ordering::Relaxed);
+    let expiry = policy.latency_expiry_ns;
+    let inv_expiry = policy.inv_latency_expiry;
+    // Calls in flight: this channel's, plus the other clients' as of a fresh load report.
+    let tick = crate::orca::tick(now);
+    let mut rng = Rng::thread();
+    // An independent stream for the slow-start draws (the strategy's own draws use `rng`).
+    let mut gate =
+        (slow > 0).then(|| Rng::seeded(rng.next_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    // Whether the pick may send calls to `i` at all.
+    let mut usable = |i: &Arc<Instance>| -> bool {
+        if !i.is_usable() || (!tried.is_empty() && tried.iter().any(|t| Arc::ptr_eq(t, i))) {
+            return false;
+        }
+        if let Some(g) = gate.as_mut() {
+            // Slow start: a warming instance takes part in a share of the picks that
+            // grows linearly over the window (from 5%).
+            let from = i.warm_from.load(Ordering::Relaxed);
+            let since = now.saturating_sub(from);
+            if from != 0 && since < slow {
+                let ramp = (since as f64 / slow as f64).max(0.05);
+                if g.unit() >= ramp {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    let picked = match pool.strategy {
+        // The common case, a first attempt without slow start: nothing to check but the
+        // state, so the scan's loop stays tight.
+        Strategy::LeastPending if tried.is_empty() && slow == 0 => {
+            let dear = policy.methods.is_dear(method);
+            let turn = |i: &Arc<Instance>| i.tie.turn_for(dear, now);
+            let chosen = if policy.reports_fresh.any(tick) {
+                tight_least_pending::<true>(snap, &mut rng, tick, turn)
+            } else {
+                // No instance has a fresh report (every `others` reads 0): the scan
+                // does not read them.
+                tight_least_pending::<false>(snap, &mut rng, tick, turn)
+            };
+            chosen.map(|c| took_turn(snap, c, dear))
+        }
+        Strategy::LeastPending => {
+            let dear = policy.methods.is_dear(method);
+            super::least_pending(
+                snap,
+                &mut rng,
+                &snap.strides,
+                |i| usable(i).then(|| counted(i, tick, true)),
+                |i| i.tie.turn_for(dear, now),
+            )
+            .map(|c| took_turn(snap, c, dear))
+        }
+        strategy => {
+            // Peak EWMA's latency already carries the other clients' load (their calls
+            // queue with ours): it weighs this channel's own calls only (see
+            // examples/shootout/many_clients.rs for what adding the reported ones did).
+            let reports = strategy != Strategy::PeakEwma;
+            let mut load = |i: &Arc<Instance>| -> Option<Load> {
+                usable(i).then(|| Load {
+                    in_flight: counted(i, tick, reports),
+                    latency_ns: i.latency(now, expiry, inv_expiry),
+                })
+            };
+            match strategy {
+                Strategy::PeakEwma => {
+                    super::peak_ewma(snap, &mut rng, policy.default_latency_ns, load)
+                }
+                Strategy::PowerOfTwoChoices => super::power_of_two(snap, &mut rng, load),
+                Strategy::WeightedRoundRobin => pool
+                    .wrr
+                    .pick(snap, &mut rng, |i| load(i).is_some())
+                    .or_else(|| {
+                        let c = pool.rr.fetch_add(1, Ordering::Relaxed);
+                        super::round_robin(snap, c, load)
+                    }),
+                _ => {
+                    let c = pool.rr.fetch_add(1, Ordering::Relaxed);
+                    super::round_robin(snap, c, load)
+                }
+            }
+        }
+    };
+    rng.store();
+    picked
+}
+
+/// The calls in flight on `i` that the pick compares: this channel's, plus, with `reports`,
+/// the other clients' as of a report still fresh at `tick` (see `orca::Others`).
+#[inline(always)]
+fn counted(i: &Instance, tick: u64, reports: bool) -> usize {
+    i.in_flight.load(Ordering::Relaxed) + if reports { i.others.get(tick) } else { 0 }
+}
+
+/// The least-pending pick of a first attempt without slow start: nothing to check but the
+/// state, so the scan's loop stays tight; the other clients' calls are read only with
+/// `REPORTS` (a loop of its own without them).
+#[inline]
+fn tight_least_pending<const REPORTS: bool>(
+    snap: &Members,
+    rng: &mut Rng,
+    tick: u64,
+    turn: impl FnMut(&Arc<Instance>) -> Turn,
+) -> Option<Chosen> {
+    super::least_pending(
+        snap,
+        rng,
+        &snap.strides,
+        |i| i.is_usable().then(|| counted(i, tick, REPORTS)),
+        turn,
+    )
+}
+
+/// The least-pending choice's instance takes its turn (its pass advances; and its dear pass,
+/// for a call to a dear method).
+#[inline]
+fn took_turn(snap: &[Arc<Instance>], c: Chosen, dear: bool) -> usize {
+    let tie = &snap[c.index].tie;
+    if dear {
+        tie.advance_dear(c.floor);
+    } else {
+        tie.advance(c.floor);
+    }
+    c.index
+}
+
+/// Why nothing could be picked, for the UNAVAILABLE message.
+pub(crate) fn no_instance_message(pool: &Pool, snap: &[Arc<Instance>]) -> String {
+    if snap.is_empty() {
+        return match pool.discovery_error() {
+            Some(e) => format!("tonic-balancer: no instances in the set (discovery: {e})"),
+            None => "tonic-balancer: no instances in the set".to_owned(),
+        };
+    }
+    let mut counts = std::collections::BTreeMap::<&'static str, usize>::new();
+    for i in snap {
+        *counts.entry(i.state().as_str()).or_default() += 1;
+    }
+    let states: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    format!(
+        "tonic-balancer: no usable instance among {} ({})",
+        snap.len(),
+        states.join(", ")
+    )
+}
