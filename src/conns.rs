@@ -368,3 +368,64 @@ async fn sweep(inst: Weak<Instance>, idle: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guard::CallGuard;
+    use crate::tiebreak::Method;
+
+    /// A call queued on an extra connection that was dropped already fails late: that failure
+    /// must not close the connection that took the slot since.
+    #[tokio::test]
+    async fn a_late_failure_closes_only_its_own_connection() {
+        let ch = crate::BalancedChannel::builder()
+            .uri("http://127.0.0.1:1")
+            .max_connections_per_instance(2)
+            .max_streams_per_connection(2)
+            .build()
+            .unwrap();
+        let inst = ch.pool.snapshot()[0].clone();
+        let extra = inst.extra.as_deref().unwrap();
+        let take = || {
+            let mut g = CallGuard::new(inst.clone(), Method::NONE);
+            let _ = channel(&inst, &mut g, UNCOUNTED);
+            g
+        };
+        // Two calls fill the instance's own connection; two more share the first extra one.
+        let own = [take(), take()];
+        assert!(own.iter().all(|g| g.conn == FIRST));
+        let (first, late) = (take(), take());
+        assert!(first.conn > FIRST && late.conn == first.conn);
+        assert_eq!(extra.open(), 1);
+        // It fails for the first call: dropped, with the backoff armed.
+        let e = crate::error::Message("connection refused".into());
+        assert!(extra_failed(&first, &e));
+        assert_eq!(extra.open(), 0);
+        drop(first);
+        // The backoff over, the slot takes a new connection.
+        extra.hold_until.store(0, Ordering::Relaxed);
+        let next = take();
+        assert_eq!(
+            next.conn, late.conn,
+            "the new connection takes the same slot"
+        );
+        assert_eq!(extra.open(), 1);
+        // The late failure of the call queued on the old connection leaves the new one.
+        assert!(
+            extra_failed(&late, &e),
+            "still an extra connection's failure"
+        );
+        assert_eq!(
+            extra.open(),
+            1,
+            "the late failure closed the new connection"
+        );
+        let slot = &extra.slots[usize::from(next.conn - 2)];
+        assert!(slot
+            .channel
+            .load()
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, next.extra_conn.as_ref().unwrap())));
+    }
+}

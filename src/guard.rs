@@ -83,6 +83,7 @@ impl CallGuard {
                 &self.inst,
                 self.method,
                 now.saturating_duration_since(self.start),
+                self.start,
                 now,
             );
         }
@@ -159,9 +160,10 @@ impl CallGuard {
     /// Dropped unanswered without an outcome: the caller gave up on the call (a timeout of its
     /// own, a tower `Timeout`), or the call gave this attempt up (a hedge answered first). Not
     /// a failure of the instance, but it held the call at least this long: a sample that says
-    /// the instance is at least that slow, if that is more than it usually takes. Without it, an
-    /// instance that hangs, or one whose every attempt a hedge overtakes, would keep its old
-    /// fast estimate (or none) and win every tie while callers give up on it.
+    /// the instance takes at least that long, or what it usually takes if that is more (the
+    /// attempt was cut short, not answered faster). Without it, an instance that hangs, or one
+    /// whose every attempt a hedge overtakes, would keep its old fast estimate (or none) and
+    /// win every tie while callers give up on it.
     #[cold]
     fn given_up(&self) {
         if self.connecting && self.inst.state() != crate::instance::State::Ready {
@@ -170,10 +172,18 @@ impl CallGuard {
             return;
         }
         let held = self.start.elapsed();
-        let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed)) * 1e-9;
-        if held >= health::DEADLINE_FLOOR && held.as_secs_f64() > usual {
-            health::observe_latency(&self.inst, self.method, held, Instant::now());
+        if held < health::DEADLINE_FLOOR {
+            return;
         }
+        let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
+        let at_least = held.max(std::time::Duration::from_nanos(usual as u64));
+        health::observe_latency(
+            &self.inst,
+            self.method,
+            at_least,
+            self.start,
+            Instant::now(),
+        );
     }
 
     /// Whether the call was routed while its instance had no connection known to work.

@@ -281,6 +281,22 @@ pub mod __bench {
             pool.policy.reports_fresh.note(until);
         }
 
+        /// Removes the last instance (it drains) and takes it back at once, as a discovery
+        /// answer that names it again does: it is the last again.
+        pub fn remove_and_take_back_last(&self) {
+            let snap = self.channel.pool.snapshot();
+            let endpoints: Vec<_> = snap.iter().map(|i| i.target.endpoint.clone()).collect();
+            let last = snap.last().expect("an instance");
+            let key = last.target.key.clone();
+            drop(snap);
+            assert!(self.channel.pool.remove(&key));
+            let (added, _) = self
+                .channel
+                .replace_all(endpoints)
+                .expect("the same endpoints");
+            assert_eq!(added, 1);
+        }
+
         /// Gives instance `i` a weighted-round-robin weight (a report of `weight` queries per
         /// second at utilization 1), then rebuilds the schedule as the channel's task does.
         /// For a channel built with [`Strategy::WeightedRoundRobin`](crate::Strategy) and no

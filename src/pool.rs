@@ -224,16 +224,23 @@ impl Pool {
         // `Tie::join_at`).
         let level = crate::instance::level_in_service(next.iter());
         let mut added = 0;
+        let mut revived = Vec::new();
         for joining in add {
             let key = &joining.target.key;
             if next.iter().any(|i| i.target.key == *key) {
                 continue;
             }
-            let revived = match reuse {
-                Reuse::Draining => self.revive(key),
+            let inst = match reuse {
+                Reuse::Draining => self.take_back(key),
                 Reuse::No => None,
             };
-            let inst = revived.unwrap_or_else(|| self.create(joining));
+            let inst = match inst {
+                Some(inst) => {
+                    revived.push(inst.clone());
+                    inst
+                }
+                None => self.create(joining),
+            };
             if let Some(level) = level {
                 inst.tie.join_at(level);
             }
@@ -242,6 +249,13 @@ impl Pool {
         }
         if added == 0 && leaving.is_empty() {
             return (0, 0);
+        }
+        // Back from draining, to the state it left (see `health::revive`), before the set is
+        // published (readers never see it draining in the set), judged against the set it
+        // joins (the ejection cap counts the instances in it).
+        for inst in &revived {
+            crate::health::revive(inst, next.len());
+            tracing::info!(addr = %inst.target.name, state = %inst.state(), "instance re-added while draining: reused");
         }
         self.publish(next);
         crate::observe::membership(self, added, leaving.len());
@@ -258,19 +272,17 @@ impl Pool {
         (added, leaving.len())
     }
 
-    /// The draining instance of this URI, back in rotation (with its connection and its
-    /// background tasks), if there is one.
-    fn revive(&self, key: &Key) -> Option<Arc<Instance>> {
+    /// The draining instance of this URI, taken off the draining list (with its connection and
+    /// its background tasks), if there is one. It is still draining: the change that takes it
+    /// back revives it once published.
+    fn take_back(&self, key: &Key) -> Option<Arc<Instance>> {
         let mut draining = self.draining_list();
         // The latest to drain: an instance replaced by one with new settings drained before it.
         let pos = draining
             .iter()
             .rposition(|w| w.upgrade().is_some_and(|i| i.target.key == *key))?;
         let inst = draining.remove(pos).upgrade()?;
-        crate::health::revive(&inst).then(|| {
-            tracing::info!(addr = %inst.target.name, state = %inst.state(), "instance re-added while draining: reused");
-            inst
-        })
+        (inst.state() == State::Draining).then_some(inst)
     }
 
     /// A new instance, with its health checks if they are on.

@@ -13,10 +13,10 @@ use fleet::{Behavior, Fleet};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tonic::Code;
 use tonic_balancer::metrics::{
-    CALL_RETRIES, CALL_RETRY_DELAY, CALL_TRANSPARENT_RETRIES, COUNT_BUCKETS, LATENCY_BUCKETS,
-    SIZE_BUCKETS,
+    CALL_HEDGES, CALL_RETRIES, CALL_RETRY_DELAY, CALL_TRANSPARENT_RETRIES, COUNT_BUCKETS,
+    LATENCY_BUCKETS, SIZE_BUCKETS,
 };
-use tonic_balancer::{BalancedChannel, Ejection, RetryPolicy};
+use tonic_balancer::{BalancedChannel, Ejection, HedgingPolicy, RetryPolicy};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -39,6 +39,8 @@ fn recorder() -> &'static PrometheusHandle {
                 Matcher::Full(CALL_TRANSPARENT_RETRIES.into()),
                 COUNT_BUCKETS,
             )
+            .unwrap()
+            .set_buckets_for_metric(Matcher::Full(CALL_HEDGES.into()), COUNT_BUCKETS)
             .unwrap()
             .install_recorder()
             .expect("the only recorder of this process")
@@ -668,4 +670,68 @@ async fn open_connections_count_the_instance_and_its_extra_connections() {
     })
     .await;
     fleet::wait_until("no connection open", LIMIT, || open() == Some(0.0)).await;
+}
+
+/// Hedges are attempts (A66) of one call each (A96): every hedged call counts one call, two
+/// attempts started, two attempt durations (the winner's OK, the other CANCELLED: the call gave
+/// it up), and one hedge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hedges_are_attempts_of_one_call() {
+    recorder();
+    let target = "test.hedges";
+    let fleet = Fleet::start(2, Behavior::Delay(Duration::from_millis(150)));
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .metrics_target(target)
+        .metrics_methods([UNARY])
+        .hedging(
+            HedgingPolicy::new([UNARY], Duration::from_millis(10))
+                .max_attempts(2)
+                .budget_ratio(10.0),
+        )
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    fleet::calls(&mut client, 5).await;
+    let t = ("grpc_target", target);
+    let unary = [("grpc_method", UNARY), t];
+    fleet::wait_until("every attempt recorded", LIMIT, || {
+        scrape().sum("grpc_client_attempt_duration_seconds_count", &unary) == 10.0
+    })
+    .await;
+    let s = scrape();
+    assert_eq!(
+        s.sum("grpc_client_call_duration_seconds_count", &unary),
+        5.0
+    );
+    assert_eq!(
+        s.sum("grpc_client_attempt_started_total", &unary),
+        10.0,
+        "{}",
+        s.text
+    );
+    let ok = [("grpc_method", UNARY), t, ("grpc_status", "OK")];
+    let cancelled = [("grpc_method", UNARY), t, ("grpc_status", "CANCELLED")];
+    assert_eq!(
+        s.sum("grpc_client_attempt_duration_seconds_count", &ok),
+        5.0
+    );
+    assert_eq!(
+        s.sum("grpc_client_attempt_duration_seconds_count", &cancelled),
+        5.0
+    );
+    assert_eq!(s.sum("grpc_client_call_hedges_count", &unary), 5.0);
+    assert_eq!(
+        s.sum("grpc_client_call_hedges_sum", &unary),
+        5.0,
+        "{}",
+        s.text
+    );
+    assert_eq!(s.sum("grpc_client_call_retries_sum", &unary), 0.0);
+    assert_eq!(
+        s.sum("grpc_client_call_transparent_retries_sum", &unary),
+        0.0
+    );
+    assert_eq!(ch.stats().calls(), 5);
+    assert_eq!(ch.stats().hedges(), 5);
 }

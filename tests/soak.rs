@@ -24,7 +24,7 @@ use tonic::transport::Endpoint;
 use tonic::{Code, Request, Status};
 #[cfg(feature = "health-check")]
 use tonic_balancer::HealthCheck;
-use tonic_balancer::{Backoff, BalancedChannel, Ejection, RetryPolicy};
+use tonic_balancer::{Backoff, BalancedChannel, Ejection, HedgingPolicy, RetryPolicy};
 
 type Client = FleetClient<BalancedChannel>;
 
@@ -741,6 +741,14 @@ async fn soak() {
                     .max_time(Duration::from_secs(1))
                     .success_rate_interval(Some(Duration::from_secs(1))),
             )
+            // Server streams are hedged (their attempts run beside each other), and a
+            // connection carries few calls, so that extra connections open and close.
+            .hedging(
+                HedgingPolicy::new(["fleet.v1.Fleet/ServerStream"], Duration::from_millis(20))
+                    .max_attempts(3),
+            )
+            .max_streams_per_connection(3)
+            .connection_idle_timeout(Duration::from_millis(300))
             // A slow spell is forgotten fast, so that the churned instances keep getting
             // calls after one.
             .latency_expiry(Duration::from_millis(250));

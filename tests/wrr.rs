@@ -99,3 +99,20 @@ async fn leaving_service_resets_the_weight() {
         assert!(got.abs_diff(want) <= 160, "{c:?}");
     }
 }
+
+/// An instance removed and taken back (a discovery answer that drops it, then names it again)
+/// left service in between: its weight is reset as for any instance that leaves service.
+#[tokio::test]
+async fn an_instance_taken_back_does_not_keep_its_weight() {
+    let p = Picker::new(4, Strategy::WeightedRoundRobin);
+    p.set_weights(&[1.0, 1.0, 2.0, 4.0]);
+    p.remove_and_take_back_last();
+    // Rebuild only: 1, 1, 2 and the mean 4/3 for the one taken back.
+    p.set_weights(&[0.0; 4]);
+    let c = shares(&p, 4, 8000);
+    let total = 1.0 + 1.0 + 2.0 + 4.0 / 3.0;
+    for (got, w) in c.iter().zip([1.0, 1.0, 2.0, 4.0 / 3.0]) {
+        let want = (8000.0 * w / total) as usize;
+        assert!(got.abs_diff(want) <= 160, "{c:?}");
+    }
+}

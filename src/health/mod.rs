@@ -134,12 +134,20 @@ pub(crate) const DEADLINE_FLOOR: Duration = Duration::from_millis(10);
 /// instance usually takes is the caller's choice, not a sign of trouble.
 pub(crate) const DEADLINE_LATENCY_FACTOR: f64 = 4.0;
 
-pub(crate) fn observe_latency(inst: &Instance, method: Method, elapsed: Duration, at: Instant) {
+/// One latency sample of `inst`, taken at `at`: `sample` for a call to `method` sent at
+/// `sent`.
+pub(crate) fn observe_latency(
+    inst: &Instance,
+    method: Method,
+    sample: Duration,
+    sent: Instant,
+    at: Instant,
+) {
     let policy = &inst.policy;
     let now = at.saturating_duration_since(policy.epoch).as_nanos() as u64;
-    let sample = elapsed.as_nanos() as u64 as f64;
+    let sent = sent.saturating_duration_since(policy.epoch).as_nanos() as u64;
+    let sample = sample.as_nanos() as u64 as f64;
     inst.observe_latency(sample, now, policy.latency_decay);
-    let sent = now.saturating_sub(elapsed.as_nanos() as u64);
     let reference = policy.methods.reference(method, sample);
     inst.tie.observe(sample, reference, sent, now);
     policy.clock.fetch_max(now, Ordering::Relaxed);
@@ -200,12 +208,13 @@ pub(crate) fn record(inst: &Arc<Instance>, outcome: Outcome) {
 /// returns to what its state when it was removed says, not straight into service. One that
 /// was unhealthy stays out until a health check says `SERVING`; one that was ejected stays
 /// out for what was left of its ejection (or, with no time left or no room under the cap,
-/// comes back on probation); any other is connecting. False if it was not draining.
-pub(crate) fn revive(inst: &Arc<Instance>) -> bool {
+/// comes back on probation); any other is connecting. `members`: the instances of the set it
+/// joins. False if it was not draining.
+pub(crate) fn revive(inst: &Arc<Instance>, members: usize) -> bool {
     match inst.drained_from() {
         State::Unhealthy => inst.transition(State::Draining, State::Unhealthy),
         State::Ejected => {
-            if outlier::resume_ejection(inst) {
+            if outlier::resume_ejection(inst, members) {
                 return true;
             }
             let back = inst.transition(State::Draining, State::Connecting);

@@ -253,9 +253,9 @@ fn start_ejection(inst: &Instance, time: std::time::Duration) -> u32 {
 }
 
 /// An instance removed while ejected is taken back into the set: it stays ejected for what was
-/// left of its ejection, if the cap allows it now. False (nothing done) if no time was left or
-/// the cap is full.
-pub(crate) fn resume_ejection(inst: &Arc<Instance>) -> bool {
+/// left of its ejection, if the cap allows it in the set it joins (of `members` instances).
+/// False (nothing done) if no time was left or the cap is full.
+pub(crate) fn resume_ejection(inst: &Arc<Instance>, members: usize) -> bool {
     let policy = &inst.policy;
     let left = inst
         .ejected_until
@@ -264,7 +264,7 @@ pub(crate) fn resume_ejection(inst: &Arc<Instance>) -> bool {
     if left == 0 {
         return false;
     }
-    let cap = policy.ejection.cap(policy.members.load(Ordering::Relaxed));
+    let cap = policy.ejection.cap(members);
     let reserved = policy
         .ejected
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
@@ -340,6 +340,35 @@ pub(crate) fn success_rate_sweep(instances: &[Arc<Instance>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The timer of an ejection readmits that ejection only: an instance removed, taken back
+    /// and ejected anew stays out for its new ejection when the old timer fires.
+    #[tokio::test]
+    async fn an_old_readmission_timer_does_not_end_a_new_ejection() {
+        let uris = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
+        let ch = crate::BalancedChannel::from_static(uris).unwrap();
+        let inst = ch.pool.snapshot()[0].clone();
+        assert!(eject(&inst, "test"));
+        let first = inst.ejection_id.load(Ordering::Acquire);
+        // Removed, and taken back once its time is over: on probation, then ejected again.
+        assert!(ch.remove(uris[0]).unwrap());
+        inst.ejected_until.store(0, Ordering::Relaxed);
+        let endpoints = uris.map(tonic::transport::Endpoint::from_static);
+        assert_eq!(ch.replace_all(endpoints).unwrap(), (1, 0));
+        assert_eq!(inst.state(), State::Connecting);
+        assert!(inst.probation.load(Ordering::Relaxed));
+        assert!(eject(&inst, "again"));
+        // The first ejection's timer fires: nothing happens.
+        readmit(&inst, first);
+        assert_eq!(
+            inst.state(),
+            State::Ejected,
+            "the old timer ended the new ejection"
+        );
+        // The new ejection's timer readmits it.
+        readmit(&inst, inst.ejection_id.load(Ordering::Acquire));
+        assert_eq!(inst.state(), State::Ready);
+    }
 
     #[test]
     fn cap_leaves_one_and_allows_one() {
