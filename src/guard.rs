@@ -83,7 +83,6 @@ impl CallGuard {
                 &self.inst,
                 self.method,
                 now.saturating_duration_since(self.start),
-                self.start,
                 now,
             );
         }
@@ -177,13 +176,10 @@ impl CallGuard {
         }
         let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
         let at_least = held.max(std::time::Duration::from_nanos(usual as u64));
-        health::observe_latency(
-            &self.inst,
-            self.method,
-            at_least,
-            self.start,
-            Instant::now(),
-        );
+        let epoch = self.inst.policy.epoch;
+        let sent = self.start.saturating_duration_since(epoch).as_nanos() as u64;
+        let now = Instant::now().saturating_duration_since(epoch).as_nanos() as u64;
+        health::sample(&self.inst, self.method, at_least, sent, now);
     }
 
     /// Whether the call was routed while its instance had no connection known to work.

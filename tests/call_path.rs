@@ -461,16 +461,19 @@ async fn hold_one_each(
 ) -> Vec<tokio::task::JoinHandle<Result<tonic::Response<fleet::pb::Reply>, tonic::Status>>> {
     a.set(Behavior::Hold);
     b.set(Behavior::Hold);
-    let held: Vec<_> = (0..2)
-        .map(|id| {
-            let mut client = FleetClient::new(ch.clone());
-            tokio::spawn(async move { client.unary(fleet::req(100 + id)).await })
+    let mut held = Vec::new();
+    // One at a time: the second goes to the instance with no call in flight.
+    for id in 0..2 {
+        let mut client = FleetClient::new(ch.clone());
+        held.push(tokio::spawn(async move {
+            client.unary(fleet::req(100 + id)).await
+        }));
+        fleet::wait_until("the call held", LIMIT, || {
+            a.held() + b.held() == id as usize + 1
         })
-        .collect();
-    fleet::wait_until("a call held on each instance", LIMIT, || {
-        a.held() == 1 && b.held() == 1
-    })
-    .await;
+        .await;
+    }
+    assert_eq!((a.held(), b.held()), (1, 1), "{}", fleet::dump(ch));
     held
 }
 

@@ -32,7 +32,8 @@ pub(crate) enum Kind {
 
 /// An attempt in flight.
 pub(crate) struct Attempt {
-    pub(crate) guard: CallGuard,
+    /// Its count and place (taken out only when its answer is delivered).
+    guard: Option<CallGuard>,
     channel: Channel,
     step: Step,
     /// Its id in the call's replay slot (meaningless for a call that keeps no replay).
@@ -83,7 +84,7 @@ impl Attempt {
         let unreachable = (watch && guard.routed_connecting())
             .then(|| Box::pin(inst.unreachable.clone().notified_owned()));
         Attempt {
-            guard,
+            guard: Some(guard),
             channel,
             step: Step::Waiting(Some(req)),
             id,
@@ -93,8 +94,26 @@ impl Attempt {
     }
 
     #[inline]
+    pub(crate) fn guard(&self) -> &CallGuard {
+        self.guard.as_ref().expect("held until the attempt is over")
+    }
+
+    #[inline]
+    pub(crate) fn guard_mut(&mut self) -> &mut CallGuard {
+        self.guard.as_mut().expect("held until the attempt is over")
+    }
+
+    /// Its guard and its metrics, for the response of the call that delivers its answer: the
+    /// rest of it is dropped where it is.
+    #[inline]
+    pub(crate) fn take_answer(&mut self) -> (CallGuard, AttemptObs) {
+        let guard = self.guard.take().expect("delivered once");
+        (guard, std::mem::take(&mut self.obs))
+    }
+
+    #[inline]
     pub(crate) fn instance(&self) -> &Arc<Instance> {
-        self.guard.instance()
+        self.guard().instance()
     }
 
     /// Polls the attempt. `replay`: the call's request, if it keeps one.
@@ -153,7 +172,7 @@ impl Attempt {
     /// instance's connection works, which an attempt given up before its answer (a hedge won)
     /// would otherwise never tell.
     pub(crate) fn note_sent(&self, replay: &Replay) {
-        if self.guard.routed_connecting() && replay.was_read(self.id) {
+        if self.guard().routed_connecting() && replay.was_read(self.id) {
             crate::health::connected(self.instance());
         }
     }

@@ -56,7 +56,7 @@ use crate::tiebreak::Method;
 /// connection closed before the request was written: the same instance may take the call on a
 /// fresh connection). Calls whose instance could not be reached move on to untried instances,
 /// and are bounded by the set.
-const MAX_SAME_INSTANCE_REPLAYS: u32 = 3;
+const MAX_SAME_INSTANCE_REPLAYS: u8 = 3;
 
 /// At most this many times one call's stream, refused by the server unprocessed, is sent again
 /// unseen by the caller, each time on another connection of the instance where there is one; a
@@ -65,7 +65,7 @@ const MAX_SAME_INSTANCE_REPLAYS: u32 = 3;
 /// the same connection, and a second refusal on another one is no rarity under load: against
 /// a test server refusing 25-30% of the streams, one replay left 3% of the calls failed, three
 /// left 0.1% (`tests/call_path.rs`). A refused stream costs its server nothing.
-const MAX_REFUSED_REPLAYS: u32 = 3;
+const MAX_REFUSED_REPLAYS: u8 = 3;
 
 /// The least wait before a hedge looks again for an instance that no attempt of the call has
 /// gone to, when every usable one has been tried (one may be readmitted or added).
@@ -103,13 +103,14 @@ struct Discovering {
 }
 
 /// The plan for attempts after the first.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Plan {
     /// Transparent replays only.
     Replay,
     /// The channel's retry policy (and transparent replays).
     Retry,
     /// The method's hedging policy (and transparent replays).
-    Hedge(Arc<HedgingPolicy>),
+    Hedge,
 }
 
 /// What a call needs to make another attempt.
@@ -119,16 +120,26 @@ struct Again {
     method: Method,
     deadline_at: Option<Instant>,
     plan: Plan,
+    /// Transparent replays on instances tried already (see [`MAX_SAME_INSTANCE_REPLAYS`]).
+    same_instance: u8,
+    /// Refused streams sent again (see [`MAX_REFUSED_REPLAYS`]).
+    refusals: u8,
     /// The instances the call must not go to again: those whose attempt ended without success
     /// and, for a hedged call, every one an attempt went to (empty until then: no allocation on
     /// a call's first attempt).
     tried: Vec<Arc<Instance>>,
-    /// Attempts made under the plan, the first included (transparent replays do not count).
+    /// The retry or hedging policy's state, from when it is first needed (a hedged call's
+    /// start, a call's first retry): boxed, so that the calls that never need it (nearly all)
+    /// carry a word.
+    next: Option<Box<Next>>,
+}
+
+/// The state of a retry or hedging policy in one call.
+struct Next {
+    /// The hedging policy of a hedged call.
+    hedging: Option<Arc<HedgingPolicy>>,
+    /// Attempts made under the policy, the first included (transparent replays do not count).
     made: u32,
-    /// Transparent replays on instances tried already (see [`MAX_SAME_INSTANCE_REPLAYS`]).
-    same_instance: u32,
-    /// Refused streams sent again (see [`MAX_REFUSED_REPLAYS`]).
-    refusals: u32,
     /// The latest answer that did not end the call (a status retried or non-fatal): the
     /// caller's if no further attempt answers.
     last: Option<CallResult>,
@@ -140,31 +151,33 @@ struct Again {
     /// A hedge waits for the request to be sent whole by the first attempt (the replay slot
     /// wakes the call then).
     hedge_waits: bool,
-    /// No further attempt of the plan: a server's pushback, the budget, or a request that was
-    /// not kept.
+    /// No further attempt of the policy: a server's pushback, the budget, or a request that
+    /// was not kept.
     stopped: bool,
 }
 
-impl Again {
-    /// The time left before the deadline (`Some(None)`: no deadline); `None` if it has passed.
-    fn time_left(&self) -> Option<Option<Duration>> {
-        match self.deadline_at {
-            None => Some(None),
-            Some(at) => {
-                let left = at.checked_duration_since(Instant::now())?;
-                (!left.is_zero()).then_some(Some(left))
-            }
-        }
+impl Next {
+    fn new(hedging: Option<Arc<HedgingPolicy>>) -> Box<Next> {
+        Box::new(Next {
+            hedging,
+            made: 1,
+            last: None,
+            timer: None,
+            armed: false,
+            hedge_now: false,
+            hedge_waits: false,
+            stopped: false,
+        })
     }
 
-    /// The next attempt goes in `after`.
-    fn arm(&mut self, after: Duration) {
+    /// The next attempt goes in `after` (the timer is made on `runtime`: the caller may be on
+    /// any executor).
+    fn arm(&mut self, after: Duration, runtime: &tokio::runtime::Handle) {
         let at = crate::time::after(after);
         match self.timer.as_mut() {
             Some(t) => t.as_mut().reset(at),
             None => {
-                // Made on the channel's runtime: the caller may be on any executor.
-                let _rt = self.pool.policy.runtime.enter();
+                let _rt = runtime.enter();
                 self.timer = Some(Box::pin(tokio::time::sleep_until(at)));
             }
         }
@@ -184,17 +197,55 @@ impl Again {
         true
     }
 
-    /// Whether the call waits for a next attempt of its plan.
+    /// Whether the call waits for a next attempt of its policy.
     fn waiting(&self) -> bool {
         self.armed || self.hedge_now || self.hedge_waits
     }
 
-    /// No further attempt of the plan.
+    /// No further attempt of the policy.
     fn stop(&mut self) {
         self.stopped = true;
         self.armed = false;
         self.hedge_now = false;
         self.hedge_waits = false;
+    }
+}
+
+impl Again {
+    /// The time left before the deadline (`Some(None)`: no deadline); `None` if it has passed.
+    fn time_left(&self) -> Option<Option<Duration>> {
+        match self.deadline_at {
+            None => Some(None),
+            Some(at) => {
+                let left = at.checked_duration_since(Instant::now())?;
+                (!left.is_zero()).then_some(Some(left))
+            }
+        }
+    }
+
+    /// The policy's state, made now if it was not needed before.
+    fn next(&mut self) -> &mut Next {
+        self.next.get_or_insert_with(|| Next::new(None))
+    }
+
+    /// The next attempt of the policy goes in `after`.
+    fn arm(&mut self, after: Duration) {
+        let runtime = &self.pool.policy.runtime;
+        self.next
+            .get_or_insert_with(|| Next::new(None))
+            .arm(after, runtime);
+    }
+
+    /// Whether the call waits for a next attempt of its policy.
+    fn waiting(&self) -> bool {
+        self.next.as_ref().is_some_and(|n| n.waiting())
+    }
+
+    /// No further attempt of the policy.
+    fn stop(&mut self) {
+        if let Some(n) = self.next.as_mut() {
+            n.stop();
+        }
     }
 
     fn tried(&mut self, inst: &Arc<Instance>) {
@@ -209,14 +260,15 @@ impl Again {
     /// that a call with nowhere to go keeps the answer it has; nothing of the pick moves.
     fn retry_after(&mut self, code: Code, pushback: Option<Pushback>) -> Option<Duration> {
         let policy = self.pool.retry.as_ref()?;
-        if !policy.retries(code) || self.made >= policy.max_attempts {
+        let made = self.next.as_ref().map_or(1, |n| n.made);
+        if !policy.retries(code) || made >= policy.max_attempts {
             return None;
         }
         if !self.replay.replayable() {
             return None;
         }
         let delay = match pushback {
-            None => policy.backoff(self.made),
+            None => policy.backoff(made),
             Some(Pushback::After(wait)) => wait,
             Some(Pushback::Stop) => {
                 tracing::debug!(?code, "the server's pushback says not to retry");
@@ -238,7 +290,7 @@ impl Again {
             crate::observe::budget_exhausted(&self.pool);
             return None;
         }
-        self.made += 1;
+        self.next().made += 1;
         Some(delay)
     }
 }
@@ -258,6 +310,15 @@ impl Attempts {
         }
     }
 
+    #[inline]
+    fn one(a: Attempt) -> Attempts {
+        Attempts {
+            head: Some(a),
+            rest: Vec::new(),
+        }
+    }
+
+    #[inline]
     fn len(&self) -> usize {
         usize::from(self.head.is_some()) + self.rest.len()
     }
@@ -282,10 +343,13 @@ impl Attempts {
     }
 
     /// Takes attempt `i` out (the last one takes its place).
+    #[inline]
     fn remove(&mut self, i: usize) -> Attempt {
         if i == 0 {
             let a = self.head.take().expect("in range");
-            self.head = self.rest.pop();
+            if !self.rest.is_empty() {
+                self.head = self.rest.pop();
+            }
             a
         } else {
             self.rest.swap_remove(i - 1)
@@ -349,8 +413,7 @@ impl ResponseFuture {
                 match self.attempts.get_mut(i).poll(cx, replay) {
                     Poll::Pending => i += 1,
                     Poll::Ready(polled) => {
-                        let a = self.attempts.remove(i);
-                        if let Some(result) = self.ended(a, polled) {
+                        if let Some(result) = self.ended(i, polled) {
                             return Poll::Ready(result);
                         }
                         // Attempt `i` is another one now (or none): poll it too.
@@ -359,11 +422,15 @@ impl ResponseFuture {
                 }
             }
             if let Some(again) = self.again.as_mut() {
-                if again.fired(cx) || again.hedge_now || again.hedge_waits {
+                if again
+                    .next
+                    .as_mut()
+                    .is_some_and(|n| n.fired(cx) || n.hedge_now || n.hedge_waits)
+                {
                     match self.next_attempt(cx) {
-                        Next::Sent => moved = true,
-                        Next::Waits => {}
-                        Next::Over(result) => return Poll::Ready(result),
+                        Made::Sent => moved = true,
+                        Made::Waits => {}
+                        Made::Over(result) => return Poll::Ready(result),
                     }
                 }
             }
@@ -376,13 +443,18 @@ impl ResponseFuture {
         }
     }
 
-    /// An attempt ended: what that says, and what the call does next. `Some`: the call's
+    /// Attempt `i` ended: what that says, and what the call does next. `Some`: the call's
     /// answer.
-    fn ended(&mut self, a: Attempt, polled: Polled) -> Option<CallResult> {
+    #[inline]
+    fn ended(&mut self, i: usize, polled: Polled) -> Option<CallResult> {
         match polled {
-            Polled::Head(resp) => self.answered(a, resp),
-            Polled::Failed(e) => self.failed(a, e),
+            Polled::Head(resp) => self.answered(i, resp),
+            Polled::Failed(e) => {
+                let a = self.attempts.remove(i);
+                self.failed(a, e)
+            }
             Polled::Unreachable => {
+                let a = self.attempts.remove(i);
                 let e: BoxError =
                     format!("{} could not be reached", a.instance().target.name).into();
                 self.failed_as(a, End::Unreachable, e)
@@ -390,9 +462,11 @@ impl ResponseFuture {
         }
     }
 
-    /// An attempt's response head arrived.
-    fn answered(&mut self, mut a: Attempt, mut resp: http::Response<Body>) -> Option<CallResult> {
-        a.guard.headers_received();
+    /// Attempt `i`'s response head arrived.
+    #[inline]
+    fn answered(&mut self, i: usize, mut resp: http::Response<Body>) -> Option<CallResult> {
+        let a = self.attempts.get_mut(i);
+        a.guard_mut().headers_received();
         if self
             .deadline
             .as_deref()
@@ -400,31 +474,41 @@ impl ResponseFuture {
         {
             // The deadline passed as the answer came (often the server's own timer answering
             // CANCELLED "Timeout expired"): report it as what it is. The instance answered.
-            a.guard.finish(a.guard.deadline_outcome());
+            let outcome = a.guard().deadline_outcome();
+            a.guard_mut().finish(outcome);
             a.obs.ended(Code::DeadlineExceeded);
             return Some(self.end_with(deadline_exceeded().into()));
         }
-        let inst = a.instance().clone();
-        crate::health::connected(&inst);
+        let inst = a.guard().instance();
+        crate::health::connected(inst);
         resp.extensions_mut()
             .insert(ServedBy::new(inst.target.name.clone()));
         if let Some((code, outcome)) = head_status(&resp) {
             // A trailers-only response carries its load report in its head.
-            crate::orca::take_report(&inst, resp.headers_mut());
-            a.guard.finish(outcome);
-            if code != Code::Ok {
-                let pushback = crate::pushback::read(resp.headers());
-                if self.goes_on(&inst, code, pushback) {
-                    tracing::debug!(?code, addr = %inst.target.name, "attempt answered; the call goes on");
-                    a.obs.ended(code);
-                    drop(a);
-                    self.again.as_mut().expect("goes on").last = Some(Ok(resp));
-                    return None;
-                }
+            crate::orca::take_report(inst, resp.headers_mut());
+            a.guard_mut().finish(outcome);
+            if code != Code::Ok && self.answer_goes_on(i, code, &resp) {
+                self.again.as_mut().expect("goes on").next().last = Some(Ok(resp));
+                return None;
             }
             self.obs.head(code);
         }
-        Some(self.deliver(a, resp))
+        Some(self.deliver(i, resp))
+    }
+
+    /// Whether attempt `i`, answered with a status that is not OK (a trailers-only answer),
+    /// is over with the call going on; if so, it is dropped.
+    #[cold]
+    fn answer_goes_on(&mut self, i: usize, code: Code, resp: &http::Response<Body>) -> bool {
+        let inst = self.attempts.get_mut(i).instance().clone();
+        let pushback = crate::pushback::read(resp.headers());
+        if !self.goes_on(&inst, code, pushback) {
+            return false;
+        }
+        tracing::debug!(?code, addr = %inst.target.name, "attempt answered; the call goes on");
+        let mut a = self.attempts.remove(i);
+        a.obs.ended(code);
+        true
     }
 
     /// An attempt failed before its response head.
@@ -435,8 +519,8 @@ impl ResponseFuture {
     }
 
     fn failed_as(&mut self, mut a: Attempt, end: End, e: BoxError) -> Option<CallResult> {
-        let outcome = end.settle(&a.guard, &*e);
-        a.guard.finish(outcome);
+        let outcome = end.settle(a.guard(), &*e);
+        a.guard_mut().finish(outcome);
         let inst = a.instance().clone();
         if end == End::Timeout {
             a.obs.ended(Code::DeadlineExceeded);
@@ -452,7 +536,7 @@ impl ResponseFuture {
         drop(a);
         if end != End::Caller && self.goes_on(&inst, end.code(), None) {
             tracing::debug!(error = %status, addr = %inst.target.name, "attempt failed; the call goes on");
-            self.again.as_mut().expect("goes on").last = Some(Err(status));
+            self.again.as_mut().expect("goes on").next().last = Some(Err(status));
             return None;
         }
         Some(self.end_with(status))
@@ -464,7 +548,7 @@ impl ResponseFuture {
         let Some(again) = self.again.as_mut() else {
             return false;
         };
-        match &again.plan {
+        match again.plan {
             Plan::Replay => false,
             Plan::Retry => {
                 again.tried(inst);
@@ -475,22 +559,25 @@ impl ResponseFuture {
                 again.arm(delay);
                 true
             }
-            Plan::Hedge(policy) => {
+            Plan::Hedge => {
+                let runtime = &again.pool.policy.runtime;
+                let next = again.next.as_mut().expect("a hedged call's state");
+                let policy = next.hedging.as_ref().expect("a hedged call's policy");
                 if !policy.non_fatal.contains(&code) {
                     return false;
                 }
                 // A non-fatal answer: the next hedge at once, or when the server says.
                 match pushback {
-                    None => again.hedge_now = true,
+                    None => next.hedge_now = true,
                     Some(Pushback::After(wait)) => {
-                        again.hedge_now = false;
-                        again.arm(wait);
+                        next.hedge_now = false;
+                        next.arm(wait, runtime);
                     }
                     Some(Pushback::Stop) => {
                         tracing::debug!(
                             "the server's pushback says not to retry: no further hedge"
                         );
-                        again.stop();
+                        next.stop();
                     }
                 }
                 true
@@ -527,7 +614,7 @@ impl ResponseFuture {
             }
             End::ClosedUnsent | End::ConnectFailed
                 if again.same_instance < MAX_SAME_INSTANCE_REPLAYS
-                    && (end == End::ClosedUnsent || a.guard.extra_conn.is_some()) =>
+                    && (end == End::ClosedUnsent || a.guard().extra_conn.is_some()) =>
             {
                 true
             }
@@ -558,11 +645,11 @@ impl ResponseFuture {
         } else if same_ok {
             again.same_instance += 1;
         }
-        if matches!(again.plan, Plan::Hedge(_)) {
+        if again.plan == Plan::Hedge {
             again.tried(&to);
         }
         let avoid = if end == End::Refused && Arc::ptr_eq(&to, inst) {
-            a.guard.conn
+            a.guard().conn
         } else {
             UNCOUNTED
         };
@@ -576,21 +663,23 @@ impl ResponseFuture {
     }
 
     /// The plan's next attempt: a retry after its backoff, or a hedge.
-    fn next_attempt(&mut self, cx: &mut Context<'_>) -> Next {
+    fn next_attempt(&mut self, cx: &mut Context<'_>) -> Made {
         let again = self.again.as_mut().expect("a plan");
-        let policy = match &again.plan {
-            Plan::Hedge(policy) => policy.clone(),
+        match again.plan {
+            Plan::Hedge => {}
             Plan::Retry => return self.retry(),
-            Plan::Replay => return Next::Waits,
-        };
-        again.hedge_now = false;
-        again.hedge_waits = false;
-        if again.stopped || again.made >= policy.max_attempts {
-            again.armed = false;
-            return Next::Waits;
+            Plan::Replay => return Made::Waits,
+        }
+        let next = again.next.as_mut().expect("a hedged call's state");
+        let policy = next.hedging.clone().expect("a hedged call's policy");
+        next.hedge_now = false;
+        next.hedge_waits = false;
+        if next.stopped || next.made >= policy.max_attempts {
+            next.armed = false;
+            return Made::Waits;
         }
         let Some(time_left) = again.time_left() else {
-            return Next::Waits;
+            return Made::Waits;
         };
         let busy = !self.attempts.is_empty();
         if !could_take(&again.pool, &again.tried) {
@@ -599,31 +688,31 @@ impl ResponseFuture {
             if busy {
                 again.arm(policy.delay.max(RECHECK));
             }
-            return Next::Waits;
+            return Made::Waits;
         }
         let (mut req, id) = match again.replay.copy(time_left, cx) {
             Copied::Ready(req, id) => (req, id),
             Copied::Later if busy => {
                 // The first attempt has not sent the whole request yet: the hedge waits for it.
-                again.hedge_waits = true;
-                return Next::Waits;
+                again.next().hedge_waits = true;
+                return Made::Waits;
             }
             Copied::Later | Copied::Unread if !busy => match again.replay.request(time_left) {
                 // No attempt in flight has the request: this one takes it.
                 Some(r) => r,
                 None => {
                     again.stop();
-                    return Next::Waits;
+                    return Made::Waits;
                 }
             },
             Copied::Unread => {
-                again.hedge_waits = true;
-                return Next::Waits;
+                again.next().hedge_waits = true;
+                return Made::Waits;
             }
             Copied::Never | Copied::Later => {
                 tracing::debug!("request not kept (larger than max_replay_body): not hedged");
                 again.stop();
-                return Next::Waits;
+                return Made::Waits;
             }
         };
         if let Some(budget) = &again.pool.budget {
@@ -631,20 +720,24 @@ impl ResponseFuture {
                 tracing::debug!("retry budget spent: no further hedge");
                 crate::observe::budget_exhausted(&again.pool);
                 again.stop();
-                return Next::Waits;
+                return Made::Waits;
             }
         }
         let (snap, picked) = pick_now(&again.pool, &again.tried, again.method);
         let Some(idx) = picked else {
             // The set changed since the look above.
             again.arm(policy.delay.max(RECHECK));
-            return Next::Waits;
+            return Made::Waits;
         };
         let inst = snap[idx].clone();
-        again.made += 1;
         again.tried(&inst);
         again.arm(policy.delay);
-        tracing::debug!(addr = %inst.target.name, attempt = again.made, "hedged attempt sent");
+        let made = {
+            let next = again.next();
+            next.made += 1;
+            next.made
+        };
+        tracing::debug!(addr = %inst.target.name, attempt = made, "hedged attempt sent");
         let method = again.method;
         let obs = self.obs.attempt(&inst, Kind::Hedge);
         obs.count_sent(&mut req);
@@ -652,11 +745,11 @@ impl ResponseFuture {
         self.attempts.push(Attempt::start(
             &inst, method, req, id, watch, UNCOUNTED, obs,
         ));
-        Next::Sent
+        Made::Sent
     }
 
     /// The retry policy's next attempt, its backoff over.
-    fn retry(&mut self) -> Next {
+    fn retry(&mut self) -> Made {
         let again = self.again.as_mut().expect("a plan");
         let sent = again.time_left().and_then(|time_left| {
             let (snap, picked) = pick_now(&again.pool, &again.tried, again.method);
@@ -666,9 +759,9 @@ impl ResponseFuture {
         });
         let Some((inst, mut req, id)) = sent else {
             // The set changed while the call waited: the caller gets the last answer as it was.
-            return Next::Over(self.last_word());
+            return Made::Over(self.last_word());
         };
-        tracing::debug!(addr = %inst.target.name, attempt = again.made, "call retried");
+        tracing::debug!(addr = %inst.target.name, attempt = again.next().made, "call retried");
         let method = again.method;
         let watch = again.pool.replay;
         let obs = self.obs.attempt(&inst, Kind::Retry);
@@ -676,12 +769,16 @@ impl ResponseFuture {
         self.attempts.push(Attempt::start(
             &inst, method, req, id, watch, UNCOUNTED, obs,
         ));
-        Next::Sent
+        Made::Sent
     }
 
     /// The attempts are over and no other will be made: the last answer, as it was.
     fn last_word(&mut self) -> CallResult {
-        let last = self.again.as_mut().and_then(|a| a.last.take());
+        let last = self
+            .again
+            .as_mut()
+            .and_then(|a| a.next.as_mut())
+            .and_then(|n| n.last.take());
         self.phase = Phase::Over(None);
         let result = last.unwrap_or_else(|| {
             Err(no_usable_instance("tonic-balancer: no instance left to send the call to").into())
@@ -690,18 +787,25 @@ impl ResponseFuture {
         result
     }
 
-    /// The call's answer is `a`'s response: every other attempt is cancelled, no further one
-    /// is made, and the response body carries the attempt's count until the call is over.
-    fn deliver(&mut self, a: Attempt, resp: http::Response<Body>) -> CallResult {
+    /// The call's answer is attempt `i`'s response: every other attempt is cancelled, no
+    /// further one is made, and the response body carries the attempt's count until the call
+    /// is over.
+    #[inline]
+    fn deliver(&mut self, i: usize, resp: http::Response<Body>) -> CallResult {
+        let (guard, obs) = self.attempts.get_mut(i).take_answer();
         if let Some(again) = self.again.as_mut() {
             again.replay.commit();
             again.stop();
-            for other in self.attempts.iter() {
-                other.note_sent(&again.replay);
+            if self.attempts.len() > 1 {
+                for (k, other) in self.attempts.iter().enumerate() {
+                    if k != i {
+                        other.note_sent(&again.replay);
+                    }
+                }
             }
         }
+        // The delivered attempt (what is left of it) and the others, cancelled.
         self.attempts.clear();
-        let Attempt { guard, obs, .. } = a;
         self.obs.deliver(obs);
         let deadline = self.deadline.take();
         self.phase = Phase::Over(None);
@@ -732,8 +836,8 @@ impl ResponseFuture {
             if let Some(replay) = replay {
                 a.note_sent(replay);
             }
-            let outcome = a.guard.deadline_outcome();
-            a.guard.finish(outcome);
+            let outcome = a.guard().deadline_outcome();
+            a.guard_mut().finish(outcome);
             a.obs.ended(Code::DeadlineExceeded);
         }
         self.end_with(deadline_exceeded().into())
@@ -741,7 +845,7 @@ impl ResponseFuture {
 }
 
 /// What the plan's next attempt came to.
-enum Next {
+enum Made {
     /// An attempt was sent.
     Sent,
     /// None now: the call waits (for its timer, the attempts in flight, or the request).
@@ -792,25 +896,24 @@ fn route(
     };
     let inst = &snap[idx];
     tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
-    let plan = match pool
+    let hedging = pool
         .hedging
         .as_ref()
         .and_then(|h| h.policy(req.uri().path()))
-    {
-        Some(policy) => Some(Plan::Hedge(policy.clone())),
+        .cloned();
+    let plan = match hedging {
+        Some(_) => Some(Plan::Hedge),
         None if pool.retry.is_some() => Some(Plan::Retry),
         None if pool.replay => Some(Plan::Replay),
         None => None,
     };
-    let mut attempts = Attempts::none();
     let Some(plan) = plan else {
         // Nothing will send it again: the request goes as it is.
         let mut req = req;
         let a = obs.attempt(inst, Kind::First);
         a.count_sent(&mut req);
-        attempts.push(Attempt::start(inst, method, req, 0, false, UNCOUNTED, a));
         return ResponseFuture {
-            attempts,
+            attempts: Attempts::one(Attempt::start(inst, method, req, 0, false, UNCOUNTED, a)),
             again: None,
             deadline,
             obs,
@@ -825,7 +928,7 @@ fn route(
     let (mut req, replay) = Replay::wrap(req, true, pool.max_replay_body);
     let a = obs.attempt(inst, Kind::First);
     a.count_sent(&mut req);
-    attempts.push(Attempt::start(
+    let attempts = Attempts::one(Attempt::start(
         inst,
         method,
         req,
@@ -840,19 +943,14 @@ fn route(
         method,
         deadline_at: deadline.as_ref().map(|d| d.deadline()),
         plan,
-        tried: Vec::new(),
-        made: 1,
         same_instance: 0,
         refusals: 0,
-        last: None,
-        timer: None,
-        armed: false,
-        hedge_now: false,
-        hedge_waits: false,
-        stopped: false,
+        tried: Vec::new(),
+        next: None,
     });
-    if let Plan::Hedge(policy) = &again.plan {
+    if let Some(policy) = hedging {
         let delay = policy.delay;
+        again.next = Some(Next::new(Some(policy)));
         again.tried(inst);
         again.arm(delay);
     }

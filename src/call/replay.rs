@@ -55,7 +55,7 @@ struct Slot {
     /// Keep a copy of what the caller's body yields, up to `limit` bytes.
     record: bool,
     limit: usize,
-    frames: Vec<Bytes>,
+    frames: Frames,
     trailers: Option<http::HeaderMap>,
     len: usize,
     /// The recording holds the whole body.
@@ -80,7 +80,7 @@ impl Slot {
 
     fn stop_recording(&mut self) {
         self.dropped = true;
-        self.frames = Vec::new();
+        self.frames = Frames::default();
         self.trailers = None;
         self.wake();
     }
@@ -109,13 +109,60 @@ impl Slot {
 
     fn recorded(&self) -> Source {
         Source::Recorded {
-            frames: self.frames.clone().into_iter(),
+            frames: self.frames.copy(),
             trailers: self.trailers.clone(),
         }
     }
 }
 
 type SlotRef = Arc<Mutex<Slot>>;
+
+/// The data frames of a recorded body: the first inline (a unary request is one frame, and
+/// its recording then costs no allocation), the others after it.
+#[derive(Default)]
+struct Frames {
+    first: Option<Bytes>,
+    rest: Vec<Bytes>,
+}
+
+impl Frames {
+    fn push(&mut self, data: Bytes) {
+        if self.first.is_none() {
+            self.first = Some(data);
+        } else {
+            self.rest.push(data);
+        }
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// The frames, to be sent in order.
+    fn copy(&self) -> Sending {
+        Sending {
+            first: self.first.clone(),
+            rest: self.rest.clone().into_iter(),
+        }
+    }
+}
+
+/// Recorded frames being sent.
+struct Sending {
+    first: Option<Bytes>,
+    rest: std::vec::IntoIter<Bytes>,
+}
+
+impl Sending {
+    fn next(&mut self) -> Option<Bytes> {
+        self.first.take().or_else(|| self.rest.next())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none() && self.rest.len() == 0
+    }
+}
 
 /// Where an attempt's body comes from.
 enum Source {
@@ -136,7 +183,7 @@ enum Source {
     },
     /// The recording of what an earlier attempt read.
     Recorded {
-        frames: std::vec::IntoIter<Bytes>,
+        frames: Sending,
         trailers: Option<http::HeaderMap>,
     },
     /// Over, or refused.
@@ -331,7 +378,7 @@ impl HttpBody for AttemptBody {
                 Some(next) => next.is_none(),
                 None => body.is_end_stream(),
             },
-            Source::Recorded { frames, trailers } => frames.len() == 0 && trailers.is_none(),
+            Source::Recorded { frames, trailers } => frames.is_empty() && trailers.is_none(),
             Source::Done => true,
         }
     }
@@ -386,7 +433,7 @@ impl Replay {
             body: Some(body),
             record,
             limit,
-            frames: Vec::new(),
+            frames: Frames::default(),
             trailers: None,
             len: 0,
             complete: false,
@@ -558,6 +605,7 @@ impl Replay {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use std::collections::VecDeque;
 
     /// A request body of fixed frames; `Err` items are the caller's errors.
@@ -814,5 +862,171 @@ mod tests {
             crate::deadline::parse(timeout.as_bytes()),
             Some(Duration::from_millis(250))
         );
+    }
+
+    /// One step of a call's attempts over the slot.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A new attempt that takes the slot over (a retry).
+        Request,
+        /// A hedge beside the attempts in flight.
+        Copy,
+        /// An attempt in place of attempt `k`, which the server did not process.
+        InsteadOf(usize),
+        /// Attempt `k`'s connection polls one frame of its body.
+        Poll(usize),
+        /// Attempt `k`'s connection reads its body to the end.
+        ReadAll(usize),
+        /// Attempt `k` is dropped (its request gone, sent or not).
+        Drop(usize),
+        /// The response started.
+        Commit,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            Just(Op::Request),
+            Just(Op::Copy),
+            (0usize..6).prop_map(Op::InsteadOf),
+            (0usize..6).prop_map(Op::Poll),
+            (0usize..6).prop_map(Op::ReadAll),
+            (0usize..6).prop_map(Op::Drop),
+            Just(Op::Commit),
+        ]
+    }
+
+    /// The caller's body, counting every frame pulled from it.
+    struct Counted(
+        VecDeque<Result<Bytes, tonic::Status>>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    );
+
+    impl HttpBody for Counted {
+        type Data = Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+            let next = self.0.pop_front();
+            if next.is_some() {
+                self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            Poll::Ready(next.map(|d| d.map(Frame::data)))
+        }
+    }
+
+    /// An attempt's body as its connection reads it: the frames so far, and how it ended.
+    struct Reader {
+        body: Option<Body>,
+        got: Vec<Bytes>,
+        /// `Some(true)`: read to its end; `Some(false)`: ended with an error.
+        ended: Option<bool>,
+    }
+
+    impl Reader {
+        fn new(req: http::Request<Body>) -> Reader {
+            Reader {
+                body: Some(req.into_body()),
+                got: Vec::new(),
+                ended: None,
+            }
+        }
+
+        fn poll(&mut self) {
+            let Some(body) = self.body.as_mut() else {
+                return;
+            };
+            if self.ended.is_some() {
+                return;
+            }
+            match next(body) {
+                Some(Ok(data)) => self.got.push(data),
+                Some(Err(_)) => self.ended = Some(false),
+                None => self.ended = Some(true),
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Whatever its attempts do (retries, hedges, replays of unprocessed attempts, drops,
+        /// reads, a commit), a request reaches every attempt exactly as the caller sent it: a
+        /// body read to its end holds the caller's frames, in order, once; each frame of the
+        /// caller's body is pulled from it once at most; and a caller's body that fails sends
+        /// nothing whole, anywhere.
+        #[test]
+        fn every_attempt_sends_the_request_as_the_caller_sent_it(
+            frames in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..6), 0..4),
+            error_at in proptest::option::of(0usize..4),
+            limit in 0usize..30,
+            ops in proptest::collection::vec(op(), 1..40),
+        ) {
+            let mut body: VecDeque<Result<Bytes, tonic::Status>> =
+                frames.iter().map(|f| Ok(Bytes::from(f.clone()))).collect();
+            let fails = error_at.map(|at| at.min(body.len()));
+            if let Some(at) = fails {
+                body.insert(at, Err(tonic::Status::out_of_range("the caller's own error")));
+                body.truncate(at + 1);
+            }
+            let pulled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let (req, replay) = Replay::wrap(
+                http::Request::new(Body::new(Counted(body, pulled.clone()))),
+                true,
+                limit,
+            );
+            let mut attempts = vec![(Reader::new(req), 0)];
+            for op in ops {
+                match op {
+                    Op::Request => {
+                        if let Some((req, id)) = replay.request(None) {
+                            attempts.push((Reader::new(req), id));
+                        }
+                    }
+                    Op::Copy => {
+                        if let Copied::Ready(req, id) = copy(&replay) {
+                            attempts.push((Reader::new(req), id));
+                        }
+                    }
+                    Op::InsteadOf(k) => {
+                        if let Some((_, id)) = attempts.get(k % attempts.len()) {
+                            if let Some((req, id)) = replay.instead_of(*id, None) {
+                                attempts.push((Reader::new(req), id));
+                            }
+                        }
+                    }
+                    Op::Poll(k) => {
+                        let n = attempts.len();
+                        attempts[k % n].0.poll();
+                    }
+                    Op::ReadAll(k) => {
+                        let n = attempts.len();
+                        for _ in 0..8 {
+                            attempts[k % n].0.poll();
+                        }
+                    }
+                    Op::Drop(k) => {
+                        let n = attempts.len();
+                        attempts[k % n].0.body = None;
+                    }
+                    Op::Commit => replay.commit(),
+                }
+            }
+            let want: Vec<Bytes> = frames.iter().map(|f| Bytes::from(f.clone())).collect();
+            for (r, id) in &attempts {
+                if r.ended == Some(true) {
+                    prop_assert!(fails.is_none(), "attempt {id} sent a request the caller never finished");
+                    prop_assert_eq!(&r.got, &want, "attempt {}", id);
+                }
+            }
+            let total = frames.len() + usize::from(fails.is_some());
+            prop_assert!(pulled.load(std::sync::atomic::Ordering::SeqCst) <= total);
+            if fails.is_some() && replay.caller_error().is_some() {
+                prop_assert!(replay.request(None).is_none());
+                prop_assert!(matches!(copy(&replay), Copied::Never));
+            }
+        }
     }
 }

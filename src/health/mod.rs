@@ -134,18 +134,19 @@ pub(crate) const DEADLINE_FLOOR: Duration = Duration::from_millis(10);
 /// instance usually takes is the caller's choice, not a sign of trouble.
 pub(crate) const DEADLINE_LATENCY_FACTOR: f64 = 4.0;
 
-/// One latency sample of `inst`, taken at `at`: `sample` for a call to `method` sent at
-/// `sent`.
-pub(crate) fn observe_latency(
-    inst: &Instance,
-    method: Method,
-    sample: Duration,
-    sent: Instant,
-    at: Instant,
-) {
+/// One latency sample of `inst`, taken at `at`: the answer to a call to `method` took
+/// `elapsed`.
+#[inline]
+pub(crate) fn observe_latency(inst: &Instance, method: Method, elapsed: Duration, at: Instant) {
+    let now = at.saturating_duration_since(inst.policy.epoch).as_nanos() as u64;
+    let sent = now.saturating_sub(elapsed.as_nanos() as u64);
+    sample(inst, method, elapsed, sent, now);
+}
+
+/// A call to `method` on `inst`, sent at `sent` (nanoseconds since the pool's epoch), taken
+/// at `now`, counts as having taken `sample`.
+pub(crate) fn sample(inst: &Instance, method: Method, sample: Duration, sent: u64, now: u64) {
     let policy = &inst.policy;
-    let now = at.saturating_duration_since(policy.epoch).as_nanos() as u64;
-    let sent = sent.saturating_duration_since(policy.epoch).as_nanos() as u64;
     let sample = sample.as_nanos() as u64 as f64;
     inst.observe_latency(sample, now, policy.latency_decay);
     let reference = policy.methods.reference(method, sample);
