@@ -532,8 +532,8 @@ mod imp {
         }
 
         /// An attempt of the call starts.
-        pub(crate) fn attempt(&mut self, kind: crate::call::Kind) -> Attempt {
-            use crate::call::Kind;
+        pub(crate) fn attempt(&mut self, kind: crate::observe::Kind) -> Attempt {
+            use crate::observe::Kind;
             match kind {
                 Kind::First => {}
                 Kind::Transparent => self.transparent += 1,

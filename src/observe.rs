@@ -120,6 +120,19 @@ pub(crate) struct CallObs {
     metrics: Option<crate::metrics::Call>,
 }
 
+/// What an attempt of a call is for (what its metrics and the channel's totals count it as).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The call's first attempt.
+    First,
+    /// Sent again unseen by the caller: the previous attempt was not processed.
+    Transparent,
+    /// Sent again by the retry policy.
+    Retry,
+    /// A hedge, alongside the attempts in flight.
+    Hedge,
+}
+
 /// One attempt of a call, seen from outside: with metrics on, its own duration, sizes and
 /// status (recorded when it is dropped); nothing otherwise.
 #[derive(Default)]
@@ -200,8 +213,7 @@ impl CallObs {
 
     /// An attempt of the call goes to `inst`.
     #[inline(always)]
-    pub(crate) fn attempt(&mut self, inst: &Instance, kind: crate::call::Kind) -> AttemptObs {
-        use crate::call::Kind;
+    pub(crate) fn attempt(&mut self, inst: &Instance, kind: Kind) -> AttemptObs {
         self.attempts += 1;
         let shared = &inst.policy.observe;
         match kind {
@@ -242,7 +254,7 @@ impl CallObs {
         let _ = frame;
     }
 
-    /// An attempt ended with `code` and the call waits `delay` before its next one.
+    /// The call waits `delay` before its next attempt (a retry's backoff).
     pub(crate) fn retrying(&mut self, delay: std::time::Duration) {
         #[cfg(feature = "metrics")]
         if let Some(m) = self.metrics.as_mut() {

@@ -17,19 +17,6 @@ use crate::instance::{Instance, State};
 use crate::observe::AttemptObs;
 use crate::tiebreak::Method;
 
-/// What the call's attempt is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// The call's first attempt.
-    First,
-    /// Sent again unseen by the caller: the previous attempt was not processed.
-    Transparent,
-    /// Sent again by the retry policy.
-    Retry,
-    /// A hedge, alongside the attempts in flight.
-    Hedge,
-}
-
 /// An attempt in flight.
 pub(crate) struct Attempt {
     /// Its count and place (taken out only when its answer is delivered).

@@ -22,8 +22,7 @@ mod attempt;
 mod outcome;
 mod replay;
 
-pub(crate) use attempt::Kind;
-pub(crate) use outcome::head_status;
+use outcome::head_status;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,7 +44,7 @@ use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::guard::GuardedBody;
 use crate::hedge::HedgingPolicy;
 use crate::instance::Instance;
-use crate::observe::CallObs;
+use crate::observe::{CallObs, Kind};
 use crate::pick::dispatch::{could_take, no_instance_message, pick_now};
 use crate::pool::Pool;
 use crate::pushback::Pushback;

@@ -17,7 +17,8 @@ const MAX_ATTEMPTS: u32 = 5;
 /// a call without an answer after [`delay`](Self::delay) is sent again to another instance,
 /// the first answer wins and the other attempts are cancelled.
 ///
-/// A hedged call starts as any call: one attempt on the instance the pick chooses. After
+/// A hedged call starts as any call: one attempt on the instance the pick chooses (each
+/// attempt takes its place on one of its instance's connections, as any call's does). After
 /// [`delay`](HedgingPolicy::delay) without a response, the same request goes to another
 /// instance, one that no attempt of the call has gone to, then another after each further
 /// delay, up to [`max_attempts`](HedgingPolicy::max_attempts) in all. The first response
@@ -37,8 +38,9 @@ const MAX_ATTEMPTS: u32 = 5;
 /// - no server said otherwise: a `grpc-retry-pushback-ms` in a non-fatal answer delays the
 ///   next attempt by its value in milliseconds, and a negative or malformed one stops the
 ///   call's hedging;
-/// - some usable instance has not been tried by the call (else the next attempt waits one
-///   more delay for one, while attempts are in flight);
+/// - some usable instance has not been tried by the call (else, while attempts are in flight,
+///   the call looks again after one more delay, at least 50 ms, for one readmitted or added;
+///   looking moves nothing of the pick);
 /// - the call's deadline has not passed: it bounds the whole call, every attempt included.
 ///
 /// Hedging applies to unary and server-streaming methods: a call is committed to an attempt
