@@ -548,7 +548,7 @@ mod imp {
                 rcvd_messages: Messages::default(),
                 method: self.method.clone(),
                 target: self.target.clone(),
-                code: None,
+                recorded: false,
             }
         }
 
@@ -569,8 +569,8 @@ mod imp {
         }
     }
 
-    /// The metrics of one attempt: recorded when it is dropped, with the status it ended with
-    /// (CANCELLED if none was given: the call gave it up, or its caller did).
+    /// The metrics of one attempt: recorded when it ends, with its status, or when it is
+    /// dropped before (CANCELLED: the call gave it up, or its caller did).
     pub(crate) struct Attempt {
         start: Instant,
         /// Message bytes its request body yielded (written by that body, wherever its
@@ -581,7 +581,7 @@ mod imp {
         rcvd_messages: Messages,
         method: SharedString,
         target: SharedString,
-        code: Option<tonic::Code>,
+        recorded: bool,
     }
 
     impl Attempt {
@@ -601,15 +601,11 @@ mod imp {
             self.rcvd += self.rcvd_messages.payload(data);
         }
 
-        /// The attempt ended with this status (the first one given counts).
+        /// The attempt ended with this status: recorded now (once).
         pub(crate) fn ended(&mut self, code: tonic::Code) {
-            self.code.get_or_insert(code);
-        }
-    }
-
-    impl Drop for Attempt {
-        fn drop(&mut self) {
-            let code = self.code.unwrap_or(tonic::Code::Cancelled);
+            if std::mem::replace(&mut self.recorded, true) {
+                return;
+            }
             let took = self.start.elapsed().as_secs_f64();
             let labels = [
                 Label::new(LABEL_METHOD, self.method.clone()),
@@ -620,6 +616,12 @@ mod imp {
             let sent = self.sent.load(Ordering::Relaxed);
             metrics::histogram!(ATTEMPT_SENT_SIZE, labels.iter()).record(sent as f64);
             metrics::histogram!(ATTEMPT_RCVD_SIZE, labels.iter()).record(self.rcvd as f64);
+        }
+    }
+
+    impl Drop for Attempt {
+        fn drop(&mut self) {
+            self.ended(tonic::Code::Cancelled);
         }
     }
 
