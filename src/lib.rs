@@ -282,20 +282,25 @@ pub mod __bench {
             pool.policy.reports_fresh.note(until);
         }
 
-        /// Removes the last instance (it drains) and takes it back at once, as a discovery
-        /// answer that names it again does: it is the last again.
+        /// Removes the last instance while a call holds it (it drains) and takes it back at
+        /// once, as a discovery answer that names it again does: the same instance, last again.
         pub fn remove_and_take_back_last(&self) {
             let snap = self.channel.pool.snapshot();
             let endpoints: Vec<_> = snap.iter().map(|i| i.target.endpoint.clone()).collect();
-            let last = snap.last().expect("an instance");
-            let key = last.target.key.clone();
+            // What a call in flight holds: the instance drains rather than closes.
+            let held = snap.last().expect("an instance").clone();
             drop(snap);
-            assert!(self.channel.pool.remove(&key));
+            assert!(self.channel.pool.remove(&held.target.key));
             let (added, _) = self
                 .channel
                 .replace_all(endpoints)
                 .expect("the same endpoints");
             assert_eq!(added, 1);
+            let snap = self.channel.pool.snapshot();
+            assert!(
+                std::sync::Arc::ptr_eq(snap.last().expect("an instance"), &held),
+                "taken back, not made anew"
+            );
         }
 
         /// Gives instance `i` a weighted-round-robin weight (a report of `weight` queries per
