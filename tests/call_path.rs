@@ -594,8 +594,12 @@ async fn hedges_count_as_attempts_not_calls() {
 
 /// A hedge that overtakes an attempt teaches the pick that the attempt's instance is slow, as
 /// an answer would: with one instance answering in 300 ms and one at once, one call at a time,
-/// and hedging after 20 ms, few calls start on the slow instance (each such call waits for its
-/// hedge), where without that lesson the slow one kept getting first attempts (43 of 100).
+/// and hedging after 20 ms, the slow instance's estimate is at least the time its attempts were
+/// held, and few calls start on it (each such call waits for its hedge), where without that
+/// lesson it had no estimate and kept getting first attempts (43 of 100 measured from outside;
+/// all of them here). How few is the tie-break's (6-7 of 100 on an idle machine, about 20 on a
+/// loaded one, where the fast instance's answers slow down too, and some of its calls are
+/// hedged to the slow one): the bound is for a loaded machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overtaken_attempt_teaches_the_pick() {
     let slow = Instance::start("slow", Behavior::Delay(Duration::from_millis(300)));
@@ -612,14 +616,20 @@ async fn an_overtaken_attempt_teaches_the_pick() {
     let mut client = FleetClient::new(ch.clone());
     let names = fleet::calls(&mut client, 100).await;
     assert!(names.iter().all(|n| n == "fast"), "the hedge answers first");
-    let slow_first = slow.served();
+    let on_slow = slow.served();
+    let estimate = fleet::stats(&ch, &slow.uri()).latency();
     eprintln!(
-        "{slow_first} of 100 calls started on the slow instance: {}",
+        "{on_slow} of 100 calls reached the slow instance: {}",
         fleet::dump(&ch)
     );
     assert!(
-        slow_first <= 15,
-        "{slow_first} of 100 calls started on the slow instance: {}",
+        estimate.is_some_and(|e| e >= Duration::from_millis(20)),
+        "the slow instance's estimate is {estimate:?}: {}",
+        fleet::dump(&ch)
+    );
+    assert!(
+        on_slow <= 30,
+        "{on_slow} of 100 calls reached the slow instance: {}",
         fleet::dump(&ch)
     );
 }
