@@ -194,7 +194,7 @@ fn spill(
             release_slot(inst, extra, k);
         }
         let Some(k) = free else { break };
-        if inst.policy.now_ns() < extra.hold_until.load(Ordering::Relaxed) {
+        if inst.policy.now_ns() < extra.hold_until.load(Ordering::SeqCst) {
             // One failed to connect a moment ago: no other before its backoff is over.
             break;
         }
@@ -268,19 +268,26 @@ pub(crate) fn extra_failed(guard: &CallGuard, error: &dyn std::error::Error) -> 
         return false;
     };
     // The calls queued on it fail together: the first of them closes it and sets the backoff.
-    let prev = extra.slots[k]
-        .channel
-        .compare_and_swap(mine, None::<Arc<Channel>>);
+    let slot = &extra.slots[k];
+    let current = slot.channel.load();
+    if !(*current).as_ref().is_some_and(|c| Arc::ptr_eq(c, mine)) {
+        // Closed already (and its slot maybe taken by a new connection): nothing to do.
+        return true;
+    }
+    drop(current);
+    // The hold first, then the slot freed: a call that finds the slot free finds the hold.
+    let failures = extra.failures.load(Ordering::Relaxed);
+    let wait = inst.policy.backoff.delay(failures);
+    extra.hold_until.fetch_max(
+        inst.policy
+            .now_ns()
+            .saturating_add(crate::time::nanos(wait)),
+        Ordering::SeqCst,
+    );
+    let prev = slot.channel.compare_and_swap(mine, None::<Arc<Channel>>);
     if (*prev).as_ref().is_some_and(|p| Arc::ptr_eq(p, mine)) {
         extra.open.fetch_sub(1, Ordering::Relaxed);
-        let failures = extra.failures.fetch_add(1, Ordering::Relaxed);
-        let wait = inst.policy.backoff.delay(failures);
-        extra.hold_until.store(
-            inst.policy
-                .now_ns()
-                .saturating_add(crate::time::nanos(wait)),
-            Ordering::Relaxed,
-        );
+        extra.failures.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(addr = %inst.target.name, error = %error, retry_in = ?wait, "extra connection failed; the instance stays ready on its own");
     }
     true

@@ -73,10 +73,6 @@ impl End {
                 if h.is_canceled() || h.is_closed() {
                     return End::ClosedUnsent;
                 }
-                if h.is_user() {
-                    // hyper refused what this side gave it (its body's error is below).
-                    return End::Caller;
-                }
             }
         }
         if crate::error::is_transport(e) {
@@ -89,12 +85,13 @@ impl End {
     fn of_h2(h2: &h2::Error) -> End {
         if h2.is_reset() {
             let reason = h2.reason().unwrap_or(h2::Reason::INTERNAL_ERROR);
-            return if !h2.is_remote() {
-                // Reset by this side: the request body failed, or h2 refused what it was given.
+            return if !h2.is_remote() && !h2.is_library() {
+                // Reset by this side's user: the request body failed.
                 End::Caller
             } else if reason == h2::Reason::REFUSED_STREAM {
                 End::Refused
             } else {
+                // Reset by the server, or by h2 for what the server sent on the stream.
                 End::Reset(code_of_reset(reason))
             };
         }
