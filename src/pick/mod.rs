@@ -658,7 +658,7 @@ mod tests {
             let tied: Vec<usize> = (0..n).filter(|&i| !busy[i]).collect();
             let tied = if tied.is_empty() { (0..n).collect() } else { tied };
             let mut rng = Rng::seeded(seed);
-            let rounds = 50;
+            let rounds = 100;
             let picks = rounds * tied.len();
             let mut counts = vec![0usize; n];
             for _ in 0..picks {
