@@ -3,7 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tonic::transport::Endpoint;
 

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};

@@ -2,7 +2,8 @@
 //! of calls that were never processed needs no policy: see `call/`.)
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tonic::Code;
 

@@ -1,4 +1,9 @@
-//! Durations the user sets, made safe to add to a clock.
+//! The channel's clock, and durations the user sets, made safe to add to it.
+//!
+//! Every timer and timestamp of the channel reads tokio's clock (`tokio::time::Instant`): in a
+//! test on tokio's paused clock (`#[tokio::test(start_paused = true)]`), backoff, ejection,
+//! slow start, the tie-break's gates, latency expiry, hedging delays and discovery intervals
+//! all run on the time the test advances.
 //!
 //! Every duration a setting takes may be as long as the user likes (`Duration::MAX` for
 //! "never"). Added to an instant, or turned into nanoseconds, a duration that long overflows;

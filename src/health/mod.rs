@@ -31,7 +31,8 @@ pub(crate) use outlier::{eject_check, success_rate_sweep};
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tonic::Code;
 

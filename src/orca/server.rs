@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
