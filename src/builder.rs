@@ -10,9 +10,10 @@ use tonic::transport::Endpoint;
 
 use crate::discover::{Dns, Resolve, Template};
 use crate::error::Error;
+use crate::health::Ejection;
 #[cfg(feature = "health-check")]
 use crate::health::HealthCheck;
-use crate::health::{Backoff, Ejection, Policy};
+use crate::instance::{Backoff, Context};
 use crate::pool::Pool;
 use crate::retry::{Budget, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 use crate::target::{Key, Target};
@@ -67,10 +68,10 @@ pub struct Builder {
     discovery_timeout: Duration,
     slow_start: Option<Duration>,
     template: Option<Template>,
-    conns: crate::conns::Settings,
+    conns: crate::instance::conns::Settings,
     load_report_max_age: Duration,
     load_reports_oob: Option<Duration>,
-    wrr: crate::orca::WrrConfig,
+    wrr: crate::instance::load::WrrConfig,
     subset: Option<usize>,
     subset_client: Option<(usize, usize)>,
     #[cfg(feature = "metrics")]
@@ -144,8 +145,8 @@ impl Builder {
             health_check: None,
             max_replay_body: DEFAULT_MAX_REPLAY_BODY,
             latency_expiry: Duration::from_secs(5),
-            load_report_max_age: crate::orca::DEFAULT_LOAD_REPORT_MAX_AGE,
-            wrr: crate::orca::WrrConfig::default(),
+            load_report_max_age: crate::instance::load::DEFAULT_LOAD_REPORT_MAX_AGE,
+            wrr: crate::instance::load::WrrConfig::default(),
             load_reports_oob: None,
             latency_decay: Duration::from_secs(1),
             discovery: None,
@@ -153,7 +154,7 @@ impl Builder {
             discovery_interval: Duration::from_secs(30),
             discovery_timeout: DEFAULT_DISCOVERY_TIMEOUT,
             template: None,
-            conns: crate::conns::Settings::default(),
+            conns: crate::instance::conns::Settings::default(),
             subset: None,
             subset_client: None,
             #[cfg(feature = "metrics")]
@@ -610,7 +611,7 @@ impl Builder {
     }
 
     /// The settings of [`Strategy::WeightedRoundRobin`] (default: gRPC's, see
-    /// [`WrrConfig`](crate::orca::WrrConfig)); also selects that strategy.
+    /// [`WrrConfig`](crate::instance::load::WrrConfig)); also selects that strategy.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), tonic_balancer::Error> {
@@ -625,7 +626,7 @@ impl Builder {
     /// assert_eq!(channel.strategy(), tonic_balancer::Strategy::WeightedRoundRobin);
     /// # Ok(()) }
     /// ```
-    pub fn weighted_round_robin(mut self, config: crate::orca::WrrConfig) -> Builder {
+    pub fn weighted_round_robin(mut self, config: crate::instance::load::WrrConfig) -> Builder {
         self.wrr = config;
         self.strategy = Strategy::WeightedRoundRobin;
         self
@@ -815,13 +816,13 @@ impl Builder {
                 reason: format!("{} bytes is above the 16 MiB cap", self.max_replay_body),
             });
         }
-        if self.conns.max == 0 || self.conns.max > crate::conns::MAX_CONNECTIONS_CAP {
+        if self.conns.max == 0 || self.conns.max > crate::instance::conns::MAX_CONNECTIONS_CAP {
             return Err(Error::InvalidSetting {
                 name: "max_connections_per_instance",
                 reason: format!(
                     "{} is out of range: at least 1 (one connection per instance) and at most {}",
                     self.conns.max,
-                    crate::conns::MAX_CONNECTIONS_CAP
+                    crate::instance::conns::MAX_CONNECTIONS_CAP
                 ),
             });
         }
@@ -921,14 +922,14 @@ impl Builder {
                 Some((source, scheme, authority))
             }
         };
-        let policy = Arc::new(Policy {
+        let policy = Arc::new(Context {
             epoch: Instant::now(),
             runtime,
             clock: AtomicU64::new(0),
             latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
             inv_latency_expiry: 1.0 / self.latency_expiry.as_nanos() as f64,
             latency_decay: self.latency_decay,
-            methods: crate::tiebreak::Methods::new(),
+            methods: crate::instance::tie::Methods::new(),
             default_latency_ns: 1_000_000.0,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
             backoff: self.backoff,
@@ -939,9 +940,9 @@ impl Builder {
             ejected: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
             conns: self.conns,
-            orca: crate::orca::Settings {
+            reports: crate::instance::load::ReportSettings {
                 oob: self.load_reports_oob,
-                ..crate::orca::Settings::new(self.load_report_max_age, self.wrr)
+                ..crate::instance::load::ReportSettings::new(self.load_report_max_age, self.wrr)
             },
             reports_fresh: Default::default(),
             pool: std::sync::OnceLock::new(),
@@ -983,7 +984,7 @@ impl Builder {
                 })
             });
             tracing::info!(source = %source.name(), "discovery on");
-            pool.policy.observe.set_source(source.name());
+            pool.ctx.observe.set_source(source.name());
             crate::discover::spawn(
                 &pool,
                 crate::discover::Discovery {
@@ -997,9 +998,7 @@ impl Builder {
             );
         }
         if let Some(task) = push {
-            pool.policy
-                .observe
-                .set_source("discovery stream".to_owned());
+            pool.ctx.observe.set_source("discovery stream".to_owned());
             if pool.snapshot().is_empty() {
                 pool.discovered.send_replace(false);
             }

@@ -22,9 +22,9 @@ use tonic::body::Body;
 use crate::deadline;
 use crate::headers::grpc_status;
 use crate::health::{self, Outcome};
+use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::observe::CallObs;
-use crate::tiebreak::Method;
 
 /// Holds one call's place in its instance's in-flight count.
 pub(crate) struct CallGuard {
@@ -39,11 +39,8 @@ pub(crate) struct CallGuard {
     breaks_at: u32,
     /// The call's method, for the tie-break's per-method reference.
     method: Method,
-    /// The connection of its instance it counts against (`crate::conns`).
-    pub(crate) conn: u8,
-    /// That connection, if it is one of the instance's extra ones: what the call's failure
-    /// closes, if it is still the one in its slot.
-    pub(crate) extra_conn: Option<Arc<tonic::transport::Channel>>,
+    /// The connection of its instance it counts against (see `crate::instance::conns`).
+    pub(crate) held: crate::instance::conns::Held,
     outcome: Option<Outcome>,
 }
 
@@ -60,8 +57,7 @@ impl CallGuard {
             inst,
             connecting,
             answered: false,
-            conn: crate::conns::UNCOUNTED,
-            extra_conn: None,
+            held: Default::default(),
             start: Instant::now(),
             outcome: None,
         }
@@ -76,7 +72,7 @@ impl CallGuard {
     #[inline]
     pub(crate) fn headers_received(&mut self) {
         self.answered = true;
-        crate::conns::answered(&self.inst, self.conn);
+        crate::instance::conns::answered(&self.inst, self.held.conn);
         if !self.connecting {
             let now = Instant::now();
             health::observe_latency(
@@ -145,8 +141,8 @@ impl Drop for CallGuard {
     #[inline]
     fn drop(&mut self) {
         self.inst.in_flight.fetch_sub(1, Ordering::Release);
-        if self.conn != crate::conns::UNCOUNTED {
-            crate::conns::release(&self.inst, self.conn);
+        if self.held.conn != crate::instance::conns::UNCOUNTED {
+            crate::instance::conns::release(&self.inst, self.held.conn);
         }
         if self.outcome.is_none() && !self.answered {
             self.given_up();
@@ -176,7 +172,7 @@ impl CallGuard {
         }
         let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
         let at_least = held.max(std::time::Duration::from_nanos(usual as u64));
-        let epoch = self.inst.policy.epoch;
+        let epoch = self.inst.ctx.epoch;
         let sent = self.start.saturating_duration_since(epoch).as_nanos() as u64;
         let now = Instant::now().saturating_duration_since(epoch).as_nanos() as u64;
         health::sample(&self.inst, self.method, at_least, sent, now);

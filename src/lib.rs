@@ -107,7 +107,6 @@
 mod builder;
 mod call;
 mod channel;
-mod conns;
 mod deadline;
 pub mod discover;
 mod error;
@@ -130,14 +129,12 @@ mod shutdown;
 mod stats;
 mod subset;
 mod target;
-mod tiebreak;
 mod time;
 mod wrr;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use call::ResponseFuture;
 pub use channel::BalancedChannel;
-pub use conns::{DEFAULT_CONNECTION_IDLE, DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION};
 #[cfg(feature = "hickory-dns")]
 pub use discover::DnsSettings;
 pub use discover::{Dns, Resolve};
@@ -146,6 +143,9 @@ pub use error::Error;
 pub use health::HealthCheck;
 pub use health::{Backoff, Ejection};
 pub use hedge::HedgingPolicy;
+pub use instance::conns::{
+    DEFAULT_CONNECTION_IDLE, DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION,
+};
 pub use instance::State;
 pub use observe::{ChannelStats, DiscoveryState};
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
@@ -208,7 +208,7 @@ pub mod __bench {
             let mut b = crate::BalancedChannel::builder().strategy(strategy);
             if strategy == crate::Strategy::WeightedRoundRobin {
                 b = b.weighted_round_robin(
-                    crate::orca::WrrConfig::default().blackout_period(Duration::ZERO),
+                    crate::instance::load::WrrConfig::default().blackout_period(Duration::ZERO),
                 );
             }
             for port in 1..=n {
@@ -260,10 +260,10 @@ pub mod __bench {
             let ns = latency.as_nanos() as f64;
             inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
             inst.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
-            let now = pool.policy.now_ns();
+            let now = pool.ctx.now_ns();
             inst.tie.observe(ns, 2e6, now, now);
             inst.latency_at.store(now, Ordering::Relaxed);
-            pool.policy.clock.fetch_max(now, Ordering::Relaxed);
+            pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
             inst.set_state(if usable {
                 crate::State::Ready
             } else {
@@ -277,9 +277,9 @@ pub mod __bench {
         pub fn report(&self, i: usize, others: u64) {
             let pool = &self.channel.pool;
             let snap = pool.snapshot();
-            let now = pool.policy.now_ns();
+            let now = pool.ctx.now_ns();
             let until = snap[i].others.set(others, now, u32::MAX / 2);
-            pool.policy.reports_fresh.note(until);
+            pool.ctx.reports_fresh.note(until);
         }
 
         /// Removes the last instance while a call holds it (it drains) and takes it back at
@@ -310,10 +310,10 @@ pub mod __bench {
         pub fn set_weights(&self, weights: &[f64]) {
             let pool = &self.channel.pool;
             let snap = pool.snapshot();
-            let cfg = pool.policy.orca.wrr;
-            let now = pool.policy.now_ns();
+            let cfg = pool.ctx.reports.wrr;
+            let now = pool.ctx.now_ns();
             for (inst, &w) in snap.iter().zip(weights) {
-                let report = crate::orca::LoadReport {
+                let report = crate::instance::load::LoadReport {
                     rps_fractional: w,
                     cpu_utilization: 1.0,
                     ..Default::default()
@@ -328,7 +328,7 @@ pub mod __bench {
         pub fn pick(&self) -> Option<usize> {
             let pool = &self.channel.pool;
             let snap = pool.snapshot();
-            crate::pick::dispatch::pick(pool, &snap, &[], crate::tiebreak::Method::NONE)
+            crate::pick::dispatch::pick(pool, &snap, &[], crate::instance::tie::Method::NONE)
         }
 
         /// Adds `delta` to instance `i`'s count, as a call's guard does.

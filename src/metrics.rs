@@ -361,7 +361,7 @@ mod imp {
             services,
             all_methods: settings.all_methods,
         };
-        let _ = pool.policy.observe.metrics.set(config);
+        let _ = pool.ctx.observe.metrics.set(config);
         describe();
     }
 
@@ -485,7 +485,7 @@ mod imp {
 
     /// The labels of an instance's metrics.
     fn instance_labels(inst: &Instance) -> Option<Vec<Label>> {
-        let target = target(&inst.policy.observe)?;
+        let target = target(&inst.ctx.observe)?;
         Some(vec![
             Label::new(LABEL_TARGET, target),
             Label::new(LABEL_INSTANCE, SharedString::from(inst.target.name.clone())),
@@ -818,7 +818,7 @@ mod imp {
 
     /// Spawns the task that samples the per-instance gauges of `pool` until it is dropped.
     pub(crate) fn spawn(pool: &Arc<Pool>) {
-        if pool.policy.observe.metrics.get().is_none() {
+        if pool.ctx.observe.metrics.get().is_none() {
             return;
         }
         pool.spawn(sample(Arc::downgrade(pool)));
@@ -850,7 +850,10 @@ mod imp {
                 }
                 let before = seen.get(&inst.target.name).is_some_and(|(_, own)| *own);
                 let own = own_connection_open(state, before);
-                let extra = inst.extra.as_deref().map_or(0, crate::conns::Extra::open);
+                let extra = inst
+                    .extra
+                    .as_deref()
+                    .map_or(0, crate::instance::conns::Extra::open);
                 metrics::gauge!(OPEN_CONNECTIONS, labels.iter())
                     .set((usize::from(own) + extra) as f64);
                 now.insert(inst.target.name.clone(), (labels, own));

@@ -17,7 +17,7 @@ use crate::BalancedChannel;
 
 type CallResult = Result<http::Response<tonic::body::Body>, tower::BoxError>;
 
-/// Counters and settings every instance of one channel shares (in its `Policy`).
+/// Counters and settings every instance of one channel shares (in its `Context`).
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     retries: AtomicU64,
@@ -51,7 +51,7 @@ impl Shared {
 impl Drop for Instance {
     fn drop(&mut self) {
         let started = self.started.load(Ordering::Relaxed);
-        self.policy
+        self.ctx
             .observe
             .retired_attempts
             .fetch_add(started, Ordering::Relaxed);
@@ -60,19 +60,19 @@ impl Drop for Instance {
 
 /// A call was refused: no instance could take it.
 pub(crate) fn refused(pool: &Pool) {
-    pool.policy.observe.refused.fetch_add(1, Ordering::Relaxed);
+    pool.ctx.observe.refused.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A retry was wanted but the retry budget was spent.
 pub(crate) fn budget_exhausted(pool: &Pool) {
-    let shared = &pool.policy.observe;
+    let shared = &pool.ctx.observe;
     shared.budget_exhausted.fetch_add(1, Ordering::Relaxed);
     crate::metrics::budget_exhausted(shared);
 }
 
 /// An outlier was found: `enforced` if it was ejected, else held back by the ejection cap.
 pub(crate) fn ejection(inst: &Instance, why: &'static str, enforced: bool) {
-    let shared = &inst.policy.observe;
+    let shared = &inst.ctx.observe;
     if enforced {
         shared.ejections.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -85,7 +85,7 @@ pub(crate) fn ejection(inst: &Instance, why: &'static str, enforced: bool) {
 
 /// The discovery source answered (`error`: with a failure).
 pub(crate) fn discovery_answer(pool: &Pool, error: Option<&str>) {
-    let shared = &pool.policy.observe;
+    let shared = &pool.ctx.observe;
     shared.lookups.fetch_add(1, Ordering::Relaxed);
     if error.is_some() {
         shared.lookup_failures.fetch_add(1, Ordering::Relaxed);
@@ -95,7 +95,7 @@ pub(crate) fn discovery_answer(pool: &Pool, error: Option<&str>) {
 
 /// A membership change added and removed these many instances.
 pub(crate) fn membership(pool: &Pool, added: usize, removed: usize) {
-    let shared = &pool.policy.observe;
+    let shared = &pool.ctx.observe;
     shared.added.fetch_add(added as u64, Ordering::Relaxed);
     shared.removed.fetch_add(removed as u64, Ordering::Relaxed);
     crate::metrics::membership(shared, added, removed);
@@ -201,7 +201,7 @@ impl CallObs {
             head: None,
             delivered: AttemptObs::default(),
             #[cfg(feature = "metrics")]
-            metrics: crate::metrics::Call::new(&pool.policy.observe, req.uri().path()),
+            metrics: crate::metrics::Call::new(&pool.ctx.observe, req.uri().path()),
         }
     }
 
@@ -215,7 +215,7 @@ impl CallObs {
     #[inline(always)]
     pub(crate) fn attempt(&mut self, inst: &Instance, kind: Kind) -> AttemptObs {
         self.attempts += 1;
-        let shared = &inst.policy.observe;
+        let shared = &inst.ctx.observe;
         match kind {
             Kind::First => {}
             Kind::Transparent => {
@@ -268,7 +268,7 @@ impl CallObs {
     pub(crate) fn refused(&mut self, pool: &Pool) {
         refused(pool);
         #[cfg(feature = "metrics")]
-        crate::metrics::refused(&pool.policy.observe, self.metrics.as_ref());
+        crate::metrics::refused(&pool.ctx.observe, self.metrics.as_ref());
         self.finish(tonic::Code::Unavailable);
     }
 
@@ -554,7 +554,7 @@ impl BalancedChannel {
     /// ```
     pub fn stats(&self) -> ChannelStats {
         let pool: &Arc<Pool> = &self.pool;
-        let shared = &pool.policy.observe;
+        let shared = &pool.ctx.observe;
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let retired = load(&shared.retired_attempts);
         let live: u64 = pool

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use arc_swap::ArcSwap;
 
-use crate::health::Policy;
+use crate::instance::Context;
 use crate::instance::{Instance, State};
 use crate::retry::{Budget, RetryPolicy};
 use crate::target::{Key, Target};
@@ -61,7 +61,7 @@ pub(crate) struct Pool {
     draining: Mutex<Vec<Weak<Instance>>>,
     /// Serialises writers.
     write: Mutex<()>,
-    pub(crate) policy: Arc<Policy>,
+    pub(crate) ctx: Arc<Context>,
     pub(crate) strategy: Strategy,
     pub(crate) rr: AtomicUsize,
     /// Weighted round robin's schedule (used with that strategy only).
@@ -91,12 +91,12 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(policy: Arc<Policy>, strategy: Strategy) -> Pool {
+    pub(crate) fn new(ctx: Arc<Context>, strategy: Strategy) -> Pool {
         Pool {
             members: ArcSwap::from_pointee(Members::new(Vec::new())),
             draining: Mutex::new(Vec::new()),
             write: Mutex::new(()),
-            policy,
+            ctx,
             strategy,
             rr: AtomicUsize::new(0),
             wrr: crate::wrr::Wrr::default(),
@@ -117,11 +117,11 @@ impl Pool {
     /// Spawns a background task of the channel on its runtime; it ends when the channel (every
     /// clone of it) is dropped.
     pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.closed.spawn(&self.policy.runtime, task);
+        self.closed.spawn(&self.ctx.runtime, task);
     }
 
     fn publish(&self, next: Vec<Arc<Instance>>) {
-        self.policy.members.store(next.len(), Ordering::Relaxed);
+        self.ctx.members.store(next.len(), Ordering::Relaxed);
         self.members.store(Arc::new(Members::new(next)));
     }
 
@@ -289,7 +289,7 @@ impl Pool {
     fn create(&self, joining: Joining) -> Arc<Instance> {
         let Joining { target, connected } = joining;
         tracing::info!(addr = %target.name, "instance added");
-        let inst = Arc::new(Instance::new(target, self.policy.clone(), connected));
+        let inst = Arc::new(Instance::new(target, self.ctx.clone(), connected));
         if self.warm_new.load(Ordering::Relaxed) {
             inst.warm_up();
         }
@@ -297,10 +297,10 @@ impl Pool {
             crate::metrics::connection_succeeded(&inst);
         }
         #[cfg(feature = "health-check")]
-        if let Some(cfg) = &self.policy.health_check {
+        if let Some(cfg) = &self.ctx.health_check {
             crate::health::check::spawn(&inst, cfg.clone());
         }
-        if let Some(every) = self.policy.orca.oob {
+        if let Some(every) = self.ctx.reports.oob {
             crate::orca::oob::spawn(&inst, every);
         }
         inst

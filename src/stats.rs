@@ -50,7 +50,7 @@ pub struct EndpointStats {
     ejections: u32,
     latency: Option<Duration>,
     slowness: Option<f64>,
-    load_report: Option<std::sync::Arc<crate::orca::LoadReport>>,
+    load_report: Option<std::sync::Arc<crate::instance::load::LoadReport>>,
 }
 
 impl EndpointStats {
@@ -60,7 +60,10 @@ impl EndpointStats {
             uri: i.target.name.to_string(),
             state: i.state(),
             in_flight: i.in_flight.load(Ordering::Acquire),
-            connections: 1 + i.extra.as_deref().map_or(0, crate::conns::Extra::open),
+            connections: 1 + i
+                .extra
+                .as_deref()
+                .map_or(0, crate::instance::conns::Extra::open),
             started: i.started.load(Ordering::Relaxed),
             failed: i.failed.load(Ordering::Relaxed),
             consecutive_failures: i.consecutive_failures.load(Ordering::Relaxed),
@@ -135,7 +138,7 @@ impl EndpointStats {
     }
 
     /// The last load report it sent (ORCA, see [`orca`](crate::orca)), if any.
-    pub fn load_report(&self) -> Option<&crate::orca::LoadReport> {
+    pub fn load_report(&self) -> Option<&crate::instance::load::LoadReport> {
         self.load_report.as_deref()
     }
 }

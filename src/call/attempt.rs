@@ -13,9 +13,9 @@ use tower::BoxError;
 
 use super::replay::{AttemptId, Replay};
 use crate::guard::CallGuard;
+use crate::instance::tie::Method;
 use crate::instance::{Instance, State};
 use crate::observe::AttemptObs;
-use crate::tiebreak::Method;
 
 /// An attempt in flight.
 pub(crate) struct Attempt {
@@ -67,7 +67,7 @@ impl Attempt {
         obs: AttemptObs,
     ) -> Attempt {
         let mut guard = CallGuard::new(inst.clone(), method);
-        let channel = crate::conns::channel(inst, &mut guard, avoid);
+        let channel = crate::instance::conns::channel(inst, &mut guard.held, avoid);
         let unreachable = (watch && guard.routed_connecting())
             .then(|| Box::pin(inst.unreachable.clone().notified_owned()));
         Attempt {

@@ -39,17 +39,17 @@ use tower::BoxError;
 use self::attempt::{Attempt, Polled};
 use self::outcome::End;
 use self::replay::{Copied, Replay};
-use crate::conns::UNCOUNTED;
 use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::guard::GuardedBody;
 use crate::hedge::HedgingPolicy;
+use crate::instance::conns::UNCOUNTED;
+use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::observe::{CallObs, Kind};
 use crate::pick::dispatch::{could_take, no_instance_message, pick_now};
 use crate::pool::Pool;
 use crate::pushback::Pushback;
 use crate::stats::ServedBy;
-use crate::tiebreak::Method;
 
 /// At most this many transparent replays of one call on instances it has tried already (a
 /// connection closed before the request was written: the same instance may take the call on a
@@ -229,7 +229,7 @@ impl Again {
 
     /// The next attempt of the policy goes in `after`.
     fn arm(&mut self, after: Duration) {
-        let runtime = &self.pool.policy.runtime;
+        let runtime = &self.pool.ctx.runtime;
         self.next
             .get_or_insert_with(|| Next::new(None))
             .arm(after, runtime);
@@ -381,7 +381,7 @@ impl ResponseFuture {
     pub(crate) fn new(pool: &Arc<Pool>, req: http::Request<Body>) -> ResponseFuture {
         let deadline = crate::deadline::from_headers(req.headers()).map(|d| {
             // The timer is made on the channel's runtime: the caller may be on any executor.
-            let _rt = pool.policy.runtime.enter();
+            let _rt = pool.ctx.runtime.enter();
             Box::pin(tokio::time::sleep_until(crate::time::after(d)))
         });
         let obs = CallObs::new(pool, &req);
@@ -559,7 +559,7 @@ impl ResponseFuture {
                 true
             }
             Plan::Hedge => {
-                let runtime = &again.pool.policy.runtime;
+                let runtime = &again.pool.ctx.runtime;
                 let next = again.next.as_mut().expect("a hedged call's state");
                 let policy = next.hedging.as_ref().expect("a hedged call's policy");
                 if !policy.non_fatal.contains(&code) {
@@ -613,7 +613,7 @@ impl ResponseFuture {
             }
             End::ClosedUnsent | End::ConnectFailed
                 if again.same_instance < MAX_SAME_INSTANCE_REPLAYS
-                    && (end == End::ClosedUnsent || a.guard().extra_conn.is_some()) =>
+                    && (end == End::ClosedUnsent || a.guard().held.extra.is_some()) =>
             {
                 true
             }
@@ -648,7 +648,7 @@ impl ResponseFuture {
             again.tried(&to);
         }
         let avoid = if end == End::Refused && Arc::ptr_eq(&to, inst) {
-            a.guard().conn
+            a.guard().held.conn
         } else {
             UNCOUNTED
         };

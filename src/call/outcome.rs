@@ -123,19 +123,19 @@ impl End {
         match self {
             End::ConnectFailed => {
                 // An extra connection that could not connect says nothing of the instance.
-                if !crate::conns::extra_failed(guard, e) {
+                if !crate::instance::conns::extra_failed(guard.instance(), &guard.held, e) {
                     health::connect_failed(inst, e);
                 }
                 Outcome::Cancelled
             }
             End::ClosedUnsent => {
-                if !crate::conns::extra_failed(guard, e) {
+                if !crate::instance::conns::extra_failed(guard.instance(), &guard.held, e) {
                     health::disconnected(inst, e);
                 }
                 Outcome::Cancelled
             }
             End::Broken => {
-                if crate::conns::extra_failed(guard, e) {
+                if crate::instance::conns::extra_failed(guard.instance(), &guard.held, e) {
                     return Outcome::Cancelled;
                 }
                 health::disconnected(inst, e);

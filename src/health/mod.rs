@@ -18,26 +18,25 @@
 //!   while the instance holds the call count as failures of the instance; application statuses
 //!   (NOT_FOUND, INVALID_ARGUMENT, ...) are the service's answers and count as successes here.
 
-mod backoff;
 #[cfg(feature = "health-check")]
 pub(crate) mod check;
 mod outlier;
 
-pub use backoff::Backoff;
+pub use crate::instance::Backoff;
 #[cfg(feature = "health-check")]
 pub use check::HealthCheck;
 pub use outlier::Ejection;
 pub(crate) use outlier::{eject_check, success_rate_sweep};
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::time::Instant;
 
 use tonic::Code;
 
+use crate::instance::tie::Method;
 use crate::instance::{Instance, State};
-use crate::tiebreak::Method;
 
 /// How a call ended, as far as its instance's health is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,59 +51,6 @@ pub(crate) enum Outcome {
     /// The caller gave up (dropped the call or the stream) or the stream ended without status:
     /// says nothing about the instance.
     Cancelled,
-}
-
-/// Settings and pool-wide counters that every instance of one channel shares.
-#[derive(Debug)]
-pub(crate) struct Policy {
-    pub(crate) epoch: Instant,
-    /// The runtime the channel was built in: its connections, timers and background tasks
-    /// run there, whichever thread inserts an instance or drops a call.
-    pub(crate) runtime: tokio::runtime::Handle,
-    /// A coarse clock for the pick, in nanoseconds since `epoch`: the time of the latest
-    /// latency sample of any instance. Reading it costs a load, not a clock call.
-    pub(crate) clock: AtomicU64,
-    /// A latency estimate older than this counts as unknown.
-    pub(crate) latency_expiry_ns: u64,
-    /// `1 / latency_expiry_ns`, so that the pick multiplies instead of dividing.
-    pub(crate) inv_latency_expiry: f64,
-    /// Time constant of the moving average of latency.
-    pub(crate) latency_decay: Duration,
-    /// The per-method references of the least-pending tie-break.
-    pub(crate) methods: crate::tiebreak::Methods,
-    /// Slow start window in nanoseconds (0: off).
-    pub(crate) slow_start_ns: u64,
-    /// Peak EWMA: the latency of an instance with no estimate yet.
-    pub(crate) default_latency_ns: f64,
-    pub(crate) backoff: Backoff,
-    pub(crate) ejection: Ejection,
-    /// Wakes the discovery task, if there is one.
-    pub(crate) discovery_wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
-    /// Active health checks, if on.
-    #[cfg(feature = "health-check")]
-    pub(crate) health_check: Option<HealthCheck>,
-    /// Instances ejected now.
-    pub(crate) ejected: AtomicUsize,
-    /// Instances in the set now (not draining).
-    pub(crate) members: AtomicUsize,
-    /// Connections per instance.
-    pub(crate) conns: crate::conns::Settings,
-    /// What the pick does with server-reported load.
-    pub(crate) orca: crate::orca::Settings,
-    /// Until when some instance's report of the other clients' calls is fresh.
-    pub(crate) reports_fresh: crate::orca::Fresh,
-    /// The pool these settings belong to (set once it is built), for an instance that comes
-    /// back into service to find where the set's turns are (see `Instance::rejoin`).
-    pub(crate) pool: std::sync::OnceLock<std::sync::Weak<crate::pool::Pool>>,
-    /// The channel's totals, and what its metrics need.
-    pub(crate) observe: crate::observe::Shared,
-}
-
-impl Policy {
-    #[inline]
-    pub(crate) fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
-    }
 }
 
 /// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response);
@@ -139,7 +85,7 @@ pub(crate) const DEADLINE_LATENCY_FACTOR: f64 = 4.0;
 /// `elapsed`.
 #[inline]
 pub(crate) fn observe_latency(inst: &Instance, method: Method, elapsed: Duration, at: Instant) {
-    let now = at.saturating_duration_since(inst.policy.epoch).as_nanos() as u64;
+    let now = at.saturating_duration_since(inst.ctx.epoch).as_nanos() as u64;
     let sent = now.saturating_sub(elapsed.as_nanos() as u64);
     sample(inst, method, elapsed, sent, now);
 }
@@ -147,7 +93,7 @@ pub(crate) fn observe_latency(inst: &Instance, method: Method, elapsed: Duration
 /// A call to `method` on `inst`, sent at `sent` (nanoseconds since the pool's epoch), taken
 /// at `now`, counts as having taken `sample`.
 pub(crate) fn sample(inst: &Instance, method: Method, sample: Duration, sent: u64, now: u64) {
-    let policy = &inst.policy;
+    let policy = &inst.ctx;
     let sample = sample.as_nanos() as u64 as f64;
     inst.observe_latency(sample, now, policy.latency_decay);
     let reference = policy.methods.reference(method, sample);
@@ -245,11 +191,11 @@ pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error
     // Calls waiting for this connection move on now rather than each waiting for its own
     // connect attempt in the connection's queue.
     inst.unreachable.notify_waiters();
-    if let Some(wake) = inst.policy.discovery_wake.get() {
+    if let Some(wake) = inst.ctx.discovery_wake.get() {
         wake.notify_one();
     }
     let weak = Arc::downgrade(inst);
-    let backoff = inst.policy.backoff.clone();
+    let backoff = inst.ctx.backoff.clone();
     inst.spawn(reconnect(weak, backoff));
 }
 

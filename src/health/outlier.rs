@@ -180,7 +180,7 @@ impl Ejection {
 
 /// After a failure: eject `inst` if it failed `n` times in a row, or once on probation.
 pub(crate) fn eject_check(inst: &Arc<Instance>, n: u32) {
-    let policy = &inst.policy;
+    let policy = &inst.ctx;
     let on_probation = inst.probation.load(Ordering::Relaxed);
     if n >= policy.ejection.consecutive_failures || on_probation {
         let why = if on_probation {
@@ -194,7 +194,7 @@ pub(crate) fn eject_check(inst: &Arc<Instance>, n: u32) {
 
 /// Ejects `inst` if the cap allows it; spawns the timer that readmits it.
 pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
-    let policy = &inst.policy;
+    let policy = &inst.ctx;
     let cap = policy.ejection.cap(policy.members.load(Ordering::Relaxed));
     // Reserve a slot under the cap first, so that concurrent ejections cannot exceed it.
     let reserved = policy
@@ -242,10 +242,7 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
 
 /// Numbers a new ejection of `inst` that lasts `time` from now; returns its number.
 fn start_ejection(inst: &Instance, time: std::time::Duration) -> u32 {
-    let until = inst
-        .policy
-        .now_ns()
-        .saturating_add(crate::time::nanos(time));
+    let until = inst.ctx.now_ns().saturating_add(crate::time::nanos(time));
     inst.ejected_until.store(until, Ordering::Relaxed);
     inst.ejection_id
         .fetch_add(1, Ordering::AcqRel)
@@ -256,7 +253,7 @@ fn start_ejection(inst: &Instance, time: std::time::Duration) -> u32 {
 /// left of its ejection, if the cap allows it in the set it joins (of `members` instances).
 /// False (nothing done) if no time was left or the cap is full.
 pub(crate) fn resume_ejection(inst: &Arc<Instance>, members: usize) -> bool {
-    let policy = &inst.policy;
+    let policy = &inst.ctx;
     let left = inst
         .ejected_until
         .load(Ordering::Relaxed)
@@ -298,7 +295,7 @@ fn readmit(inst: &Instance, id: u32) {
         return;
     }
     if inst.transition(State::Ejected, State::Ready) {
-        inst.policy.ejected.fetch_sub(1, Ordering::AcqRel);
+        inst.ctx.ejected.fetch_sub(1, Ordering::AcqRel);
         inst.consecutive_failures.store(0, Ordering::Relaxed);
         inst.consecutive_successes.store(0, Ordering::Relaxed);
         inst.probation.store(true, Ordering::Relaxed);
@@ -313,7 +310,7 @@ pub(crate) fn success_rate_sweep(instances: &[Arc<Instance>]) {
     let Some(first) = instances.first() else {
         return;
     };
-    let cfg = first.policy.ejection.clone();
+    let cfg = first.ctx.ejection.clone();
     let mut rates = Vec::with_capacity(instances.len());
     for inst in instances {
         let ok = inst.window_ok.swap(0, Ordering::Relaxed);

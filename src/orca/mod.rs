@@ -31,12 +31,8 @@
 //! (`OrcaLayer`, `OrcaHandle`, and `OobService` for out-of-band reports) is in the `orca`
 //! feature.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
-
-use arc_swap::ArcSwapOption;
 
 pub(crate) mod oob;
 #[cfg(feature = "orca")]
@@ -50,52 +46,13 @@ pub use oob_server::{OobService, DEFAULT_MIN_REPORT_INTERVAL};
 #[cfg(feature = "orca")]
 pub use server::{OrcaBody, OrcaFuture, OrcaHandle, OrcaLayer, OrcaService};
 
-pub use crate::wrr::WrrConfig;
+use crate::instance::load::{Fresh, Others, ReportSettings, Reported};
+pub use crate::instance::load::{
+    LoadReport, WrrConfig, DEFAULT_LOAD_REPORT_MAX_AGE, IN_FLIGHT_METRIC,
+};
 
 /// The trailer that carries a per-call load report (gRFC A51).
 pub const TRAILER: &str = "endpoint-load-metrics-bin";
-
-/// The named metric (in [`LoadReport::named_metrics`]) that holds the calls the instance has in
-/// flight, for every client, when the report was made.
-pub const IN_FLIGHT_METRIC: &str = "calls_in_flight";
-
-/// An ORCA load report (`xds.data.orca.v3.OrcaLoadReport`), as the instance sent it.
-///
-/// Decoded and encoded by this crate's own code of the protobuf wire format (no protobuf
-/// dependency). The deprecated integer `rps` (field 3) is skipped; use `rps_fractional`.
-///
-/// ```
-/// use tonic_balancer::orca::LoadReport;
-///
-/// let mut report = LoadReport::default();
-/// report.rps_fractional = 120.0;
-/// report.application_utilization = 0.6;
-/// report.named_metrics.insert("calls_in_flight".into(), 7.0);
-/// let bytes = report.encode();
-/// assert_eq!(LoadReport::decode(&bytes), Some(report));
-/// assert_eq!(LoadReport::decode(b"\x0a\xff"), None); // malformed
-/// ```
-#[derive(Debug, Clone, Default, PartialEq)]
-#[non_exhaustive]
-pub struct LoadReport {
-    /// CPU utilization, a fraction of the CPU available (may exceed 1).
-    pub cpu_utilization: f64,
-    /// Memory utilization, a fraction of the memory available.
-    pub mem_utilization: f64,
-    /// Application-specific costs of the request.
-    pub request_cost: BTreeMap<String, f64>,
-    /// Utilization of named resources, fractions.
-    pub utilization: BTreeMap<String, f64>,
-    /// Queries per second the instance serves (for every client).
-    pub rps_fractional: f64,
-    /// Errors per second the instance serves.
-    pub eps: f64,
-    /// Application-specific metrics ([`IN_FLIGHT_METRIC`] among them).
-    pub named_metrics: BTreeMap<String, f64>,
-    /// Utilization as the application sees it (for example the higher of CPU and memory);
-    /// weighted round robin prefers it to `cpu_utilization` when it is above 0.
-    pub application_utilization: f64,
-}
 
 impl LoadReport {
     /// Decodes a serialised report; `None` if it is malformed. Unknown fields are skipped.
@@ -108,15 +65,6 @@ impl LoadReport {
         let mut out = Vec::with_capacity(64);
         wire::encode(self, &mut out);
         out
-    }
-
-    /// The instance's calls in flight, if it reports them (a finite value ≥ 0 of the named
-    /// metric [`IN_FLIGHT_METRIC`]).
-    pub fn calls_in_flight(&self) -> Option<f64> {
-        self.named_metrics
-            .get(IN_FLIGHT_METRIC)
-            .copied()
-            .filter(|v| v.is_finite() && *v >= 0.0)
     }
 }
 
@@ -138,164 +86,6 @@ pub(crate) fn read(map: &mut http::HeaderMap) -> Option<LoadReport> {
     report
 }
 
-/// The clock of the in-flight estimate: nanoseconds >> 20 (about a millisecond), plus one so
-/// that 0 means "no report".
-const TICK_SHIFT: u32 = 20;
-
-#[inline]
-pub(crate) fn tick(ns: u64) -> u64 {
-    (ns >> TICK_SHIFT) + 1
-}
-
-/// The bits of [`Others`] that hold the count; the tick takes the other 40 (2^40 ticks of
-/// about a millisecond: 36 years of the pool's clock, so that it never wraps).
-const COUNT_BITS: u32 = 24;
-
-/// The report settings of one channel (see the `Builder` methods).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Settings {
-    /// Reports older than this many ticks are not used by the least-pending pick (0: never).
-    pub(crate) max_age_ticks: u32,
-    pub(crate) wrr: WrrConfig,
-    /// Out-of-band reports asked of every instance at this interval, if on.
-    pub(crate) oob: Option<Duration>,
-}
-
-/// The default [`Builder::load_report_max_age`](crate::Builder::load_report_max_age).
-pub const DEFAULT_LOAD_REPORT_MAX_AGE: Duration = Duration::from_secs(1);
-
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings::new(DEFAULT_LOAD_REPORT_MAX_AGE, WrrConfig::default())
-    }
-}
-
-impl Settings {
-    pub(crate) fn new(max_age: Duration, wrr: WrrConfig) -> Settings {
-        let ticks = (max_age.as_nanos() >> TICK_SHIFT).min(u128::from(u32::MAX / 2)) as u32;
-        // A non-zero age shorter than a tick still uses reports of the same tick.
-        let max_age_ticks = if max_age.is_zero() { 0 } else { ticks.max(1) };
-        Settings {
-            max_age_ticks,
-            wrr,
-            oob: None,
-        }
-    }
-}
-
-/// The other clients' calls in flight on one instance as of its last load report, while that
-/// report is fresh: the tick until which it is fresh (high 40 bits) and the count (low 24
-/// bits); 0: none. Apart from the rest of [`Reported`] so that it sits in the cache line of
-/// the instance that the pick reads.
-#[derive(Debug, Default)]
-pub(crate) struct Others(AtomicU64);
-
-impl Others {
-    /// The other clients' calls in flight on this instance, from a report still fresh at
-    /// `now_tick` ([`tick`] of the pick's clock); 0 when there is none. Read for every
-    /// candidate of every least-pending pick while some instance's report is fresh (see
-    /// [`Fresh`]): one load, a compare and a select. A report from after
-    /// `now_tick` (the pick's coarse clock can lag) is fresh, as it should be.
-    #[inline]
-    pub(crate) fn get(&self, now_tick: u64) -> usize {
-        let w = self.0.load(Ordering::Relaxed);
-        if w >> COUNT_BITS >= now_tick {
-            (w & ((1 << COUNT_BITS) - 1)) as usize
-        } else {
-            0
-        }
-    }
-
-    /// Keeps `count` (at most 2^24 - 1) as the other clients' calls, from a report received at
-    /// `at_ns`, fresh for `max_age_ticks` (0: not kept). Returns the tick until which it is
-    /// fresh (0: not kept).
-    pub(crate) fn set(&self, count: u64, at_ns: u64, max_age_ticks: u32) -> u64 {
-        if max_age_ticks == 0 {
-            self.0.store(0, Ordering::Relaxed);
-            return 0;
-        }
-        let until = tick(at_ns) + u64::from(max_age_ticks);
-        let w = until << COUNT_BITS | count.min((1 << COUNT_BITS) - 1);
-        self.0.store(w, Ordering::Relaxed);
-        until
-    }
-}
-
-/// The tick until which some instance of the channel has a fresh count of the other clients'
-/// calls (0: none ever). While it is past, every instance's [`Others`] reads 0, and the pick
-/// scans without reading them: a channel whose servers send no reports (or whose reports went
-/// stale) pays nothing for them per candidate.
-#[derive(Debug, Default)]
-pub(crate) struct Fresh(AtomicU64);
-
-impl Fresh {
-    /// An instance's count is fresh until `until`. A plain load first: with per-call reports
-    /// this runs on every response, and the word moves at most once a tick.
-    #[inline]
-    pub(crate) fn note(&self, until: u64) {
-        if until > self.0.load(Ordering::Relaxed) {
-            self.0.fetch_max(until, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether some instance may have a count fresh at `now_tick` (see [`Others::get`]).
-    #[inline]
-    pub(crate) fn any(&self, now_tick: u64) -> bool {
-        self.0.load(Ordering::Relaxed) >= now_tick
-    }
-}
-
-/// What one instance reported last, as the pick reads it: atomics only.
-pub(crate) struct Reported {
-    /// Weighted round robin's state (gRFC A58).
-    pub(crate) wrr: crate::wrr::EndpointWeight,
-    /// The last report whole, for [`EndpointStats`](crate::EndpointStats).
-    last: ArcSwapOption<LoadReport>,
-    /// Signalled on every change of the instance's state, for its out-of-band reports.
-    events: tokio::sync::watch::Sender<()>,
-    /// How many times its connection was lost or re-added (states `Connecting` and `Failing`
-    /// entered): a server that does not implement out-of-band reports is asked again only
-    /// once this moved.
-    reconnects: std::sync::atomic::AtomicU32,
-}
-
-impl Default for Reported {
-    fn default() -> Reported {
-        Reported {
-            wrr: Default::default(),
-            last: ArcSwapOption::empty(),
-            events: tokio::sync::watch::Sender::new(()),
-            reconnects: Default::default(),
-        }
-    }
-}
-
-impl Reported {
-    /// The instance moved to state `to` (see `Instance::transition`).
-    pub(crate) fn state_changed(&self, to: crate::State) {
-        if matches!(to, crate::State::Connecting | crate::State::Failing) {
-            self.reconnects.fetch_add(1, Ordering::Relaxed);
-        }
-        if self.events.receiver_count() > 0 {
-            self.events.send_replace(());
-        }
-    }
-
-    /// Changes of the instance's state, as they come.
-    pub(crate) fn events(&self) -> tokio::sync::watch::Receiver<()> {
-        self.events.subscribe()
-    }
-
-    pub(crate) fn reconnects(&self) -> u32 {
-        self.reconnects.load(Ordering::Relaxed)
-    }
-
-    /// The last report, if any.
-    pub(crate) fn last(&self) -> Option<Arc<LoadReport>> {
-        self.last.load_full()
-    }
-}
-
 /// Reads the load report in a response's trailers (or trailers-only head) from `inst`, if
 /// there is one, and keeps what the pick needs of it. Called while the call's guard still
 /// counts the call.
@@ -310,7 +100,7 @@ pub(crate) fn take_report(inst: &crate::instance::Instance, map: &mut http::Head
 #[inline(never)]
 fn take_report_slow(inst: &crate::instance::Instance, map: &mut http::HeaderMap) {
     let Some(report) = read(map) else { return };
-    let policy = &inst.policy;
+    let policy = &inst.ctx;
     let now = policy.now_ns();
     // The pick's coarse clock moves on with every report.
     policy.clock.fetch_max(now, Ordering::Relaxed);
@@ -327,7 +117,7 @@ pub(crate) fn observe(
     own: usize,
     now_ns: u64,
 ) {
-    let policy = &inst.policy;
+    let policy = &inst.ctx;
     keep(
         &inst.others,
         &policy.reports_fresh,
@@ -335,7 +125,7 @@ pub(crate) fn observe(
         report,
         own,
         now_ns,
-        &policy.orca,
+        &policy.reports,
     );
 }
 
@@ -347,7 +137,7 @@ fn keep(
     report: LoadReport,
     own: usize,
     now_ns: u64,
-    settings: &Settings,
+    settings: &ReportSettings,
 ) {
     if let Some(total) = report.calls_in_flight() {
         let others = (total.round() - own as f64).clamp(0.0, f64::from(u32::MAX)) as u64;
@@ -360,6 +150,8 @@ fn keep(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::instance::load::{tick, ReportSettings as Settings, COUNT_BITS};
+    use std::time::Duration;
 
     /// The in-flight estimate uses only fresh reports: a report at most the age old counts,
     /// an older one does not, and a report from the future (the coarse clock lags) counts.
@@ -464,16 +256,16 @@ mod tests {
                 .unwrap();
             let pool = &ch.pool;
             let snap = pool.snapshot();
-            let now = pool.policy.now_ns().max(1);
-            pool.policy.clock.fetch_max(now, Ordering::Relaxed);
+            let now = pool.ctx.now_ns().max(1);
+            pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
             for (inst, ns) in snap.iter().zip([2e6f64, 4e6]) {
                 inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
                 inst.latency_at.store(now, Ordering::Relaxed);
             }
-            let until = snap[0].others.set(10, now, pool.policy.orca.max_age_ticks);
-            pool.policy.reports_fresh.note(until);
+            let until = snap[0].others.set(10, now, pool.ctx.reports.max_age_ticks);
+            pool.ctx.reports_fresh.note(until);
             let picked =
-                crate::pick::dispatch::pick(pool, &snap, &[], crate::tiebreak::Method::NONE);
+                crate::pick::dispatch::pick(pool, &snap, &[], crate::instance::tie::Method::NONE);
             assert_eq!(picked, Some(want), "{strategy:?}");
         }
     }

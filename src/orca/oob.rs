@@ -193,7 +193,7 @@ async fn run(
                     Duration::ZERO
                 } else {
                     let Some(inst) = weak.upgrade() else { return };
-                    inst.policy.backoff.delay(attempt)
+                    inst.ctx.backoff.delay(attempt)
                 };
                 tracing::debug!(addr = %name, code = ?why.code(), error = %why.message(), ?delay, "out-of-band load report stream broke; opening it again");
                 attempt = attempt.saturating_add(1);
@@ -273,7 +273,7 @@ async fn stream(
 
 /// Takes in a report received now from `inst`'s stream.
 fn take(inst: &Instance, report: LoadReport) {
-    let policy = &inst.policy;
+    let policy = &inst.ctx;
     let now = policy.now_ns();
     policy
         .clock

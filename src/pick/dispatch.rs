@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Chosen, Load, Rng, Turn};
+use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::pool::{Members, Pool, Snapshot};
-use crate::tiebreak::Method;
 use crate::Strategy;
 
 /// Picks an instance from the current set (excluding `tried`). A pick that finds nothing in a
@@ -60,7 +60,7 @@ pub(crate) fn pick(
         // Nothing to choose: whatever the strategy, the one instance if it is usable.
         return pick_with_one(snap, tried);
     }
-    let slow = pool.policy.slow_start_ns;
+    let slow = pool.ctx.slow_start_ns;
     if slow > 0 {
         // Slow start may hold back every instance that is warming up; it must never be the
         // reason a call finds nothing.
@@ -85,12 +85,12 @@ fn pick_with(
     slow: u64,
     method: Method,
 ) -> Option<usize> {
-    let policy = &pool.policy;
+    let policy = &pool.ctx;
     let now = policy.clock.load(Ordering::Relaxed);
     let expiry = policy.latency_expiry_ns;
     let inv_expiry = policy.inv_latency_expiry;
     // Calls in flight: this channel's, plus the other clients' as of a fresh load report.
-    let tick = crate::orca::tick(now);
+    let tick = crate::instance::load::tick(now);
     let mut rng = Rng::thread();
     // An independent stream for the slow-start draws (the strategy's own draws use `rng`).
     let mut gate =

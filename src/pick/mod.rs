@@ -23,7 +23,7 @@
 //! that answered markedly slower than the rest is also *gated* for a while after that answer
 //! (a time proportional to how much slower it was, growing while its answers stay slow, capped):
 //! no tie goes to it before then. The strides, gates and estimates are computed when a call's
-//! answer arrives (see `crate::tiebreak`), not here: the pick only compares two numbers per
+//! answer arrives (see `crate::instance::tie`), not here: the pick only compares two numbers per
 //! candidate.
 //!
 //! An instance that missed turns because it was busy (a long call kept it out of the ties)
@@ -38,7 +38,7 @@
 //! many clients, a few more ties each is a burst on the newcomer.
 //!
 //! Calls to a dear method (one many times costlier than the typical call) take turns of their
-//! own: the caller hands the pick each candidate's dear pass instead (see `crate::tiebreak`).
+//! own: the caller hands the pick each candidate's dear pass instead (see `crate::instance::tie`).
 //!
 //! The scan is one pass over the counts (a tight loop over integers) that also notes where the
 //! tied candidates are; the tie-break then looks at all of them if there are at most
@@ -67,26 +67,9 @@
 pub(crate) mod dispatch;
 use std::cell::Cell;
 
-/// The stride of an instance as fast as the rest: one turn.
-pub const UNIT: u64 = 1 << 16;
-
-/// The turns an instance may be behind the others and win back: one that missed turns because
-/// it was busy (a long call kept it out of the ties) wins them back when it is idle again, up
-/// to this many; one that was away longer (new, or back from an ejection) is not owed more.
-pub const CREDIT: u64 = 8 * UNIT;
-
-/// What the least-pending tie-break reads of a tied candidate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Turn {
-    /// Its pass: the lowest wins the tie.
-    pub pass: u64,
-    /// How far its pass advances when it wins.
-    pub stride: u64,
-    /// 0: open. Otherwise it is gated (it answered markedly slower than the rest not long
-    /// ago): it wins no tie until the open candidates' passes reach this value, unless every
-    /// candidate is gated.
-    pub gate: u64,
-}
+#[cfg(test)]
+use crate::instance::tie::UNIT;
+pub use crate::instance::tie::{Turn, CREDIT};
 
 /// The least-pending choice: which candidate, and the pass its own restarts from at the lowest
 /// (`CREDIT` before the runner-up's pass when the runner-up last won; 0 when it had no

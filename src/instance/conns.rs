@@ -21,7 +21,7 @@
 //! allows fewer queues the difference inside the connection, as today.
 //!
 //! Each call reserves its place on a connection with one atomic add on that connection's count
-//! (two calls can never both take a connection's last place), and its [`CallGuard`] gives it back
+//! (two calls can never both take a connection's last place), and the call's guard gives it back
 //! exactly once when the call is over, with the instance's count. With one connection allowed
 //! (`max_connections_per_instance(1)`) nothing of this runs: the call takes the instance's
 //! channel as it always did. An extra connection is a lazy tonic `Channel`: the calls sent to it
@@ -40,8 +40,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use tonic::transport::Channel;
 
-use crate::guard::CallGuard;
-use crate::instance::Instance;
+use super::Instance;
 
 /// The connections an instance may have at most, unless
 /// [`Builder::max_connections_per_instance`](crate::Builder::max_connections_per_instance) says
@@ -63,9 +62,20 @@ pub(crate) const MAX_CONNECTIONS_CAP: usize = 64;
 /// Added to a connection's count while it is being closed: every reservation fails meanwhile.
 const CLOSING: usize = usize::MAX / 2;
 
-/// The guard's `conn` for a call that holds no connection count (one connection allowed).
+/// The connection a call counts against, as [`channel`] chose it: kept with the call, and
+/// handed back to [`release`] when it is over.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    /// Which: [`UNCOUNTED`], [`FIRST`], or extra slot `k` as `k + 2`.
+    pub(crate) conn: u8,
+    /// That connection, if it is one of the instance's extra ones: what the call's failure
+    /// closes, if it is still the one in its slot.
+    pub(crate) extra: Option<Arc<Channel>>,
+}
+
+/// [`Held::conn`] of a call that holds no connection count (one connection allowed).
 pub(crate) const UNCOUNTED: u8 = 0;
-/// The guard's `conn` for a call on the instance's own connection; extra slot `k` is `k + 2`.
+/// [`Held::conn`] of a call on the instance's own connection; extra slot `k` is `k + 2`.
 pub(crate) const FIRST: u8 = 1;
 
 /// The connection settings of a channel.
@@ -138,36 +148,30 @@ impl Extra {
     }
 }
 
-/// The channel for a call just routed to `inst` (whose `guard` counts it): the instance's own
-/// connection if it has room, else an extra one with room, opened if need be. The guard records
-/// the connection it counts against. `avoid` names a connection not to use if another will do
+/// The channel for a call just routed to `inst`: the instance's own connection if it has room,
+/// else an extra one with room, opened if need be. `held` records the connection the call
+/// counts against. `avoid` names a connection not to use if another will do
 /// (one that just refused the call's stream; [`UNCOUNTED`]: none).
 #[inline]
-pub(crate) fn channel(inst: &Arc<Instance>, guard: &mut CallGuard, avoid: u8) -> Channel {
+pub(crate) fn channel(inst: &Arc<Instance>, held: &mut Held, avoid: u8) -> Channel {
     let Some(extra) = inst.extra.as_deref() else {
         return inst.channel.clone();
     };
-    let limit = inst.policy.conns.streams;
+    let limit = inst.ctx.conns.streams;
     if avoid != FIRST {
         if inst.conn_in_flight.fetch_add(1, Ordering::AcqRel) < limit {
-            guard.conn = FIRST;
+            held.conn = FIRST;
             return inst.channel.clone();
         }
         inst.conn_in_flight.fetch_sub(1, Ordering::AcqRel);
     }
-    spill(inst, extra, limit, guard, avoid)
+    spill(inst, extra, limit, held, avoid)
 }
 
 /// The instance's own connection is full (or to be avoided): an extra one.
 #[cold]
 #[inline(never)]
-fn spill(
-    inst: &Arc<Instance>,
-    extra: &Extra,
-    limit: usize,
-    guard: &mut CallGuard,
-    avoid: u8,
-) -> Channel {
+fn spill(inst: &Arc<Instance>, extra: &Extra, limit: usize, held: &mut Held, avoid: u8) -> Channel {
     // Each round either finds room, or opens a connection (at most one per free slot), or
     // finds every slot full.
     for _ in 0..=extra.slots.len() {
@@ -176,8 +180,7 @@ fn spill(
             if k as u8 + 2 == avoid {
                 continue;
             }
-            let held = slot.channel.load_full();
-            let Some(ch) = held else {
+            let Some(ch) = slot.channel.load_full() else {
                 free.get_or_insert(k);
                 continue;
             };
@@ -185,16 +188,16 @@ fn spill(
                 // Still the connection it counted on (not closed and replaced meanwhile)?
                 let now = slot.channel.load();
                 if (*now).as_ref().is_some_and(|n| Arc::ptr_eq(n, &ch)) {
-                    guard.conn = k as u8 + 2;
+                    held.conn = k as u8 + 2;
                     let channel = (*ch).clone();
-                    guard.extra_conn = Some(ch);
+                    held.extra = Some(ch);
                     return channel;
                 }
             }
             release_slot(inst, extra, k);
         }
         let Some(k) = free else { break };
-        if inst.policy.now_ns() < extra.hold_until.load(Ordering::SeqCst) {
+        if inst.ctx.now_ns() < extra.hold_until.load(Ordering::SeqCst) {
             // One failed to connect a moment ago: no other before its backoff is over.
             break;
         }
@@ -213,27 +216,26 @@ fn spill(
         let slot = &extra.slots[k];
         slot.in_flight.fetch_add(1, Ordering::AcqRel);
         if let Some(ch) = slot.channel.load_full() {
-            guard.conn = k as u8 + 2;
+            held.conn = k as u8 + 2;
             let channel = (*ch).clone();
-            guard.extra_conn = Some(ch);
+            held.extra = Some(ch);
             return channel;
         }
         release_slot(inst, extra, k);
     }
     inst.conn_in_flight.fetch_add(1, Ordering::AcqRel);
-    guard.conn = FIRST;
+    held.conn = FIRST;
     inst.channel.clone()
 }
 
 /// Opens an extra connection in free slot `k` (unless another call did meanwhile).
 fn open(inst: &Arc<Instance>, extra: &Extra, k: usize) {
     let channel = {
-        let _rt = inst.policy.runtime.enter();
+        let _rt = inst.ctx.runtime.enter();
         Arc::new(inst.target.connect_lazy())
     };
     let slot = &extra.slots[k];
-    slot.idle_since
-        .store(inst.policy.now_ns(), Ordering::Relaxed);
+    slot.idle_since.store(inst.ctx.now_ns(), Ordering::Relaxed);
     let prev = slot
         .channel
         .compare_and_swap(&None::<Arc<Channel>>, Some(channel));
@@ -245,11 +247,11 @@ fn open(inst: &Arc<Instance>, extra: &Extra, k: usize) {
     tracing::debug!(addr = %inst.target.name, connections = open, "connection opened: the others are at their stream limit");
     if !extra.sweeping.swap(true, Ordering::SeqCst) {
         let weak = Arc::downgrade(inst);
-        inst.spawn(sweep(weak, inst.policy.conns.idle));
+        inst.spawn(sweep(weak, inst.ctx.conns.idle));
     }
 }
 
-/// The connection of `guard`'s call failed (could not connect, or broke): if it was an extra
+/// The connection `held` of a call to `inst` failed (could not connect, or broke): if it was an extra
 /// connection, it is dropped (if it is still the one in its slot: a call that was queued on a
 /// connection dropped already must not close the one that took its place), no other opens
 /// before the channel's connection backoff has passed, and `true` says so. The instance keeps
@@ -258,12 +260,11 @@ fn open(inst: &Arc<Instance>, extra: &Extra, k: usize) {
 /// number of its own still serves those it has; a server that is gone breaks the instance's own
 /// connection too. False for a call on the instance's own connection, whose failure is the
 /// instance's.
-pub(crate) fn extra_failed(guard: &CallGuard, error: &dyn std::error::Error) -> bool {
-    let inst = guard.instance();
+pub(crate) fn extra_failed(inst: &Instance, held: &Held, error: &dyn std::error::Error) -> bool {
     let (Some(extra), Some(k), Some(mine)) = (
         inst.extra.as_deref(),
-        extra_slot(guard.conn),
-        guard.extra_conn.as_ref(),
+        extra_slot(held.conn),
+        held.extra.as_ref(),
     ) else {
         return false;
     };
@@ -277,11 +278,9 @@ pub(crate) fn extra_failed(guard: &CallGuard, error: &dyn std::error::Error) -> 
     drop(current);
     // The hold first, then the slot freed: a call that finds the slot free finds the hold.
     let failures = extra.failures.load(Ordering::Relaxed);
-    let wait = inst.policy.backoff.delay(failures);
+    let wait = inst.ctx.backoff.delay(failures);
     extra.hold_until.fetch_max(
-        inst.policy
-            .now_ns()
-            .saturating_add(crate::time::nanos(wait)),
+        inst.ctx.now_ns().saturating_add(crate::time::nanos(wait)),
         Ordering::SeqCst,
     );
     let prev = slot.channel.compare_and_swap(mine, None::<Arc<Channel>>);
@@ -324,8 +323,7 @@ pub(crate) fn release(inst: &Instance, conn: u8) {
 fn release_slot(inst: &Instance, extra: &Extra, k: usize) {
     let slot = &extra.slots[k];
     if slot.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-        slot.idle_since
-            .store(inst.policy.now_ns(), Ordering::Relaxed);
+        slot.idle_since.store(inst.ctx.now_ns(), Ordering::Relaxed);
     }
 }
 
@@ -344,7 +342,7 @@ async fn sweep(inst: Weak<Instance>, idle: Duration) {
             if slot.in_flight.load(Ordering::Acquire) != 0 || slot.channel.load().is_none() {
                 continue;
             }
-            let now = inst.policy.now_ns();
+            let now = inst.ctx.now_ns();
             if now.saturating_sub(slot.idle_since.load(Ordering::Relaxed)) < idle_ns {
                 continue;
             }
@@ -380,7 +378,7 @@ async fn sweep(inst: Weak<Instance>, idle: Duration) {
 mod tests {
     use super::*;
     use crate::guard::CallGuard;
-    use crate::tiebreak::Method;
+    use crate::instance::tie::Method;
 
     /// A call queued on an extra connection that was dropped already fails late: that failure
     /// must not close the connection that took the slot since.
@@ -396,31 +394,31 @@ mod tests {
         let extra = inst.extra.as_deref().unwrap();
         let take = || {
             let mut g = CallGuard::new(inst.clone(), Method::NONE);
-            let _ = channel(&inst, &mut g, UNCOUNTED);
+            let _ = channel(&inst, &mut g.held, UNCOUNTED);
             g
         };
         // Two calls fill the instance's own connection; two more share the first extra one.
         let own = [take(), take()];
-        assert!(own.iter().all(|g| g.conn == FIRST));
+        assert!(own.iter().all(|g| g.held.conn == FIRST));
         let (first, late) = (take(), take());
-        assert!(first.conn > FIRST && late.conn == first.conn);
+        assert!(first.held.conn > FIRST && late.held.conn == first.held.conn);
         assert_eq!(extra.open(), 1);
         // It fails for the first call: dropped, with the backoff armed.
         let e = crate::error::Message("connection refused".into());
-        assert!(extra_failed(&first, &e));
+        assert!(extra_failed(&inst, &first.held, &e));
         assert_eq!(extra.open(), 0);
         drop(first);
         // The backoff over, the slot takes a new connection.
         extra.hold_until.store(0, Ordering::Relaxed);
         let next = take();
         assert_eq!(
-            next.conn, late.conn,
+            next.held.conn, late.held.conn,
             "the new connection takes the same slot"
         );
         assert_eq!(extra.open(), 1);
         // The late failure of the call queued on the old connection leaves the new one.
         assert!(
-            extra_failed(&late, &e),
+            extra_failed(&inst, &late.held, &e),
             "still an extra connection's failure"
         );
         assert_eq!(
@@ -428,11 +426,11 @@ mod tests {
             1,
             "the late failure closed the new connection"
         );
-        let slot = &extra.slots[usize::from(next.conn - 2)];
+        let slot = &extra.slots[usize::from(next.held.conn - 2)];
         assert!(slot
             .channel
             .load()
             .as_ref()
-            .is_some_and(|c| Arc::ptr_eq(c, next.extra_conn.as_ref().unwrap())));
+            .is_some_and(|c| Arc::ptr_eq(c, next.held.extra.as_ref().unwrap())));
     }
 }

@@ -7,9 +7,17 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
-use crate::health::Policy;
+pub(crate) mod backoff;
+pub(crate) mod conns;
+pub(crate) mod context;
+pub(crate) mod load;
+pub(crate) mod tie;
+
+pub use backoff::Backoff;
+pub(crate) use context::Context;
+
 use crate::target::Target;
-use crate::tiebreak::Tie;
+use tie::Tie;
 
 /// The health of an instance, as the channel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,7 +85,7 @@ impl std::fmt::Display for State {
 pub(crate) struct Instance {
     pub(crate) in_flight: AtomicUsize,
     /// The other clients' calls in flight, from its load reports (ORCA).
-    pub(crate) others: crate::orca::Others,
+    pub(crate) others: load::Others,
     state: AtomicU8,
     /// Connection breaks seen under calls: the calls that were on a connection when it broke
     /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
@@ -99,14 +107,14 @@ pub(crate) struct Instance {
     /// within a few calls.
     pub(crate) steady_ns: AtomicU64,
     /// What it reported of its load (ORCA), as the pick reads it.
-    pub(crate) reported: crate::orca::Reported,
+    pub(crate) reported: load::Reported,
     /// Its name (in logs, errors, `EndpointStats` and, shared rather than copied, the
     /// `ServedBy` of the responses it serves), identity, settings and how it is reached.
     pub(crate) target: Target,
     pub(crate) channel: Channel,
     /// Its extra connections, if it may have more than one (see `crate::conns`).
-    pub(crate) extra: Option<Box<crate::conns::Extra>>,
-    pub(crate) policy: Arc<Policy>,
+    pub(crate) extra: Option<Box<conns::Extra>>,
+    pub(crate) ctx: Arc<Context>,
     pub(crate) started: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) consecutive_failures: AtomicU32,
@@ -143,40 +151,40 @@ pub(crate) struct Instance {
 /// are left out (their passes stopped where they left); `None` when none is in service.
 pub(crate) fn level_in_service<'a>(
     set: impl Iterator<Item = &'a Arc<Instance>>,
-) -> Option<crate::tiebreak::Level> {
-    crate::tiebreak::Level::of(set.filter(|i| i.is_usable()).map(|i| &i.tie))
+) -> Option<tie::Level> {
+    tie::Level::of(set.filter(|i| i.is_usable()).map(|i| &i.tie))
 }
 
 impl Instance {
     /// Creates an instance whose channel connects on its first call. Needs a tokio runtime.
     /// `connected`: a connection opened already (`Builder::connect`); the instance starts
     /// `Ready` with it.
-    pub(crate) fn new(target: Target, policy: Arc<Policy>, connected: Option<Channel>) -> Instance {
+    pub(crate) fn new(target: Target, ctx: Arc<Context>, connected: Option<Channel>) -> Instance {
         let state = match connected {
             Some(_) => State::Ready,
             None => State::Connecting,
         };
         // The connection's task is spawned on the channel's runtime, whichever thread this is.
         let channel = connected.unwrap_or_else(|| {
-            let _in_runtime = policy.runtime.enter();
+            let _in_runtime = ctx.runtime.enter();
             target.connect_lazy()
         });
-        let now_ns = policy.now_ns();
+        let now_ns = ctx.now_ns();
         Instance {
             in_flight: AtomicUsize::new(0),
             others: Default::default(),
             conn_in_flight: AtomicUsize::new(0),
-            extra: crate::conns::Extra::new(&policy.conns),
+            extra: conns::Extra::new(&ctx.conns),
             state: AtomicU8::new(state as u8),
             breaks: AtomicU32::new(0),
             tie: Tie::new(),
             latency_ns: AtomicU64::new(0),
-            reported: crate::orca::Reported::default(),
+            reported: load::Reported::default(),
             latency_at: AtomicU64::new(now_ns),
             steady_ns: AtomicU64::new(0),
             target,
             channel,
-            policy,
+            ctx,
             started: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             consecutive_failures: AtomicU32::new(0),
@@ -198,7 +206,7 @@ impl Instance {
     /// Spawns a background task of this instance on the channel's runtime; it ends when the
     /// instance is dropped.
     pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.closed.spawn(&self.policy.runtime, task);
+        self.closed.spawn(&self.ctx.runtime, task);
     }
 
     /// Takes the instance out of the set's rotation for good (removed): from whatever state,
@@ -224,7 +232,7 @@ impl Instance {
         let from = State::from_u8(cur);
         self.drained_from.store(cur, Ordering::Release);
         if from == State::Ejected {
-            self.policy.ejected.fetch_sub(1, Ordering::AcqRel);
+            self.ctx.ejected.fetch_sub(1, Ordering::AcqRel);
         }
         self.reported.state_changed(State::Draining);
         // Out of service: its weighted-round-robin weight must earn its blackout again.
@@ -252,9 +260,9 @@ impl Instance {
 
     /// Starts this instance's slow start (if on): its share ramps up from now.
     pub(crate) fn warm_up(&self) {
-        if self.policy.slow_start_ns > 0 {
-            let now = self.policy.now_ns();
-            self.policy.clock.fetch_max(now, Ordering::Relaxed);
+        if self.ctx.slow_start_ns > 0 {
+            let now = self.ctx.now_ns();
+            self.ctx.clock.fetch_max(now, Ordering::Relaxed);
             self.warm_from.store(now.max(1), Ordering::Relaxed);
         }
     }
@@ -300,7 +308,7 @@ impl Instance {
     /// give it [`CREDIT`](crate::pick::CREDIT) turns in a row at once (with 50 clients, a burst
     /// of 400 calls on an instance just back from trouble).
     fn rejoin(&self) {
-        let Some(pool) = self.policy.pool.get().and_then(std::sync::Weak::upgrade) else {
+        let Some(pool) = self.ctx.pool.get().and_then(std::sync::Weak::upgrade) else {
             return;
         };
         let snap = pool.snapshot();

@@ -1,4 +1,4 @@
-//! What the least-pending tie-break learns from each answer (the pick itself is in `pick.rs`).
+//! What the least-pending tie-break learns from each answer (the pick itself is in `crate::pick`).
 //!
 //! Each time an instance answers a call (its response headers arrive), the time it took is
 //! compared with the *reference* for the call's method: a pool-wide estimate of how long that
@@ -45,7 +45,26 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::pick::{Turn, UNIT};
+/// The stride of an instance as fast as the rest: one turn.
+pub const UNIT: u64 = 1 << 16;
+
+/// The turns an instance may be behind the others and win back: one that missed turns because
+/// it was busy (a long call kept it out of the ties) wins them back when it is idle again, up
+/// to this many; one that was away longer (new, or back from an ejection) is not owed more.
+pub const CREDIT: u64 = 8 * UNIT;
+
+/// What the least-pending tie-break reads of a tied candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Turn {
+    /// Its pass: the lowest wins the tie.
+    pub pass: u64,
+    /// How far its pass advances when it wins.
+    pub stride: u64,
+    /// 0: open. Otherwise it is gated (it answered markedly slower than the rest not long
+    /// ago): it wins no tie until the open candidates' passes reach this value, unless every
+    /// candidate is gated.
+    pub gate: u64,
+}
 
 /// Up to this many times the method's reference, an answer costs no turn.
 pub(crate) const KNEE: f64 = 1.25;
@@ -165,7 +184,7 @@ impl Tie {
 
     /// The instance joins a set whose turns are at `level`: its passes start there (or stay
     /// where they are, if further on). Without this a newcomer (pass 0) would win
-    /// [`CREDIT`](crate::pick::CREDIT) turns in a row from every client at once: with 50
+    /// [`CREDIT`] turns in a row from every client at once: with 50
     /// clients, 400 calls in a burst on an instance that gets 2 a second from each.
     pub(crate) fn join_at(&self, level: Level) {
         self.pass.fetch_max(level.pass, Ordering::Relaxed);
@@ -392,7 +411,7 @@ mod tests {
             .build()
             .unwrap();
         let snap = ch.pool.snapshot();
-        let ahead = 50 * crate::pick::UNIT;
+        let ahead = 50 * UNIT;
         for (k, inst) in snap.iter().enumerate() {
             if k < 4 {
                 inst.set_state(State::Ejected);

@@ -1,0 +1,66 @@
+//! What the instances of one channel share.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::backoff::Backoff;
+use crate::health::Ejection;
+#[cfg(feature = "health-check")]
+use crate::health::HealthCheck;
+
+/// What every instance of one channel shares: the clock, the runtime, the settings the
+/// instances and the pick read, and the channel-wide counters.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) epoch: Instant,
+    /// The runtime the channel was built in: its connections, timers and background tasks
+    /// run there, whichever thread inserts an instance or drops a call.
+    pub(crate) runtime: tokio::runtime::Handle,
+    /// A coarse clock for the pick, in nanoseconds since `epoch`: the time of the latest
+    /// latency sample of any instance. Reading it costs a load, not a clock call.
+    pub(crate) clock: AtomicU64,
+    /// A latency estimate older than this counts as unknown.
+    pub(crate) latency_expiry_ns: u64,
+    /// `1 / latency_expiry_ns`, so that the pick multiplies instead of dividing.
+    pub(crate) inv_latency_expiry: f64,
+    /// Time constant of the moving average of latency.
+    pub(crate) latency_decay: Duration,
+    /// The per-method references of the least-pending tie-break.
+    pub(crate) methods: super::tie::Methods,
+    /// Slow start window in nanoseconds (0: off).
+    pub(crate) slow_start_ns: u64,
+    /// Peak EWMA: the latency of an instance with no estimate yet.
+    pub(crate) default_latency_ns: f64,
+    pub(crate) backoff: Backoff,
+    pub(crate) ejection: Ejection,
+    /// Wakes the discovery task, if there is one.
+    pub(crate) discovery_wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
+    /// Active health checks, if on.
+    #[cfg(feature = "health-check")]
+    pub(crate) health_check: Option<HealthCheck>,
+    /// Instances ejected now.
+    pub(crate) ejected: AtomicUsize,
+    /// Instances in the set now (not draining).
+    pub(crate) members: AtomicUsize,
+    /// Connections per instance.
+    pub(crate) conns: super::conns::Settings,
+    /// What the pick does with server-reported load.
+    pub(crate) reports: super::load::ReportSettings,
+    /// Until when some instance's report of the other clients' calls is fresh.
+    pub(crate) reports_fresh: super::load::Fresh,
+    /// The pool these settings belong to (set once it is built), for an instance that comes
+    /// back into service to find where the set's turns are (see `Instance::rejoin`).
+    pub(crate) pool: std::sync::OnceLock<std::sync::Weak<crate::pool::Pool>>,
+    /// The channel's totals, and what its metrics need.
+    pub(crate) observe: crate::observe::Shared,
+}
+
+impl Context {
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}

@@ -1,0 +1,405 @@
+//! What an instance reported of its load (ORCA, gRFC A51), kept as the pick reads it: atomics
+//! only. The reports are read and taken in by [`crate::orca`]; the pick reads what is kept here
+//! ([`Others`] for least pending, [`EndpointWeight`] for weighted round robin, gRFC A58).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+
+/// The named metric (in [`LoadReport::named_metrics`]) that holds the calls the instance has in
+/// flight, for every client, when the report was made.
+pub const IN_FLIGHT_METRIC: &str = "calls_in_flight";
+
+/// An ORCA load report (`xds.data.orca.v3.OrcaLoadReport`), as the instance sent it.
+///
+/// Decoded and encoded by this crate's own code of the protobuf wire format (no protobuf
+/// dependency). The deprecated integer `rps` (field 3) is skipped; use `rps_fractional`.
+///
+/// ```
+/// use tonic_balancer::orca::LoadReport;
+///
+/// let mut report = LoadReport::default();
+/// report.rps_fractional = 120.0;
+/// report.application_utilization = 0.6;
+/// report.named_metrics.insert("calls_in_flight".into(), 7.0);
+/// let bytes = report.encode();
+/// assert_eq!(LoadReport::decode(&bytes), Some(report));
+/// assert_eq!(LoadReport::decode(b"\x0a\xff"), None); // malformed
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct LoadReport {
+    /// CPU utilization, a fraction of the CPU available (may exceed 1).
+    pub cpu_utilization: f64,
+    /// Memory utilization, a fraction of the memory available.
+    pub mem_utilization: f64,
+    /// Application-specific costs of the request.
+    pub request_cost: BTreeMap<String, f64>,
+    /// Utilization of named resources, fractions.
+    pub utilization: BTreeMap<String, f64>,
+    /// Queries per second the instance serves (for every client).
+    pub rps_fractional: f64,
+    /// Errors per second the instance serves.
+    pub eps: f64,
+    /// Application-specific metrics ([`IN_FLIGHT_METRIC`] among them).
+    pub named_metrics: BTreeMap<String, f64>,
+    /// Utilization as the application sees it (for example the higher of CPU and memory);
+    /// weighted round robin prefers it to `cpu_utilization` when it is above 0.
+    pub application_utilization: f64,
+}
+
+impl LoadReport {
+    /// The instance's calls in flight, if it reports them (a finite value ≥ 0 of the named
+    /// metric [`IN_FLIGHT_METRIC`]).
+    pub fn calls_in_flight(&self) -> Option<f64> {
+        self.named_metrics
+            .get(IN_FLIGHT_METRIC)
+            .copied()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    }
+}
+
+/// The clock of the in-flight estimate: nanoseconds >> 20 (about a millisecond), plus one so
+/// that 0 means "no report".
+const TICK_SHIFT: u32 = 20;
+
+#[inline]
+pub(crate) fn tick(ns: u64) -> u64 {
+    (ns >> TICK_SHIFT) + 1
+}
+
+/// The bits of [`Others`] that hold the count; the tick takes the other 40 (2^40 ticks of
+/// about a millisecond: 36 years of the pool's clock, so that it never wraps).
+pub(crate) const COUNT_BITS: u32 = 24;
+
+/// The report settings of one channel (see the `Builder` methods).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReportSettings {
+    /// Reports older than this many ticks are not used by the least-pending pick (0: never).
+    pub(crate) max_age_ticks: u32,
+    pub(crate) wrr: WrrConfig,
+    /// Out-of-band reports asked of every instance at this interval, if on.
+    pub(crate) oob: Option<Duration>,
+}
+
+/// The default [`Builder::load_report_max_age`](crate::Builder::load_report_max_age).
+pub const DEFAULT_LOAD_REPORT_MAX_AGE: Duration = Duration::from_secs(1);
+
+impl Default for ReportSettings {
+    fn default() -> ReportSettings {
+        ReportSettings::new(DEFAULT_LOAD_REPORT_MAX_AGE, WrrConfig::default())
+    }
+}
+
+impl ReportSettings {
+    pub(crate) fn new(max_age: Duration, wrr: WrrConfig) -> ReportSettings {
+        let ticks = (max_age.as_nanos() >> TICK_SHIFT).min(u128::from(u32::MAX / 2)) as u32;
+        // A non-zero age shorter than a tick still uses reports of the same tick.
+        let max_age_ticks = if max_age.is_zero() { 0 } else { ticks.max(1) };
+        ReportSettings {
+            max_age_ticks,
+            wrr,
+            oob: None,
+        }
+    }
+}
+
+/// The other clients' calls in flight on one instance as of its last load report, while that
+/// report is fresh: the tick until which it is fresh (high 40 bits) and the count (low 24
+/// bits); 0: none. Apart from the rest of [`Reported`] so that it sits in the cache line of
+/// the instance that the pick reads.
+#[derive(Debug, Default)]
+pub(crate) struct Others(AtomicU64);
+
+impl Others {
+    /// The other clients' calls in flight on this instance, from a report still fresh at
+    /// `now_tick` ([`tick`] of the pick's clock); 0 when there is none. Read for every
+    /// candidate of every least-pending pick while some instance's report is fresh (see
+    /// [`Fresh`]): one load, a compare and a select. A report from after
+    /// `now_tick` (the pick's coarse clock can lag) is fresh, as it should be.
+    #[inline]
+    pub(crate) fn get(&self, now_tick: u64) -> usize {
+        let w = self.0.load(Ordering::Relaxed);
+        if w >> COUNT_BITS >= now_tick {
+            (w & ((1 << COUNT_BITS) - 1)) as usize
+        } else {
+            0
+        }
+    }
+
+    /// Keeps `count` (at most 2^24 - 1) as the other clients' calls, from a report received at
+    /// `at_ns`, fresh for `max_age_ticks` (0: not kept). Returns the tick until which it is
+    /// fresh (0: not kept).
+    pub(crate) fn set(&self, count: u64, at_ns: u64, max_age_ticks: u32) -> u64 {
+        if max_age_ticks == 0 {
+            self.0.store(0, Ordering::Relaxed);
+            return 0;
+        }
+        let until = tick(at_ns) + u64::from(max_age_ticks);
+        let w = until << COUNT_BITS | count.min((1 << COUNT_BITS) - 1);
+        self.0.store(w, Ordering::Relaxed);
+        until
+    }
+}
+
+/// The tick until which some instance of the channel has a fresh count of the other clients'
+/// calls (0: none ever). While it is past, every instance's [`Others`] reads 0, and the pick
+/// scans without reading them: a channel whose servers send no reports (or whose reports went
+/// stale) pays nothing for them per candidate.
+#[derive(Debug, Default)]
+pub(crate) struct Fresh(AtomicU64);
+
+impl Fresh {
+    /// An instance's count is fresh until `until`. A plain load first: with per-call reports
+    /// this runs on every response, and the word moves at most once a tick.
+    #[inline]
+    pub(crate) fn note(&self, until: u64) {
+        if until > self.0.load(Ordering::Relaxed) {
+            self.0.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether some instance may have a count fresh at `now_tick` (see [`Others::get`]).
+    #[inline]
+    pub(crate) fn any(&self, now_tick: u64) -> bool {
+        self.0.load(Ordering::Relaxed) >= now_tick
+    }
+}
+
+/// What one instance reported last, as the pick reads it: atomics only.
+pub(crate) struct Reported {
+    /// Weighted round robin's state (gRFC A58).
+    pub(crate) wrr: EndpointWeight,
+    /// The last report whole, for [`EndpointStats`](crate::EndpointStats).
+    pub(crate) last: ArcSwapOption<LoadReport>,
+    /// Signalled on every change of the instance's state, for its out-of-band reports.
+    events: tokio::sync::watch::Sender<()>,
+    /// How many times its connection was lost or re-added (states `Connecting` and `Failing`
+    /// entered): a server that does not implement out-of-band reports is asked again only
+    /// once this moved.
+    reconnects: std::sync::atomic::AtomicU32,
+}
+
+impl Default for Reported {
+    fn default() -> Reported {
+        Reported {
+            wrr: Default::default(),
+            last: ArcSwapOption::empty(),
+            events: tokio::sync::watch::Sender::new(()),
+            reconnects: Default::default(),
+        }
+    }
+}
+
+impl Reported {
+    /// The instance moved to state `to` (see `Instance::transition`).
+    pub(crate) fn state_changed(&self, to: crate::State) {
+        if matches!(to, crate::State::Connecting | crate::State::Failing) {
+            self.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.events.receiver_count() > 0 {
+            self.events.send_replace(());
+        }
+    }
+
+    /// Changes of the instance's state, as they come.
+    pub(crate) fn events(&self) -> tokio::sync::watch::Receiver<()> {
+        self.events.subscribe()
+    }
+
+    pub(crate) fn reconnects(&self) -> u32 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// The last report, if any.
+    pub(crate) fn last(&self) -> Option<Arc<LoadReport>> {
+        self.last.load_full()
+    }
+}
+
+/// The settings of [`Strategy::WeightedRoundRobin`](crate::Strategy::WeightedRoundRobin),
+/// with gRPC's defaults (gRFC A58); set with
+/// [`Builder::weighted_round_robin`](crate::Builder::weighted_round_robin).
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_balancer::orca::WrrConfig;
+///
+/// let wrr = WrrConfig::default()
+///     .blackout_period(Duration::from_secs(2))
+///     .error_utilization_penalty(2.0);
+/// # let _ = wrr;
+/// ```
+///
+/// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
+/// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WrrConfig {
+    pub(crate) blackout_period: Duration,
+    pub(crate) weight_expiration_period: Duration,
+    pub(crate) weight_update_period: Duration,
+    pub(crate) error_utilization_penalty: f64,
+}
+
+impl Default for WrrConfig {
+    fn default() -> WrrConfig {
+        WrrConfig {
+            blackout_period: Duration::from_secs(10),
+            weight_expiration_period: Duration::from_secs(180),
+            weight_update_period: Duration::from_secs(1),
+            error_utilization_penalty: 1.0,
+        }
+    }
+}
+
+impl WrrConfig {
+    /// How long after the first report of a run an instance's weight starts to count
+    /// (default 10 s; zero: at once).
+    pub fn blackout_period(mut self, d: Duration) -> Self {
+        self.blackout_period = d;
+        self
+    }
+
+    /// Without a report for this long, an instance's weight no longer counts, and the next
+    /// report starts a new blackout (default 3 min; must be above zero).
+    pub fn weight_expiration_period(mut self, d: Duration) -> Self {
+        self.weight_expiration_period = d;
+        self
+    }
+
+    /// How often the schedule is rebuilt from the weights (default 1 s; below 100 ms counts
+    /// as 100 ms, as in gRPC).
+    pub fn weight_update_period(mut self, d: Duration) -> Self {
+        self.weight_update_period = d;
+        self
+    }
+
+    /// How much errors weigh against an instance: errors per query × this is added to its
+    /// utilization (default 1.0; must be finite and ≥ 0).
+    pub fn error_utilization_penalty(mut self, p: f64) -> Self {
+        self.error_utilization_penalty = p;
+        self
+    }
+}
+
+/// The shortest weight update period (gRPC's floor).
+pub(crate) const MIN_UPDATE_PERIOD: Duration = Duration::from_millis(100);
+
+impl WrrConfig {
+    /// Refuses settings that make no sense, naming them.
+    pub(crate) fn validate(&self) -> Result<(), crate::Error> {
+        let p = self.error_utilization_penalty;
+        if !p.is_finite() || p < 0.0 {
+            return Err(crate::Error::InvalidSetting {
+                name: "weighted_round_robin.error_utilization_penalty",
+                reason: format!("must be finite and at least 0, not {p}"),
+            });
+        }
+        if self.weight_expiration_period.is_zero() {
+            return Err(crate::Error::InvalidSetting {
+                name: "weighted_round_robin.weight_expiration_period",
+                reason: "must be above zero".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The same settings with every duration at most 30 years (longer ones mean "never").
+    pub(crate) fn capped(mut self) -> WrrConfig {
+        self.blackout_period = crate::time::cap(self.blackout_period);
+        self.weight_expiration_period = crate::time::cap(self.weight_expiration_period);
+        self.weight_update_period = crate::time::cap(self.weight_update_period);
+        self
+    }
+
+    pub(crate) fn update_period(&self) -> Duration {
+        self.weight_update_period.max(MIN_UPDATE_PERIOD)
+    }
+}
+
+/// gRPC's weight of one report (0: the report is ignored).
+pub(crate) fn weight_of(report: &LoadReport, penalty: f64) -> f64 {
+    let qps = report.rps_fractional;
+    let eps = report.eps;
+    let u = if report.application_utilization > 0.0 {
+        report.application_utilization
+    } else {
+        report.cpu_utilization
+    };
+    if !(qps > 0.0 && u > 0.0 && qps.is_finite() && u.is_finite()) {
+        return 0.0;
+    }
+    let errors = if eps > 0.0 && penalty > 0.0 {
+        eps / qps * penalty
+    } else {
+        0.0
+    };
+    let w = qps / (u + errors);
+    if w.is_finite() {
+        w
+    } else {
+        0.0
+    }
+}
+
+/// One instance's weight and its timestamps (nanoseconds since the pool's epoch).
+#[derive(Default)]
+pub(crate) struct EndpointWeight {
+    /// `f64` bits of the last weight.
+    weight: AtomicU64,
+    /// When the last weight came.
+    last_update: AtomicU64,
+    /// When the current run of reports began, plus one; 0: no run.
+    non_empty_since: AtomicU64,
+}
+
+impl EndpointWeight {
+    /// Takes in one report.
+    pub(crate) fn update(&self, report: &LoadReport, now_ns: u64, cfg: &WrrConfig) {
+        let w = weight_of(report, cfg.error_utilization_penalty);
+        if w <= 0.0 {
+            return;
+        }
+        let _ = self.non_empty_since.compare_exchange(
+            0,
+            now_ns + 1,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        self.weight.store(w.to_bits(), Ordering::Relaxed);
+        self.last_update.store(now_ns, Ordering::Relaxed);
+    }
+
+    /// The instance left service: its weight no longer counts, and its next report starts a
+    /// new blackout.
+    pub(crate) fn reset(&self) {
+        self.non_empty_since.store(0, Ordering::Relaxed);
+    }
+
+    /// The weight that counts now: 0 before the blackout is over, after expiry, or without
+    /// reports. Expiry ends the run (the next report starts a new blackout).
+    pub(crate) fn get(&self, now_ns: u64, cfg: &WrrConfig) -> f64 {
+        let since = self.non_empty_since.load(Ordering::Relaxed);
+        if since == 0 {
+            return 0.0;
+        }
+        let last = self.last_update.load(Ordering::Relaxed);
+        if now_ns.saturating_sub(last) >= cfg.weight_expiration_period.as_nanos() as u64 {
+            let _ = self.non_empty_since.compare_exchange(
+                since,
+                0,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            return 0.0;
+        }
+        let blackout = cfg.blackout_period.as_nanos() as u64;
+        if blackout > 0 && now_ns.saturating_sub(since - 1) < blackout {
+            return 0.0;
+        }
+        f64::from_bits(self.weight.load(Ordering::Relaxed))
+    }
+}
