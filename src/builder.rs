@@ -8,14 +8,16 @@ use tokio::time::Instant;
 
 use tonic::transport::Endpoint;
 
+use crate::call::shared::Shared;
 use crate::discover::{Dns, Resolve, Template};
 use crate::error::Error;
 use crate::health::Ejection;
 #[cfg(feature = "health-check")]
 use crate::health::HealthCheck;
+use crate::hooks::Hooks;
 use crate::instance::{Backoff, Context};
-use crate::pool::Pool;
 use crate::retry::{Budget, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
+use crate::set::Set;
 use crate::target::{Key, Target};
 use crate::{BalancedChannel, Strategy};
 
@@ -94,7 +96,7 @@ enum Source {
 /// Starts the task that applies a stream of changes to a pool.
 type PushTask = Box<
     dyn FnOnce(
-            Weak<Pool>,
+            Weak<Shared>,
             Duration,
         ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         + Send,
@@ -711,7 +713,7 @@ impl Builder {
         let bound = self.backoff.min_connect_timeout;
         let mut attempts = tokio::task::JoinSet::new();
         // With subsetting, the instances of the subset only (bad settings: build() says so).
-        let eager = match crate::subset::Settings::new(self.subset, self.subset_client) {
+        let eager = match crate::set::subset::Settings::new(self.subset, self.subset_client) {
             Ok(Some(s)) => s.choose(&self.endpoints),
             _ => self.endpoints.iter().collect(),
         };
@@ -741,7 +743,7 @@ impl Builder {
         }
         let discovery = self.discovery.is_some();
         let channel = self.build_with(connected)?;
-        let pool = &channel.pool;
+        let pool = &channel.shared;
         for (key, _, why) in &failed {
             let key = key.as_ref();
             if let Some(inst) = pool.snapshot().iter().find(|i| Some(&i.target.key) == key) {
@@ -749,10 +751,10 @@ impl Builder {
             }
         }
         if discovery {
-            let mut rx = pool.discovered.subscribe();
+            let mut rx = pool.set().discovered.subscribe();
             let _ = rx.wait_for(|done| *done).await;
             if pool.snapshot().is_empty() {
-                let why = pool.discovery_error().unwrap_or_default();
+                let why = pool.set().discovery_error().unwrap_or_default();
                 return Err(Error::NoUsableInstance {
                     reason: format!("tonic-balancer: discovery found no instance: {why}"),
                 });
@@ -851,7 +853,7 @@ impl Builder {
             });
         }
         self.wrr.validate()?;
-        let subset = crate::subset::Settings::new(self.subset, self.subset_client)?;
+        let subset = crate::set::subset::Settings::new(self.subset, self.subset_client)?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::NoRuntime);
         };
@@ -922,6 +924,12 @@ impl Builder {
                 Some((source, scheme, authority))
             }
         };
+        let hooks = Arc::new(Hooks {
+            shared: std::sync::OnceLock::new(),
+            #[cfg(feature = "health-check")]
+            health_check: self.health_check,
+            oob: self.load_reports_oob,
+        });
         let policy = Arc::new(Context {
             epoch: Instant::now(),
             runtime,
@@ -934,21 +942,18 @@ impl Builder {
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
             backoff: self.backoff,
             ejection: self.ejection,
-            #[cfg(feature = "health-check")]
-            health_check: self.health_check,
             discovery_wake: std::sync::OnceLock::new(),
             ejected: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
             conns: self.conns,
-            reports: crate::instance::load::ReportSettings {
-                oob: self.load_reports_oob,
-                ..crate::instance::load::ReportSettings::new(self.load_report_max_age, self.wrr)
-            },
+            reports: crate::instance::load::ReportSettings::new(self.load_report_max_age, self.wrr),
             reports_fresh: Default::default(),
-            pool: std::sync::OnceLock::new(),
+            events: hooks.clone(),
             observe: Default::default(),
         });
-        let mut pool = Pool::new(policy.clone(), self.strategy);
+        let mut set = Set::new(policy.clone());
+        set.subset = subset.map(|s| Box::new(crate::set::subset::Subset::new(s)));
+        let mut pool = Shared::new(set, self.strategy);
         pool.replay = self.transparent_retry;
         pool.budget = self.retry.as_ref().map(Budget::new).or_else(|| {
             let (ratio, min_per_sec) = hedging.as_ref()?.budget();
@@ -957,26 +962,26 @@ impl Builder {
         pool.hedging = hedging.map(Box::new);
         pool.retry = self.retry;
         pool.max_replay_body = self.max_replay_body;
-        pool.subset = subset.map(|s| Box::new(crate::subset::Subset::new(s)));
         let pool = Arc::new(pool);
-        let _ = policy.pool.set(Arc::downgrade(&pool));
+        let _ = hooks.shared.set(Arc::downgrade(&pool));
         #[cfg(feature = "metrics")]
-        crate::metrics::configure(&pool, metrics.0, metrics.1);
-        if let Some(subset) = &pool.subset {
-            crate::subset::extend(&pool, subset, self.endpoints, connected);
+        crate::metrics::configure(&policy.observe, metrics.0, metrics.1);
+        let set = pool.set();
+        if let Some(subset) = &set.subset {
+            crate::set::subset::extend(set, subset, self.endpoints, connected);
         } else {
             for target in self.endpoints {
                 let channel = connected.remove(&target.key);
-                pool.insert_with(target, channel);
+                set.insert_with(target, channel);
             }
         }
-        pool.warm_new
+        set.warm_new
             .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(instances = pool.snapshot().len(), strategy = ?self.strategy, "balanced channel built");
         if let Some((source, scheme, authority)) = discovery {
-            let _ = policy.discovery_wake.set(pool.discovery_wake.clone());
+            let _ = policy.discovery_wake.set(set.discovery_wake.clone());
             if pool.snapshot().is_empty() {
-                pool.discovered.send_replace(false);
+                set.discovered.send_replace(false);
             }
             let template = self.template.clone().unwrap_or_else(|| {
                 Arc::new(|uri: http::Uri| {
@@ -1000,7 +1005,7 @@ impl Builder {
         if let Some(task) = push {
             pool.ctx.observe.set_source("discovery stream".to_owned());
             if pool.snapshot().is_empty() {
-                pool.discovered.send_replace(false);
+                set.discovered.send_replace(false);
             }
             pool.spawn(task(Arc::downgrade(&pool), self.discovery_timeout));
         }
@@ -1008,10 +1013,10 @@ impl Builder {
             pool.spawn(success_rate_task(Arc::downgrade(&pool), every));
         }
         if self.strategy == Strategy::WeightedRoundRobin {
-            pool.spawn(crate::wrr::task(Arc::downgrade(&pool), self.wrr));
+            pool.spawn(crate::pick::wrr::task(Arc::downgrade(&pool), self.wrr));
         }
         crate::metrics::spawn(&pool);
-        Ok(BalancedChannel { pool })
+        Ok(BalancedChannel { shared: pool })
     }
 
     /// Every duration setting at most 30 years: any duration is accepted (`Duration::MAX` for
@@ -1054,7 +1059,7 @@ impl Builder {
     }
 }
 
-async fn success_rate_task(pool: Weak<Pool>, every: Duration) {
+async fn success_rate_task(pool: Weak<Shared>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;

@@ -7,8 +7,8 @@ use std::task::{Context, Poll};
 use tonic::body::Body;
 use tower::BoxError;
 
+use crate::call::shared::Shared;
 use crate::call::ResponseFuture;
-use crate::pool::Pool;
 use crate::stats::EndpointStats;
 use crate::target::Target;
 use crate::Strategy;
@@ -21,14 +21,14 @@ use crate::Strategy;
 /// the routing rule and the failure handling.
 #[derive(Clone)]
 pub struct BalancedChannel {
-    pub(crate) pool: Arc<Pool>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for BalancedChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BalancedChannel")
-            .field("strategy", &self.pool.strategy)
-            .field("instances", &self.pool.snapshot().len())
+            .field("strategy", &self.shared.picker.strategy)
+            .field("instances", &self.shared.snapshot().len())
             .finish()
     }
 }
@@ -136,8 +136,8 @@ impl BalancedChannel {
 
     /// A snapshot of every instance: the ones in the set, then the ones draining.
     pub fn endpoints(&self) -> Vec<EndpointStats> {
-        let members = self.pool.snapshot();
-        let draining = self.pool.draining();
+        let members = self.shared.snapshot();
+        let draining = self.shared.set().draining();
         members
             .iter()
             .chain(draining.iter())
@@ -147,7 +147,7 @@ impl BalancedChannel {
 
     /// The strategy this channel routes with.
     pub fn strategy(&self) -> Strategy {
-        self.pool.strategy
+        self.shared.picker.strategy
     }
 
     /// Adds an instance while calls flow; its connection opens on its first call. An instance
@@ -156,7 +156,7 @@ impl BalancedChannel {
     /// Returns `Ok(true)` if the URI was not in the set, `Ok(false)` if an instance was
     /// replaced.
     pub fn insert(&self, endpoint: tonic::transport::Endpoint) -> Result<bool, crate::Error> {
-        Ok(self.pool.insert(Target::endpoint(endpoint)?))
+        Ok(self.shared.set().insert(Target::endpoint(endpoint)?))
     }
 
     /// Removes the instance with this URI (or, for an instance added with a connector, this
@@ -164,7 +164,7 @@ impl BalancedChannel {
     /// [`State::Draining`](crate::State::Draining) meanwhile), then its connection closes.
     /// Returns `Ok(false)` if there is no such instance.
     pub fn remove(&self, uri: &str) -> Result<bool, crate::Error> {
-        Ok(self.pool.remove(&crate::target::key_of(uri)?))
+        Ok(self.shared.set().remove(&crate::target::key_of(uri)?))
     }
 
     /// Makes the set exactly these instances: adds the new ones, removes (drains) the ones
@@ -178,7 +178,24 @@ impl BalancedChannel {
             .into_iter()
             .map(Target::endpoint)
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(self.pool.sync(want))
+        Ok(self.shared.set().sync(want))
+    }
+
+    /// Totals of this channel since it was built (shared by its clones): calls, attempts,
+    /// retries, transparent retries, hedges, refusals, ejections, and the discovery source's state and
+    /// last error. Lock-free counters, kept whether or not the `metrics` feature is on; see
+    /// [`endpoints`](Self::endpoints) for each instance.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// let channel = tonic_balancer::BalancedChannel::from_static(["http://10.0.0.7:50051"])?;
+    /// // ... calls ...
+    /// let stats = channel.stats();
+    /// println!("{} calls, {} retried, {} refused", stats.calls(), stats.retries(), stats.refused());
+    /// # Ok(()) }
+    /// ```
+    pub fn stats(&self) -> crate::ChannelStats {
+        crate::ChannelStats::of(self.shared.set(), &self.shared.ctx.observe)
     }
 }
 
@@ -194,6 +211,6 @@ impl tower::Service<http::Request<Body>> for BalancedChannel {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        ResponseFuture::new(&self.pool, req)
+        ResponseFuture::new(&self.shared, req)
     }
 }

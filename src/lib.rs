@@ -114,6 +114,7 @@ mod guard;
 mod headers;
 mod health;
 mod hedge;
+mod hooks;
 mod instance;
 #[cfg(feature = "metrics")]
 pub mod metrics;
@@ -122,15 +123,14 @@ mod metrics;
 mod observe;
 pub mod orca;
 mod pick;
-mod pool;
 mod pushback;
 mod retry;
+mod rng;
+mod set;
 mod shutdown;
 mod stats;
-mod subset;
 mod target;
 mod time;
-mod wrr;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use call::ResponseFuture;
@@ -189,9 +189,10 @@ pub enum Strategy {
 pub mod __bench {
     //! Internals exposed for `benches/` only; not part of the API.
     pub use crate::pick::{
-        least_pending, peak_ewma, power_of_two, round_robin, strides_for, Chosen, Load, Rng, Turn,
+        least_pending, peak_ewma, power_of_two, round_robin, Chosen, Load, Rng, Turn,
     };
-    pub use crate::subset::{choose_by as subset_of, id_of as ring_id};
+    pub use crate::set::strides_for;
+    pub use crate::set::subset::{choose_by as subset_of, id_of as ring_id};
 
     use std::sync::atomic::Ordering;
     use std::time::Duration;
@@ -242,7 +243,7 @@ pub mod __bench {
 
         /// The instances the pick chooses among (the subset, with subsetting).
         pub fn len(&self) -> usize {
-            self.channel.pool.snapshot().len()
+            self.channel.shared.snapshot().len()
         }
 
         /// Whether the pick has no instance to choose.
@@ -253,7 +254,7 @@ pub mod __bench {
         /// Sets one instance's load as the pick will read it: calls in flight, and one answer
         /// in `latency` where the method's reference is 2 ms.
         pub fn set(&self, i: usize, in_flight: usize, latency: Duration, usable: bool) {
-            let pool = &self.channel.pool;
+            let pool = &self.channel.shared;
             let snap = pool.snapshot();
             let inst = &snap[i];
             inst.in_flight.store(in_flight, Ordering::Relaxed);
@@ -275,7 +276,7 @@ pub mod __bench {
         /// fresh for as long as a report can be (the pick then reads every instance's reported
         /// count, as it does while any instance's report is fresh).
         pub fn report(&self, i: usize, others: u64) {
-            let pool = &self.channel.pool;
+            let pool = &self.channel.shared;
             let snap = pool.snapshot();
             let now = pool.ctx.now_ns();
             let until = snap[i].others.set(others, now, u32::MAX / 2);
@@ -285,18 +286,18 @@ pub mod __bench {
         /// Removes the last instance while a call holds it (it drains) and takes it back at
         /// once, as a discovery answer that names it again does: the same instance, last again.
         pub fn remove_and_take_back_last(&self) {
-            let snap = self.channel.pool.snapshot();
+            let snap = self.channel.shared.snapshot();
             let endpoints: Vec<_> = snap.iter().map(|i| i.target.endpoint.clone()).collect();
             // What a call in flight holds: the instance drains rather than closes.
             let held = snap.last().expect("an instance").clone();
             drop(snap);
-            assert!(self.channel.pool.remove(&held.target.key));
+            assert!(self.channel.shared.set().remove(&held.target.key));
             let (added, _) = self
                 .channel
                 .replace_all(endpoints)
                 .expect("the same endpoints");
             assert_eq!(added, 1);
-            let snap = self.channel.pool.snapshot();
+            let snap = self.channel.shared.snapshot();
             assert!(
                 std::sync::Arc::ptr_eq(snap.last().expect("an instance"), &held),
                 "taken back, not made anew"
@@ -308,7 +309,7 @@ pub mod __bench {
         /// For a channel built with [`Strategy::WeightedRoundRobin`](crate::Strategy) and no
         /// blackout.
         pub fn set_weights(&self, weights: &[f64]) {
-            let pool = &self.channel.pool;
+            let pool = &self.channel.shared;
             let snap = pool.snapshot();
             let cfg = pool.ctx.reports.wrr;
             let now = pool.ctx.now_ns();
@@ -320,21 +321,26 @@ pub mod __bench {
                 };
                 inst.reported.wrr.update(&report, now, &cfg);
             }
-            pool.wrr.rebuild(&snap, now, &cfg);
+            pool.picker.wrr.rebuild(&snap, now, &cfg);
         }
 
         /// One pick, exactly as a call makes it.
         #[inline]
         pub fn pick(&self) -> Option<usize> {
-            let pool = &self.channel.pool;
+            let pool = &self.channel.shared;
             let snap = pool.snapshot();
-            crate::pick::dispatch::pick(pool, &snap, &[], crate::instance::tie::Method::NONE)
+            crate::pick::dispatch::pick(
+                &pool.picker,
+                &snap,
+                &[],
+                crate::instance::tie::Method::NONE,
+            )
         }
 
         /// Adds `delta` to instance `i`'s count, as a call's guard does.
         #[inline]
         pub fn bump(&self, i: usize, up: bool) {
-            let snap = self.channel.pool.snapshot();
+            let snap = self.channel.shared.snapshot();
             if up {
                 snap[i].in_flight.fetch_add(1, Ordering::Relaxed);
             } else {

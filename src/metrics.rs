@@ -111,17 +111,17 @@ mod off {
     use std::sync::Arc;
 
     use crate::instance::Instance;
-    use crate::observe::Shared;
-    use crate::pool::Pool;
+    use crate::observe::Totals;
+    use crate::set::Set;
 
     #[inline(always)]
-    pub(crate) fn budget_exhausted(_: &Shared) {}
+    pub(crate) fn budget_exhausted(_: &Totals) {}
     #[inline(always)]
     pub(crate) fn ejection(_: &Instance, _: &'static str, _: bool) {}
     #[inline(always)]
-    pub(crate) fn discovery_answer(_: &Shared, _: bool) {}
+    pub(crate) fn discovery_answer(_: &Totals, _: bool) {}
     #[inline(always)]
-    pub(crate) fn membership(_: &Shared, _: usize, _: usize) {}
+    pub(crate) fn membership(_: &Totals, _: usize, _: usize) {}
     #[inline(always)]
     pub(crate) fn connection_succeeded(_: &Instance) {}
     #[inline(always)]
@@ -129,7 +129,7 @@ mod off {
     #[inline(always)]
     pub(crate) fn disconnected(_: &Instance, _: &(dyn std::error::Error + 'static)) {}
     #[inline(always)]
-    pub(crate) fn spawn(_: &Arc<Pool>) {}
+    pub(crate) fn spawn<T: AsRef<Set> + Send + Sync + 'static>(_: &Arc<T>) {}
 }
 
 #[cfg(feature = "metrics")]
@@ -144,8 +144,8 @@ mod imp {
 
     use self::names::*;
     use crate::instance::{Instance, State};
-    use crate::observe::{code_name, Shared};
-    use crate::pool::Pool;
+    use crate::observe::{code_name, Totals};
+    use crate::set::Set;
 
     /// The instruments' names, as in gRPC's metrics designs (A66, A94, A91, A96) where one
     /// applies, under `tonic_balancer.` otherwise.
@@ -342,7 +342,7 @@ mod imp {
 
     /// Sets the metrics' labels of a channel just built and describes its instruments to the
     /// recorder. `default_target`: the target label if the builder set none.
-    pub(crate) fn configure(pool: &Pool, settings: Settings, default_target: String) {
+    pub(crate) fn configure(totals: &Totals, settings: Settings, default_target: String) {
         let mut methods = HashMap::new();
         let mut services = HashSet::new();
         for m in settings.methods {
@@ -361,7 +361,7 @@ mod imp {
             services,
             all_methods: settings.all_methods,
         };
-        let _ = pool.ctx.observe.metrics.set(config);
+        let _ = totals.metrics.set(config);
         describe();
     }
 
@@ -479,7 +479,7 @@ mod imp {
         );
     }
 
-    fn target(shared: &Shared) -> Option<SharedString> {
+    fn target(shared: &Totals) -> Option<SharedString> {
         shared.metrics.get().map(|c| c.target.clone())
     }
 
@@ -504,7 +504,7 @@ mod imp {
     }
 
     impl Call {
-        pub(crate) fn new(shared: &Shared, path: &str) -> Option<Call> {
+        pub(crate) fn new(shared: &Totals, path: &str) -> Option<Call> {
             let config = shared.metrics.get()?;
             Some(Call {
                 start: Instant::now(),
@@ -707,13 +707,13 @@ mod imp {
         }
     }
 
-    pub(crate) fn refused(_shared: &Shared, call: Option<&Call>) {
+    pub(crate) fn refused(_shared: &Totals, call: Option<&Call>) {
         if let Some(call) = call {
             metrics::counter!(CALL_REFUSED, call.labels().iter()).increment(1);
         }
     }
 
-    pub(crate) fn budget_exhausted(shared: &Shared) {
+    pub(crate) fn budget_exhausted(shared: &Totals) {
         if let Some(target) = target(shared) {
             metrics::counter!(RETRY_BUDGET_EXHAUSTED, LABEL_TARGET => target).increment(1);
         }
@@ -742,7 +742,7 @@ mod imp {
         }
     }
 
-    pub(crate) fn discovery_answer(shared: &Shared, failed: bool) {
+    pub(crate) fn discovery_answer(shared: &Totals, failed: bool) {
         let Some(target) = target(shared) else { return };
         metrics::counter!(DISCOVERY_LOOKUPS, LABEL_TARGET => target.clone()).increment(1);
         if failed {
@@ -750,7 +750,7 @@ mod imp {
         }
     }
 
-    pub(crate) fn membership(shared: &Shared, added: usize, removed: usize) {
+    pub(crate) fn membership(shared: &Totals, added: usize, removed: usize) {
         let Some(target) = target(shared) else { return };
         metrics::counter!(INSTANCES_ADDED, LABEL_TARGET => target.clone()).increment(added as u64);
         metrics::counter!(INSTANCES_REMOVED, LABEL_TARGET => target).increment(removed as u64);
@@ -816,15 +816,17 @@ mod imp {
         NAMES.get(code as usize).copied().unwrap_or("unknown")
     }
 
-    /// Spawns the task that samples the per-instance gauges of `pool` until it is dropped.
-    pub(crate) fn spawn(pool: &Arc<Pool>) {
-        if pool.ctx.observe.metrics.get().is_none() {
+    /// Spawns the task that samples the per-instance gauges of the set `owner` holds, until
+    /// it is dropped.
+    pub(crate) fn spawn<T: AsRef<Set> + Send + Sync + 'static>(owner: &Arc<T>) {
+        let set = (**owner).as_ref();
+        if set.ctx.observe.metrics.get().is_none() {
             return;
         }
-        pool.spawn(sample(Arc::downgrade(pool)));
+        set.spawn(sample(Arc::downgrade(owner)));
     }
 
-    async fn sample(pool: std::sync::Weak<Pool>) {
+    async fn sample<T: AsRef<Set> + Send + Sync + 'static>(owner: std::sync::Weak<T>) {
         let mut tick = tokio::time::interval(GAUGE_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The instances reported at the last tick: their labels, and whether their own
@@ -832,10 +834,11 @@ mod imp {
         let mut seen: HashMap<Arc<str>, (Vec<Label>, bool)> = HashMap::new();
         loop {
             tick.tick().await;
-            let Some(pool) = pool.upgrade() else { return };
+            let Some(owner) = owner.upgrade() else { return };
+            let set = (*owner).as_ref();
             let mut now: HashMap<Arc<str>, (Vec<Label>, bool)> = HashMap::new();
-            let members = pool.snapshot();
-            let draining = pool.draining();
+            let members = set.snapshot();
+            let draining = set.draining();
             for inst in members.iter().chain(draining.iter()) {
                 let Some(labels) = instance_labels(inst) else {
                     return;

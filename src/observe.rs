@@ -9,17 +9,16 @@
 //! path writes no shared counter of its own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use crate::instance::Instance;
-use crate::pool::Pool;
-use crate::BalancedChannel;
+use crate::set::Set;
 
 type CallResult = Result<http::Response<tonic::body::Body>, tower::BoxError>;
 
 /// Counters and settings every instance of one channel shares (in its `Context`).
 #[derive(Debug, Default)]
-pub(crate) struct Shared {
+pub(crate) struct Totals {
     retries: AtomicU64,
     replays: AtomicU64,
     hedges: AtomicU64,
@@ -40,7 +39,7 @@ pub(crate) struct Shared {
     pub(crate) metrics: OnceLock<crate::metrics::Config>,
 }
 
-impl Shared {
+impl Totals {
     /// Names the channel's discovery source (for [`ChannelStats::discovery_source`]).
     pub(crate) fn set_source(&self, name: String) {
         let _ = self.source.set(name);
@@ -59,13 +58,12 @@ impl Drop for Instance {
 }
 
 /// A call was refused: no instance could take it.
-pub(crate) fn refused(pool: &Pool) {
-    pool.ctx.observe.refused.fetch_add(1, Ordering::Relaxed);
+pub(crate) fn refused(shared: &Totals) {
+    shared.refused.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A retry was wanted but the retry budget was spent.
-pub(crate) fn budget_exhausted(pool: &Pool) {
-    let shared = &pool.ctx.observe;
+pub(crate) fn budget_exhausted(shared: &Totals) {
     shared.budget_exhausted.fetch_add(1, Ordering::Relaxed);
     crate::metrics::budget_exhausted(shared);
 }
@@ -84,8 +82,7 @@ pub(crate) fn ejection(inst: &Instance, why: &'static str, enforced: bool) {
 }
 
 /// The discovery source answered (`error`: with a failure).
-pub(crate) fn discovery_answer(pool: &Pool, error: Option<&str>) {
-    let shared = &pool.ctx.observe;
+pub(crate) fn discovery_answer(shared: &Totals, error: Option<&str>) {
     shared.lookups.fetch_add(1, Ordering::Relaxed);
     if error.is_some() {
         shared.lookup_failures.fetch_add(1, Ordering::Relaxed);
@@ -94,8 +91,7 @@ pub(crate) fn discovery_answer(pool: &Pool, error: Option<&str>) {
 }
 
 /// A membership change added and removed these many instances.
-pub(crate) fn membership(pool: &Pool, added: usize, removed: usize) {
-    let shared = &pool.ctx.observe;
+pub(crate) fn membership(shared: &Totals, added: usize, removed: usize) {
     shared.added.fetch_add(added as u64, Ordering::Relaxed);
     shared.removed.fetch_add(removed as u64, Ordering::Relaxed);
     crate::metrics::membership(shared, added, removed);
@@ -184,7 +180,7 @@ impl Default for CallObs {
 impl CallObs {
     /// A call starts, for the method of this request.
     #[inline]
-    pub(crate) fn new(pool: &Pool, req: &http::Request<tonic::body::Body>) -> CallObs {
+    pub(crate) fn new(shared: &Totals, req: &http::Request<tonic::body::Body>) -> CallObs {
         // The level first, in line: the span's own code stays out of the call path (inlined,
         // it made the channel's `call` too large to inline what it inlined before).
         let span = if tracing::level_enabled!(tracing::Level::DEBUG) {
@@ -193,7 +189,7 @@ impl CallObs {
             None
         };
         #[cfg(not(feature = "metrics"))]
-        let _ = pool;
+        let _ = shared;
         CallObs {
             span,
             attempts: 0,
@@ -201,7 +197,7 @@ impl CallObs {
             head: None,
             delivered: AttemptObs::default(),
             #[cfg(feature = "metrics")]
-            metrics: crate::metrics::Call::new(&pool.ctx.observe, req.uri().path()),
+            metrics: crate::metrics::Call::new(shared, req.uri().path()),
         }
     }
 
@@ -265,10 +261,10 @@ impl CallObs {
     }
 
     /// The call was refused: no instance could take it.
-    pub(crate) fn refused(&mut self, pool: &Pool) {
-        refused(pool);
+    pub(crate) fn refused(&mut self, shared: &Totals) {
+        refused(shared);
         #[cfg(feature = "metrics")]
-        crate::metrics::refused(&pool.ctx.observe, self.metrics.as_ref());
+        crate::metrics::refused(shared, self.metrics.as_ref());
         self.finish(tonic::Code::Unavailable);
     }
 
@@ -538,29 +534,15 @@ impl std::fmt::Display for ChannelStats {
     }
 }
 
-impl BalancedChannel {
-    /// Totals of this channel since it was built (shared by its clones): calls, attempts,
-    /// retries, transparent retries, hedges, refusals, ejections, and the discovery source's state and
-    /// last error. Lock-free counters, kept whether or not the `metrics` feature is on; see
-    /// [`endpoints`](Self::endpoints) for each instance.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
-    /// let channel = tonic_balancer::BalancedChannel::from_static(["http://10.0.0.7:50051"])?;
-    /// // ... calls ...
-    /// let stats = channel.stats();
-    /// println!("{} calls, {} retried, {} refused", stats.calls(), stats.retries(), stats.refused());
-    /// # Ok(()) }
-    /// ```
-    pub fn stats(&self) -> ChannelStats {
-        let pool: &Arc<Pool> = &self.pool;
-        let shared = &pool.ctx.observe;
+impl ChannelStats {
+    /// The totals of the channel of `set`.
+    pub(crate) fn of(set: &Set, shared: &Totals) -> ChannelStats {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let retired = load(&shared.retired_attempts);
-        let live: u64 = pool
+        let live: u64 = set
             .snapshot()
             .iter()
-            .chain(pool.draining().iter())
+            .chain(set.draining().iter())
             .map(|i| i.started.load(Ordering::Relaxed))
             .sum();
         let attempts = live + retired;
@@ -569,7 +551,7 @@ impl BalancedChannel {
         let hedges = load(&shared.hedges);
         let refused = load(&shared.refused);
         let source = shared.source.get().cloned();
-        let error = pool.discovery_error();
+        let error = set.discovery_error();
         let state = source.as_ref().map(|_| {
             if load(&shared.lookups) == 0 {
                 DiscoveryState::Waiting

@@ -144,7 +144,7 @@ impl RetryPolicy {
         let cap = (self.initial_backoff.as_secs_f64()
             * self.multiplier.powi(retry.saturating_sub(1).min(64) as i32))
         .min(self.max_backoff.as_secs_f64());
-        crate::time::from_secs_f64(cap * crate::pick::random_unit())
+        crate::time::from_secs_f64(cap * crate::rng::random_unit())
     }
 
     /// The same policy with every duration at most 30 years (longer ones mean "never").

@@ -21,6 +21,7 @@
 mod attempt;
 mod outcome;
 mod replay;
+pub(crate) mod shared;
 
 use outcome::head_status;
 
@@ -39,6 +40,7 @@ use tower::BoxError;
 use self::attempt::{Attempt, Polled};
 use self::outcome::End;
 use self::replay::{Copied, Replay};
+use self::shared::Shared;
 use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::guard::GuardedBody;
 use crate::hedge::HedgingPolicy;
@@ -47,7 +49,6 @@ use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::observe::{CallObs, Kind};
 use crate::pick::dispatch::{could_take, no_instance_message, pick_now};
-use crate::pool::Pool;
 use crate::pushback::Pushback;
 use crate::stats::ServedBy;
 
@@ -98,7 +99,7 @@ enum Phase {
 struct Discovering {
     wait: Pin<Box<dyn Future<Output = ()> + Send>>,
     req: Option<http::Request<Body>>,
-    pool: Arc<Pool>,
+    shared: Arc<Shared>,
 }
 
 /// The plan for attempts after the first.
@@ -114,7 +115,7 @@ enum Plan {
 
 /// What a call needs to make another attempt.
 struct Again {
-    pool: Arc<Pool>,
+    shared: Arc<Shared>,
     replay: Replay,
     method: Method,
     deadline_at: Option<Instant>,
@@ -229,7 +230,7 @@ impl Again {
 
     /// The next attempt of the policy goes in `after`.
     fn arm(&mut self, after: Duration) {
-        let runtime = &self.pool.ctx.runtime;
+        let runtime = &self.shared.ctx.runtime;
         self.next
             .get_or_insert_with(|| Next::new(None))
             .arm(after, runtime);
@@ -258,7 +259,7 @@ impl Again {
     /// could make the retry impossible is checked before a token of the budget is taken, so
     /// that a call with nowhere to go keeps the answer it has; nothing of the pick moves.
     fn retry_after(&mut self, code: Code, pushback: Option<Pushback>) -> Option<Duration> {
-        let policy = self.pool.retry.as_ref()?;
+        let policy = self.shared.retry.as_ref()?;
         let made = self.next.as_ref().map_or(1, |n| n.made);
         if !policy.retries(code) || made >= policy.max_attempts {
             return None;
@@ -280,13 +281,13 @@ impl Again {
         {
             return None;
         }
-        if !could_take(&self.pool, &self.tried) {
+        if !could_take(&self.shared.picker, &self.tried) {
             return None;
         }
-        let budget = self.pool.budget.as_ref()?;
+        let budget = self.shared.budget.as_ref()?;
         if !budget.withdraw() {
             tracing::debug!("retry budget spent: not retrying");
-            crate::observe::budget_exhausted(&self.pool);
+            crate::observe::budget_exhausted(&self.shared.ctx.observe);
             return None;
         }
         self.next().made += 1;
@@ -376,16 +377,16 @@ impl std::fmt::Debug for ResponseFuture {
 }
 
 impl ResponseFuture {
-    /// A call through `pool`'s channel.
+    /// A call through the channel whose calls share `shared`.
     #[inline]
-    pub(crate) fn new(pool: &Arc<Pool>, req: http::Request<Body>) -> ResponseFuture {
+    pub(crate) fn new(shared: &Arc<Shared>, req: http::Request<Body>) -> ResponseFuture {
         let deadline = crate::deadline::from_headers(req.headers()).map(|d| {
             // The timer is made on the channel's runtime: the caller may be on any executor.
-            let _rt = pool.ctx.runtime.enter();
+            let _rt = shared.ctx.runtime.enter();
             Box::pin(tokio::time::sleep_until(crate::time::after(d)))
         });
-        let obs = CallObs::new(pool, &req);
-        route(pool, req, deadline, obs)
+        let obs = CallObs::new(&shared.ctx.observe, &req);
+        route(shared, req, deadline, obs)
     }
 
     fn over(status: tonic::Status, obs: CallObs) -> ResponseFuture {
@@ -559,7 +560,7 @@ impl ResponseFuture {
                 true
             }
             Plan::Hedge => {
-                let runtime = &again.pool.ctx.runtime;
+                let runtime = &again.shared.ctx.runtime;
                 let next = again.next.as_mut().expect("a hedged call's state");
                 let policy = next.hedging.as_ref().expect("a hedged call's policy");
                 if !policy.non_fatal.contains(&code) {
@@ -596,7 +597,7 @@ impl ResponseFuture {
         let Some(again) = self.again.as_mut() else {
             return false;
         };
-        if !again.pool.replay {
+        if !again.shared.replay {
             return false;
         }
         let Some(time_left) = again.time_left() else {
@@ -626,7 +627,7 @@ impl ResponseFuture {
         if !same_ok {
             again.tried(inst);
         }
-        let (snap, picked) = pick_now(&again.pool, &again.tried, again.method);
+        let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
         let to = match picked {
             Some(idx) => snap[idx].clone(),
             None if same_ok && inst.is_usable() => inst.clone(),
@@ -681,7 +682,7 @@ impl ResponseFuture {
             return Made::Waits;
         };
         let busy = !self.attempts.is_empty();
-        if !could_take(&again.pool, &again.tried) {
+        if !could_take(&again.shared.picker, &again.tried) {
             // Every usable instance has been tried: one may come back (readmitted, added)
             // while the attempts in flight go on.
             if busy {
@@ -714,15 +715,15 @@ impl ResponseFuture {
                 return Made::Waits;
             }
         };
-        if let Some(budget) = &again.pool.budget {
+        if let Some(budget) = &again.shared.budget {
             if !budget.withdraw() {
                 tracing::debug!("retry budget spent: no further hedge");
-                crate::observe::budget_exhausted(&again.pool);
+                crate::observe::budget_exhausted(&again.shared.ctx.observe);
                 again.stop();
                 return Made::Waits;
             }
         }
-        let (snap, picked) = pick_now(&again.pool, &again.tried, again.method);
+        let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
         let Some(idx) = picked else {
             // The set changed since the look above.
             again.arm(policy.delay.max(RECHECK));
@@ -740,7 +741,7 @@ impl ResponseFuture {
         let method = again.method;
         let obs = self.obs.attempt(&inst, Kind::Hedge);
         obs.count_sent(&mut req);
-        let watch = again.pool.replay;
+        let watch = again.shared.replay;
         self.attempts.push(Attempt::start(
             &inst, method, req, id, watch, UNCOUNTED, obs,
         ));
@@ -751,7 +752,7 @@ impl ResponseFuture {
     fn retry(&mut self) -> Made {
         let again = self.again.as_mut().expect("a plan");
         let sent = again.time_left().and_then(|time_left| {
-            let (snap, picked) = pick_now(&again.pool, &again.tried, again.method);
+            let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
             let inst = snap[picked?].clone();
             let (req, id) = again.replay.request(time_left)?;
             Some((inst, req, id))
@@ -762,7 +763,7 @@ impl ResponseFuture {
         };
         tracing::debug!(addr = %inst.target.name, attempt = again.next().made, "call retried");
         let method = again.method;
-        let watch = again.pool.replay;
+        let watch = again.shared.replay;
         let obs = self.obs.attempt(&inst, Kind::Retry);
         obs.count_sent(&mut req);
         self.attempts.push(Attempt::start(
@@ -855,24 +856,26 @@ enum Made {
 
 /// Routes one call: picks its instance and makes its future.
 fn route(
-    pool: &Arc<Pool>,
+    shared: &Arc<Shared>,
     req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
     mut obs: CallObs,
 ) -> ResponseFuture {
     let method = Method::of(req.uri().path());
-    let (snap, picked) = pick_now(pool, &[], method);
+    let (snap, picked) = pick_now(&shared.picker, &[], method);
     // Discovery's first answer may have been published between that pick and the read of
     // `discovered` below: look again at the set then (the failure path only).
     let (snap, picked) = match picked {
-        None if snap.is_empty() && *pool.discovered.borrow() => pick_now(pool, &[], method),
+        None if snap.is_empty() && *shared.set().discovered.borrow() => {
+            pick_now(&shared.picker, &[], method)
+        }
         _ => (snap, picked),
     };
     let Some(idx) = picked else {
-        if snap.is_empty() && !*pool.discovered.borrow() {
+        if snap.is_empty() && !*shared.set().discovered.borrow() {
             // Discovery has not answered yet: wait for its first answer (bounded by the
             // lookup's timeout, and by the call's deadline).
-            let mut rx = pool.discovered.subscribe();
+            let mut rx = shared.set().discovered.subscribe();
             let wait = Box::pin(async move {
                 let _ = rx.wait_for(|done| *done).await;
             });
@@ -884,26 +887,26 @@ fn route(
                 phase: Phase::Discovering(Box::new(Discovering {
                     wait,
                     req: Some(req),
-                    pool: pool.clone(),
+                    shared: shared.clone(),
                 })),
             };
         }
-        let msg = no_instance_message(pool, &snap);
+        let msg = no_instance_message(&shared.picker, &snap);
         tracing::debug!(reason = %msg, "call refused");
-        obs.refused(pool);
+        obs.refused(&shared.ctx.observe);
         return ResponseFuture::over(no_usable_instance(msg), CallObs::default());
     };
     let inst = &snap[idx];
     tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
-    let hedging = pool
+    let hedging = shared
         .hedging
         .as_ref()
         .and_then(|h| h.policy(req.uri().path()))
         .cloned();
     let plan = match hedging {
         Some(_) => Some(Plan::Hedge),
-        None if pool.retry.is_some() => Some(Plan::Retry),
-        None if pool.replay => Some(Plan::Replay),
+        None if shared.retry.is_some() => Some(Plan::Retry),
+        None if shared.replay => Some(Plan::Replay),
         None => None,
     };
     let Some(plan) = plan else {
@@ -919,12 +922,12 @@ fn route(
             phase: Phase::Running,
         };
     };
-    if let Some(b) = &pool.budget {
+    if let Some(b) = &shared.budget {
         b.deposit();
     }
     // The request is recorded (up to `max_replay_body`) whatever the plan: a stream the server
     // refuses has had its body read already, and is sent again from the copy.
-    let (mut req, replay) = Replay::wrap(req, true, pool.max_replay_body);
+    let (mut req, replay) = Replay::wrap(req, true, shared.max_replay_body);
     let a = obs.attempt(inst, Kind::First);
     a.count_sent(&mut req);
     let attempts = Attempts::one(Attempt::start(
@@ -932,12 +935,12 @@ fn route(
         method,
         req,
         0,
-        pool.replay,
+        shared.replay,
         UNCOUNTED,
         a,
     ));
     let mut again = Box::new(Again {
-        pool: pool.clone(),
+        shared: shared.clone(),
         replay,
         method,
         deadline_at: deadline.as_ref().map(|d| d.deadline()),
@@ -977,7 +980,7 @@ impl Future for ResponseFuture {
                 return Poll::Ready(Err(status.into()));
             }
             Phase::Discovering(d) => {
-                let Discovering { wait, req, pool } = &mut **d;
+                let Discovering { wait, req, shared } = &mut **d;
                 if let Some(deadline) = this.deadline.as_mut() {
                     if deadline.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(this.end_with(deadline_exceeded().into()));
@@ -986,9 +989,9 @@ impl Future for ResponseFuture {
                 if wait.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                let (pool, req) = (pool.clone(), req.take().expect("routed once"));
+                let (shared, req) = (shared.clone(), req.take().expect("routed once"));
                 let obs = std::mem::take(&mut this.obs);
-                *this = route(&pool, req, this.deadline.take(), obs);
+                *this = route(&shared, req, this.deadline.take(), obs);
                 return Pin::new(this).poll(cx);
             }
         }

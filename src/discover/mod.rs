@@ -28,7 +28,7 @@ use std::time::Duration;
 use tonic::transport::Endpoint;
 use tower::BoxError;
 
-use crate::pool::Pool;
+use crate::call::shared::Shared;
 use crate::target::{Dial, Key, Target};
 
 /// A source of instance addresses: DNS ([`Dns`]), a service registry, a control plane.
@@ -111,7 +111,7 @@ pub(crate) fn uri_of(scheme: &str, addr: SocketAddr) -> String {
 }
 
 /// Polls the source and keeps the pool in line with it, until the pool is dropped.
-pub(crate) async fn run(pool: Weak<Pool>, d: Discovery) {
+pub(crate) async fn run(pool: Weak<Shared>, d: Discovery) {
     let name = d.source.name();
     let min_gap = Duration::from_secs(1).min(d.interval);
     loop {
@@ -133,22 +133,23 @@ pub(crate) async fn run(pool: Weak<Pool>, d: Discovery) {
                         }
                     }
                 }
-                let (added, removed) = p.sync(want);
+                let (added, removed) = p.set().sync(want);
                 if added + removed > 0 {
                     tracing::info!(source = %name, added, removed, instances = p.snapshot().len(), "discovery changed the set");
                 }
-                p.discovery_status(None);
+                p.set().discovery_status(None);
             }
             Ok(_) => {
                 tracing::warn!(source = %name, kept = p.snapshot().len(), "lookup returned no address; keeping the last set");
-                p.discovery_status(Some(format!("{name}: no address")));
+                p.set()
+                    .discovery_status(Some(format!("{name}: no address")));
             }
             Err(e) => {
                 tracing::warn!(source = %name, error = %e, kept = p.snapshot().len(), "lookup failed; keeping the last set");
-                p.discovery_status(Some(format!("{name}: {e}")));
+                p.set().discovery_status(Some(format!("{name}: {e}")));
             }
         }
-        let wake = p.discovery_wake.clone();
+        let wake = p.set().discovery_wake.clone();
         drop(p);
         let next = started + crate::time::cap(d.interval);
         tokio::select! {
@@ -162,6 +163,6 @@ pub(crate) async fn run(pool: Weak<Pool>, d: Discovery) {
 }
 
 /// Spawns the discovery task of `pool`.
-pub(crate) fn spawn(pool: &Arc<Pool>, d: Discovery) {
+pub(crate) fn spawn(pool: &Arc<Shared>, d: Discovery) {
     pool.spawn(run(Arc::downgrade(pool), d));
 }

@@ -12,7 +12,7 @@ use tonic::transport::Endpoint;
 use tower::discover::Change;
 use tower::BoxError;
 
-use crate::pool::Pool;
+use crate::call::shared::Shared;
 use crate::target::{Key, Target};
 
 /// The next change of a source, polled.
@@ -25,7 +25,7 @@ pub(crate) type Next<K> =
 /// drains the key's instance (unless another key still names its URI). Until the first change,
 /// calls wait for it, for at most `first_within`.
 pub(crate) async fn run<K>(
-    pool: Weak<Pool>,
+    pool: Weak<Shared>,
     mut next: Next<K>,
     name: String,
     first_within: Duration,
@@ -34,7 +34,9 @@ pub(crate) async fn run<K>(
 {
     let mut keys: HashMap<K, Key> = HashMap::new();
     let first_by = crate::time::after(first_within);
-    let mut waiting = pool.upgrade().is_some_and(|p| !*p.discovered.borrow());
+    let mut waiting = pool
+        .upgrade()
+        .is_some_and(|p| !*p.set().discovered.borrow());
     loop {
         let item = if waiting {
             tokio::select! {
@@ -43,7 +45,7 @@ pub(crate) async fn run<K>(
                     waiting = false;
                     let Some(p) = pool.upgrade() else { return };
                     tracing::warn!(source = %name, "no instance announced in time");
-                    p.discovery_status(Some(format!(
+                    p.set().discovery_status(Some(format!(
                         "{name}: no instance announced within {first_within:?}"
                     )));
                     continue;
@@ -56,12 +58,13 @@ pub(crate) async fn run<K>(
         match item {
             None => {
                 tracing::warn!(source = %name, instances = p.snapshot().len(), "discovery stream ended; keeping the last set");
-                p.discovery_status(Some(format!("{name}: the stream ended")));
+                p.set()
+                    .discovery_status(Some(format!("{name}: the stream ended")));
                 return;
             }
             Some(Err(e)) => {
                 tracing::warn!(source = %name, error = %e, "discovery error; keeping the set");
-                p.discovery_status(Some(format!("{name}: {e}")));
+                p.set().discovery_status(Some(format!("{name}: {e}")));
             }
             Some(Ok(Change::Insert(key, endpoint))) => {
                 let target = match Target::endpoint(endpoint) {
@@ -77,14 +80,14 @@ pub(crate) async fn run<K>(
                 let old = keys
                     .insert(key, target.key.clone())
                     .filter(|old| *old != target.key && !keys.values().any(|u| u == old));
-                p.insert_in_place_of(target, None, old.as_ref());
+                p.set().insert_in_place_of(target, None, old.as_ref());
                 waiting = false;
-                p.discovery_status(None);
+                p.set().discovery_status(None);
             }
             Some(Ok(Change::Remove(key))) => {
                 if let Some(uri) = keys.remove(&key) {
                     if !keys.values().any(|u| *u == uri) {
-                        p.remove(&uri);
+                        p.set().remove(&uri);
                     }
                 }
             }

@@ -344,7 +344,7 @@ mod tests {
     async fn an_old_readmission_timer_does_not_end_a_new_ejection() {
         let uris = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
         let ch = crate::BalancedChannel::from_static(uris).unwrap();
-        let inst = ch.pool.snapshot()[0].clone();
+        let inst = ch.shared.snapshot()[0].clone();
         assert!(eject(&inst, "test"));
         let first = inst.ejection_id.load(Ordering::Acquire);
         // Removed, and taken back once its time is over: on probation, then ejected again.

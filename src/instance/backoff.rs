@@ -57,7 +57,7 @@ impl Backoff {
         } else {
             self.jitter.clamp(0.0, 1.0)
         };
-        let unit = crate::pick::random_unit();
+        let unit = crate::rng::random_unit();
         crate::time::from_secs_f64(base * (1.0 + jitter * (2.0 * unit - 1.0)))
     }
 

@@ -390,7 +390,7 @@ mod tests {
             .max_streams_per_connection(2)
             .build()
             .unwrap();
-        let inst = ch.pool.snapshot()[0].clone();
+        let inst = ch.shared.snapshot()[0].clone();
         let extra = inst.extra.as_deref().unwrap();
         let take = || {
             let mut g = CallGuard::new(inst.clone(), Method::NONE);

@@ -7,13 +7,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
+use super::events::Events;
 use crate::health::Ejection;
-#[cfg(feature = "health-check")]
-use crate::health::HealthCheck;
 
 /// What every instance of one channel shares: the clock, the runtime, the settings the
 /// instances and the pick read, and the channel-wide counters.
-#[derive(Debug)]
 pub(crate) struct Context {
     pub(crate) epoch: Instant,
     /// The runtime the channel was built in: its connections, timers and background tasks
@@ -38,9 +36,6 @@ pub(crate) struct Context {
     pub(crate) ejection: Ejection,
     /// Wakes the discovery task, if there is one.
     pub(crate) discovery_wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
-    /// Active health checks, if on.
-    #[cfg(feature = "health-check")]
-    pub(crate) health_check: Option<HealthCheck>,
     /// Instances ejected now.
     pub(crate) ejected: AtomicUsize,
     /// Instances in the set now (not draining).
@@ -51,11 +46,10 @@ pub(crate) struct Context {
     pub(crate) reports: super::load::ReportSettings,
     /// Until when some instance's report of the other clients' calls is fresh.
     pub(crate) reports_fresh: super::load::Fresh,
-    /// The pool these settings belong to (set once it is built), for an instance that comes
-    /// back into service to find where the set's turns are (see `Instance::rejoin`).
-    pub(crate) pool: std::sync::OnceLock<std::sync::Weak<crate::pool::Pool>>,
+    /// Where the instances and the set tell what happens to them (see [`Events`]).
+    pub(crate) events: Arc<dyn Events>,
     /// The channel's totals, and what its metrics need.
-    pub(crate) observe: crate::observe::Shared,
+    pub(crate) observe: crate::observe::Totals,
 }
 
 impl Context {

@@ -81,8 +81,6 @@ pub(crate) struct ReportSettings {
     /// Reports older than this many ticks are not used by the least-pending pick (0: never).
     pub(crate) max_age_ticks: u32,
     pub(crate) wrr: WrrConfig,
-    /// Out-of-band reports asked of every instance at this interval, if on.
-    pub(crate) oob: Option<Duration>,
 }
 
 /// The default [`Builder::load_report_max_age`](crate::Builder::load_report_max_age).
@@ -99,11 +97,7 @@ impl ReportSettings {
         let ticks = (max_age.as_nanos() >> TICK_SHIFT).min(u128::from(u32::MAX / 2)) as u32;
         // A non-zero age shorter than a tick still uses reports of the same tick.
         let max_age_ticks = if max_age.is_zero() { 0 } else { ticks.max(1) };
-        ReportSettings {
-            max_age_ticks,
-            wrr,
-            oob: None,
-        }
+        ReportSettings { max_age_ticks, wrr }
     }
 }
 

@@ -10,6 +10,7 @@ use tonic::transport::Channel;
 pub(crate) mod backoff;
 pub(crate) mod conns;
 pub(crate) mod context;
+pub(crate) mod events;
 pub(crate) mod load;
 pub(crate) mod tie;
 
@@ -303,19 +304,13 @@ impl Instance {
     }
 
     /// Back in service (reconnected, readmitted after an ejection, healthy again): its passes
-    /// start where the rest of the set's turns are, as a newcomer's do (see `Tie::join_at`).
-    /// It kept its passes while out and the others moved on: without this, every client would
-    /// give it [`CREDIT`](crate::pick::CREDIT) turns in a row at once (with 50 clients, a burst
-    /// of 400 calls on an instance just back from trouble).
+    /// are to start where the rest of the set's turns are, as a newcomer's do (see
+    /// `Tie::join_at`; the set is above this layer: the channel's events do it). It kept its
+    /// passes while out and the others moved on: without this, every client would give it
+    /// [`CREDIT`](tie::CREDIT) turns in a row at once (with 50 clients, a burst of 400 calls on
+    /// an instance just back from trouble).
     fn rejoin(&self) {
-        let Some(pool) = self.ctx.pool.get().and_then(std::sync::Weak::upgrade) else {
-            return;
-        };
-        let snap = pool.snapshot();
-        let others = snap.iter().filter(|i| !std::ptr::eq(Arc::as_ptr(i), self));
-        if let Some(level) = level_in_service(others) {
-            self.tie.join_at(level);
-        }
+        self.ctx.events.back_in_service(self);
     }
 
     /// The latency estimate in nanoseconds (0: unknown), fading linearly to 0 over `expiry`

@@ -410,7 +410,7 @@ mod tests {
             .uris((1..=5).map(|p| format!("http://127.0.0.1:{p}")))
             .build()
             .unwrap();
-        let snap = ch.pool.snapshot();
+        let snap = ch.shared.snapshot();
         let ahead = 50 * UNIT;
         for (k, inst) in snap.iter().enumerate() {
             if k < 4 {

@@ -254,7 +254,7 @@ mod tests {
                 .uri("http://127.0.0.1:2")
                 .build()
                 .unwrap();
-            let pool = &ch.pool;
+            let pool = &ch.shared;
             let snap = pool.snapshot();
             let now = pool.ctx.now_ns().max(1);
             pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
@@ -264,8 +264,12 @@ mod tests {
             }
             let until = snap[0].others.set(10, now, pool.ctx.reports.max_age_ticks);
             pool.ctx.reports_fresh.note(until);
-            let picked =
-                crate::pick::dispatch::pick(pool, &snap, &[], crate::instance::tie::Method::NONE);
+            let picked = crate::pick::dispatch::pick(
+                &pool.picker,
+                &snap,
+                &[],
+                crate::instance::tie::Method::NONE,
+            );
             assert_eq!(picked, Some(want), "{strategy:?}");
         }
     }

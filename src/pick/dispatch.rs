@@ -6,10 +6,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{Chosen, Load, Rng, Turn};
+use super::{Chosen, Load, Picker, Rng, Turn};
 use crate::instance::tie::Method;
 use crate::instance::Instance;
-use crate::pool::{Members, Pool, Snapshot};
+use crate::set::{Members, Snapshot};
 use crate::Strategy;
 
 /// Picks an instance from the current set (excluding `tried`). A pick that finds nothing in a
@@ -20,17 +20,17 @@ use crate::Strategy;
 /// The pick moves the strategy's state (least pending's turns, round robin's counter): make it
 /// only for an attempt that is sent; [`could_take`] asks without moving anything.
 pub(crate) fn pick_now(
-    pool: &Pool,
+    picker: &Picker,
     tried: &[Arc<Instance>],
     method: Method,
 ) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
-    let mut snap = pool.snapshot();
+    let mut snap = picker.snapshot();
     // Each round needs a new publication; a few are plenty even under constant churn.
     for _ in 0..4 {
-        if let Some(idx) = pick(pool, &snap, tried, method) {
+        if let Some(idx) = pick(picker, &snap, tried, method) {
             return (snap, Some(idx));
         }
-        let now = pool.snapshot();
+        let now = picker.snapshot();
         if Arc::ptr_eq(&snap, &now) {
             break;
         }
@@ -42,8 +42,9 @@ pub(crate) fn pick_now(
 /// Whether some usable instance of the current set is not in `tried`: whether a pick for
 /// another attempt of a call could find one. Reads, never writes: asking changes nothing of
 /// what later picks choose.
-pub(crate) fn could_take(pool: &Pool, tried: &[Arc<Instance>]) -> bool {
-    pool.snapshot()
+pub(crate) fn could_take(picker: &Picker, tried: &[Arc<Instance>]) -> bool {
+    picker
+        .snapshot()
         .iter()
         .any(|i| i.is_usable() && !tried.iter().any(|t| Arc::ptr_eq(t, i)))
 }
@@ -51,7 +52,7 @@ pub(crate) fn could_take(pool: &Pool, tried: &[Arc<Instance>]) -> bool {
 /// Picks the instance for one call (excluding the ones in `tried`).
 #[inline]
 pub(crate) fn pick(
-    pool: &Pool,
+    picker: &Picker,
     snap: &Members,
     tried: &[Arc<Instance>],
     method: Method,
@@ -60,15 +61,15 @@ pub(crate) fn pick(
         // Nothing to choose: whatever the strategy, the one instance if it is usable.
         return pick_with_one(snap, tried);
     }
-    let slow = pool.ctx.slow_start_ns;
+    let slow = picker.set.ctx.slow_start_ns;
     if slow > 0 {
         // Slow start may hold back every instance that is warming up; it must never be the
         // reason a call finds nothing.
-        if let Some(i) = pick_with(pool, snap, tried, slow, method) {
+        if let Some(i) = pick_with(picker, snap, tried, slow, method) {
             return Some(i);
         }
     }
-    pick_with(pool, snap, tried, 0, method)
+    pick_with(picker, snap, tried, 0, method)
 }
 
 #[inline]
@@ -79,13 +80,13 @@ fn pick_with_one(snap: &[Arc<Instance>], tried: &[Arc<Instance>]) -> Option<usiz
 
 #[inline]
 fn pick_with(
-    pool: &Pool,
+    picker: &Picker,
     snap: &Members,
     tried: &[Arc<Instance>],
     slow: u64,
     method: Method,
 ) -> Option<usize> {
-    let policy = &pool.ctx;
+    let policy = &picker.set.ctx;
     let now = policy.clock.load(Ordering::Relaxed);
     let expiry = policy.latency_expiry_ns;
     let inv_expiry = policy.inv_latency_expiry;
@@ -114,7 +115,7 @@ fn pick_with(
         }
         true
     };
-    let picked = match pool.strategy {
+    let picked = match picker.strategy {
         // The common case, a first attempt without slow start: nothing to check but the
         // state, so the scan's loop stays tight.
         Strategy::LeastPending if tried.is_empty() && slow == 0 => {
@@ -156,15 +157,15 @@ fn pick_with(
                     super::peak_ewma(snap, &mut rng, policy.default_latency_ns, load)
                 }
                 Strategy::PowerOfTwoChoices => super::power_of_two(snap, &mut rng, load),
-                Strategy::WeightedRoundRobin => pool
+                Strategy::WeightedRoundRobin => picker
                     .wrr
                     .pick(snap, &mut rng, |i| load(i).is_some())
                     .or_else(|| {
-                        let c = pool.rr.fetch_add(1, Ordering::Relaxed);
+                        let c = picker.rr.fetch_add(1, Ordering::Relaxed);
                         super::round_robin(snap, c, load)
                     }),
                 _ => {
-                    let c = pool.rr.fetch_add(1, Ordering::Relaxed);
+                    let c = picker.rr.fetch_add(1, Ordering::Relaxed);
                     super::round_robin(snap, c, load)
                 }
             }
@@ -214,9 +215,9 @@ fn took_turn(snap: &[Arc<Instance>], c: Chosen, dear: bool) -> usize {
 }
 
 /// Why nothing could be picked, for the UNAVAILABLE message.
-pub(crate) fn no_instance_message(pool: &Pool, snap: &[Arc<Instance>]) -> String {
+pub(crate) fn no_instance_message(picker: &Picker, snap: &[Arc<Instance>]) -> String {
     if snap.is_empty() {
-        return match pool.discovery_error() {
+        return match picker.set.discovery_error() {
             Some(e) => format!("tonic-balancer: no instances in the set (discovery: {e})"),
             None => "tonic-balancer: no instances in the set".to_owned(),
         };

@@ -65,11 +65,15 @@
 //! The next usable instance in order, ignoring load: the baseline.
 
 pub(crate) mod dispatch;
-use std::cell::Cell;
+pub(crate) mod wrr;
+
+use crate::set::Set;
 
 #[cfg(test)]
 use crate::instance::tie::UNIT;
 pub use crate::instance::tie::{Turn, CREDIT};
+#[cfg(test)]
+use crate::set::strides_for;
 
 /// The least-pending choice: which candidate, and the pass its own restarts from at the lowest
 /// (`CREDIT` before the runner-up's pass when the runner-up last won; 0 when it had no
@@ -92,80 +96,33 @@ pub struct Load {
     pub latency_ns: f64,
 }
 
-/// A small, fast, thread-local random source (xorshift64*), good enough to break ties and draw
-/// the two choices; not for anything that needs unpredictability.
-pub struct Rng(u64);
+pub use crate::rng::Rng;
 
-thread_local! {
-    static RNG_STATE: Cell<u64> = Cell::new(seed());
+/// The pick of one channel: the set it picks from, and its strategy with the strategy's state.
+pub(crate) struct Picker {
+    pub(crate) set: Set,
+    pub(crate) strategy: crate::Strategy,
+    /// Round robin's counter.
+    pub(crate) rr: std::sync::atomic::AtomicUsize,
+    /// Weighted round robin's schedule (used with that strategy only).
+    pub(crate) wrr: wrr::Wrr,
 }
 
-fn seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    // RandomState is seeded per thread from the OS; its hash of nothing is a fine seed.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x9E37_79B9_7F4A_7C15);
-    h.finish() | 1
-}
+impl Picker {
+    pub(crate) fn new(set: Set, strategy: crate::Strategy) -> Picker {
+        Picker {
+            set,
+            strategy,
+            rr: Default::default(),
+            wrr: Default::default(),
+        }
+    }
 
-impl Rng {
-    /// This thread's random source; give it back with [`Rng::store`].
+    /// The set as it is now.
     #[inline]
-    pub fn thread() -> Rng {
-        Rng(RNG_STATE.with(|s| s.get()))
+    pub(crate) fn snapshot(&self) -> arc_swap::Guard<crate::set::Snapshot> {
+        self.set.snapshot()
     }
-
-    /// A random source with a fixed seed, for tests and benchmarks.
-    pub fn seeded(seed: u64) -> Rng {
-        Rng(seed | 1)
-    }
-
-    /// Gives the state back to this thread, so the next draw continues the sequence.
-    #[inline]
-    pub fn store(self) {
-        RNG_STATE.with(|s| s.set(self.0));
-    }
-
-    /// The next 64 random bits.
-    #[inline]
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `[0, 1)`.
-    #[inline]
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2^-32 for any n we use).
-    #[inline]
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        (((self.next_u64() >> 32) * n as u64) >> 32) as usize
-    }
-}
-
-/// A uniform draw in `[0, 1)` from this thread's random source (for jitter).
-pub(crate) fn random_unit() -> f64 {
-    let mut rng = Rng::thread();
-    let u = rng.unit();
-    rng.store();
-    u
-}
-
-/// The steps prime to `n` among the first primes: walking by one visits every index once.
-pub fn strides_for(n: usize) -> Vec<usize> {
-    const PRIMES: [usize; 16] = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53];
-    PRIMES
-        .iter()
-        .copied()
-        .filter(|&p| p < n && !n.is_multiple_of(p))
-        .collect()
 }
 
 /// How many tied candidates the first pass remembers; with more, the second pass looks for

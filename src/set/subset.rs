@@ -65,8 +65,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::{Joining, Reuse, Set};
 use crate::error::Error;
-use crate::pool::{Joining, Pool, Reuse};
 use crate::target::{Key, Target};
 
 /// The subsetting settings of a channel, checked.
@@ -119,7 +119,7 @@ impl Settings {
     }
 }
 
-/// The subset's state in a pool: the settings and the full member list the subset is drawn
+/// The subset's state in a set: the settings and the full member list the subset is drawn
 /// from.
 pub(crate) struct Subset {
     pub(crate) settings: Settings,
@@ -135,12 +135,12 @@ impl Subset {
     }
 }
 
-/// Applies `edit` to the full member list, then brings the pool's instances in line with the
+/// Applies `edit` to the full member list, then brings the set's instances in line with the
 /// new subset, as one membership change (one snapshot): the members that left the subset
 /// drain, the new ones join (with a connection from `connected` if there is one), and the
 /// instance of `renewed`, if it stays in the subset, is replaced by its new settings.
 fn apply<R>(
-    pool: &Pool,
+    set: &Set,
     subset: &Subset,
     edit: impl FnOnce(&mut Vec<Target>) -> R,
     mut connected: HashMap<Key, tonic::transport::Channel>,
@@ -159,7 +159,7 @@ fn apply<R>(
         })
         .collect();
     let renewed = renewed.filter(|k| keep.contains(k));
-    let (added, removed) = pool.change(
+    let (added, removed) = set.change(
         add,
         |i| !keep.contains(&i.target.key) || Some(&i.target.key) == renewed,
         reuse,
@@ -176,10 +176,10 @@ fn apply<R>(
     result
 }
 
-/// [`Pool::insert_in_place_of`] with subsetting: the endpoint joins the full list (replacing
+/// [`Set::insert_in_place_of`] with subsetting: the endpoint joins the full list (replacing
 /// the one of its URI, and `old`'s, in the same change); true if its URI was not in the list.
 pub(crate) fn insert(
-    pool: &Pool,
+    set: &Set,
     subset: &Subset,
     target: Target,
     connected: Option<tonic::transport::Channel>,
@@ -190,7 +190,7 @@ pub(crate) fn insert(
         .map(|c| HashMap::from([(key.clone(), c)]))
         .unwrap_or_default();
     apply(
-        pool,
+        set,
         subset,
         |all| {
             if let Some(old) = old {
@@ -216,13 +216,13 @@ pub(crate) fn insert(
 /// Adds the builder's instances to the full list at once (one subset, rather than one per
 /// instance), with the connections opened already.
 pub(crate) fn extend(
-    pool: &Pool,
+    set: &Set,
     subset: &Subset,
     targets: Vec<Target>,
     connected: HashMap<Key, tonic::transport::Channel>,
 ) {
     apply(
-        pool,
+        set,
         subset,
         |all| {
             for t in targets {
@@ -238,10 +238,10 @@ pub(crate) fn extend(
     )
 }
 
-/// [`Pool::remove`] with subsetting: true if the key was in the full list.
-pub(crate) fn remove(pool: &Pool, subset: &Subset, key: &Key) -> bool {
+/// [`Set::remove`] with subsetting: true if the key was in the full list.
+pub(crate) fn remove(set: &Set, subset: &Subset, key: &Key) -> bool {
     apply(
-        pool,
+        set,
         subset,
         |all| {
             let before = all.len();
@@ -254,11 +254,11 @@ pub(crate) fn remove(pool: &Pool, subset: &Subset, key: &Key) -> bool {
     )
 }
 
-/// [`Pool::sync`] with subsetting: the full list becomes `want`; returns how many of the full
+/// [`Set::sync`] with subsetting: the full list becomes `want`; returns how many of the full
 /// list were added and removed.
-pub(crate) fn sync(pool: &Pool, subset: &Subset, want: Vec<Target>) -> (usize, usize) {
+pub(crate) fn sync(set: &Set, subset: &Subset, want: Vec<Target>) -> (usize, usize) {
     apply(
-        pool,
+        set,
         subset,
         |all| {
             let keep: HashSet<&Key> = want.iter().map(|t| &t.key).collect();

@@ -38,10 +38,11 @@ use std::sync::{Arc, Weak};
 
 use arc_swap::ArcSwap;
 
+use super::Picker;
+use super::Rng;
 use crate::instance::load::WrrConfig;
 use crate::instance::Instance;
-use crate::pick::Rng;
-use crate::pool::{Members, Pool};
+use crate::set::Members;
 
 /// Picks per instance in one precomputed cycle of the schedule.
 const CYCLE_PER_INSTANCE: usize = 32;
@@ -211,14 +212,19 @@ impl Wrr {
 
 /// The channel's background task that rebuilds the schedule every update period, until the
 /// channel is dropped.
-pub(crate) async fn task(pool: Weak<Pool>, cfg: WrrConfig) {
+/// `owner`: what holds the channel's pick.
+pub(crate) async fn task<T>(owner: Weak<T>, cfg: WrrConfig)
+where
+    T: AsRef<Picker> + Send + Sync + 'static,
+{
     let mut tick = tokio::time::interval(cfg.update_period());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(pool) = pool.upgrade() else { return };
-        let members = pool.snapshot();
-        pool.wrr.rebuild(&members, pool.ctx.now_ns(), &cfg);
+        let Some(owner) = owner.upgrade() else { return };
+        let picker = (*owner).as_ref();
+        let members = picker.snapshot();
+        picker.wrr.rebuild(&members, picker.set.ctx.now_ns(), &cfg);
     }
 }
 

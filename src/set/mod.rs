@@ -1,16 +1,18 @@
-//! The shared set of instances: a snapshot that every call loads without a lock, replaced as a
-//! whole by the rare writers (membership changes).
+//! The set of instances: a snapshot that every call loads without a lock, replaced as a whole
+//! by the rare writers (membership changes), and subsetting (`subset`), which chooses the
+//! instances of the set among the members discovery names.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+pub(crate) mod subset;
+
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use arc_swap::ArcSwap;
 
 use crate::instance::Context;
 use crate::instance::{Instance, State};
-use crate::retry::{Budget, RetryPolicy};
+use crate::lock;
 use crate::target::{Key, Target};
-use crate::{lock, Strategy};
 
 /// The instances of one moment, and the steps the pick may walk them with (the primes below
 /// their number that do not divide it: each visits every instance once).
@@ -21,7 +23,7 @@ pub(crate) struct Members {
 
 impl Members {
     fn new(list: Vec<Arc<Instance>>) -> Members {
-        let strides = crate::pick::strides_for(list.len());
+        let strides = strides_for(list.len());
         Members { list, strides }
     }
 }
@@ -53,7 +55,7 @@ pub(crate) enum Reuse {
 }
 
 /// The instances of one channel and its clones.
-pub(crate) struct Pool {
+pub(crate) struct Set {
     /// The instances that get calls; readers `load()` it without a lock.
     pub(crate) members: ArcSwap<Members>,
     /// Removed instances that may still have calls in flight; they close when the last call
@@ -62,19 +64,6 @@ pub(crate) struct Pool {
     /// Serialises writers.
     write: Mutex<()>,
     pub(crate) ctx: Arc<Context>,
-    pub(crate) strategy: Strategy,
-    pub(crate) rr: AtomicUsize,
-    /// Weighted round robin's schedule (used with that strategy only).
-    pub(crate) wrr: crate::wrr::Wrr,
-    /// Transparent retry on (see `Builder::transparent_retry`).
-    pub(crate) replay: bool,
-    /// The retry policy, if any, and its budget.
-    pub(crate) retry: Option<RetryPolicy>,
-    pub(crate) budget: Option<Budget>,
-    /// The hedged methods and their policies, if any.
-    pub(crate) hedging: Option<Box<crate::hedge::Hedging>>,
-    /// Cap on the request body kept for another attempt.
-    pub(crate) max_replay_body: usize,
     /// Whether instances added from now on warm up (slow start); off for the initial set.
     pub(crate) warm_new: std::sync::atomic::AtomicBool,
     /// Wakes the discovery task early (an instance could not be reached).
@@ -84,27 +73,19 @@ pub(crate) struct Pool {
     pub(crate) discovered: tokio::sync::watch::Sender<bool>,
     /// The discovery source's last error, for the UNAVAILABLE message.
     discovery_error: Mutex<Option<String>>,
-    /// Dropped with the pool: discovery and the success-rate sweep end with it.
+    /// Dropped with the set: discovery and the success-rate sweep end with it.
     closed: crate::shutdown::Closed,
     /// Subsetting, if on: the full member list, of which only the subset becomes instances.
-    pub(crate) subset: Option<Box<crate::subset::Subset>>,
+    pub(crate) subset: Option<Box<subset::Subset>>,
 }
 
-impl Pool {
-    pub(crate) fn new(ctx: Arc<Context>, strategy: Strategy) -> Pool {
-        Pool {
+impl Set {
+    pub(crate) fn new(ctx: Arc<Context>) -> Set {
+        Set {
             members: ArcSwap::from_pointee(Members::new(Vec::new())),
             draining: Mutex::new(Vec::new()),
             write: Mutex::new(()),
             ctx,
-            strategy,
-            rr: AtomicUsize::new(0),
-            wrr: crate::wrr::Wrr::default(),
-            replay: true,
-            retry: None,
-            budget: None,
-            hedging: None,
-            max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
             warm_new: std::sync::atomic::AtomicBool::new(false),
             discovery_wake: Arc::new(tokio::sync::Notify::new()),
             discovered: tokio::sync::watch::Sender::new(true),
@@ -152,7 +133,7 @@ impl Pool {
     ) -> bool {
         let old = old.filter(|o| **o != target.key);
         if let Some(subset) = &self.subset {
-            return crate::subset::insert(self, subset, target, connected, old);
+            return subset::insert(self, subset, target, connected, old);
         }
         let key = target.key.clone();
         let joining = Joining { target, connected };
@@ -173,7 +154,7 @@ impl Pool {
     /// has, then its connection closes. False if there is none.
     pub(crate) fn remove(&self, key: &Key) -> bool {
         if let Some(subset) = &self.subset {
-            return crate::subset::remove(self, subset, key);
+            return subset::remove(self, subset, key);
         }
         self.change(Vec::new(), |i| i.target.key == *key, Reuse::No)
             .1
@@ -185,7 +166,7 @@ impl Pool {
     /// connections alone. Returns (added, removed).
     pub(crate) fn sync(&self, want: Vec<Target>) -> (usize, usize) {
         if let Some(subset) = &self.subset {
-            return crate::subset::sync(self, subset, want);
+            return subset::sync(self, subset, want);
         }
         let keep: std::collections::HashSet<Key> = want.iter().map(|t| t.key.clone()).collect();
         let want = want
@@ -250,15 +231,15 @@ impl Pool {
         if added == 0 && leaving.is_empty() {
             return (0, 0);
         }
-        // Back from draining, to the state it left (see `health::revive`), before the set is
+        // Back from draining, to the state it left (see `Events::taken_back`), before the set is
         // published (readers never see it draining in the set), judged against the set it
         // joins (the ejection cap counts the instances in it).
         for inst in &revived {
-            crate::health::revive(inst, next.len());
+            self.ctx.events.taken_back(inst, next.len());
             tracing::info!(addr = %inst.target.name, state = %inst.state(), "instance re-added while draining: reused");
         }
         self.publish(next);
-        crate::observe::membership(self, added, leaving.len());
+        self.ctx.events.membership(added, leaving.len());
         for inst in &leaving {
             inst.drain();
             tracing::info!(
@@ -285,7 +266,7 @@ impl Pool {
         (inst.state() == State::Draining).then_some(inst)
     }
 
-    /// A new instance, with its health checks if they are on.
+    /// A new instance (the channel's events start its health checks, if they are on).
     fn create(&self, joining: Joining) -> Arc<Instance> {
         let Joining { target, connected } = joining;
         tracing::info!(addr = %target.name, "instance added");
@@ -293,22 +274,13 @@ impl Pool {
         if self.warm_new.load(Ordering::Relaxed) {
             inst.warm_up();
         }
-        if inst.state() == State::Ready {
-            crate::metrics::connection_succeeded(&inst);
-        }
-        #[cfg(feature = "health-check")]
-        if let Some(cfg) = &self.ctx.health_check {
-            crate::health::check::spawn(&inst, cfg.clone());
-        }
-        if let Some(every) = self.ctx.reports.oob {
-            crate::orca::oob::spawn(&inst, every);
-        }
+        self.ctx.events.joined(&inst);
         inst
     }
 
     /// Records the discovery source's state after a lookup.
     pub(crate) fn discovery_status(&self, error: Option<String>) {
-        crate::observe::discovery_answer(self, error.as_deref());
+        self.ctx.events.discovery_answer(error.as_deref());
         *lock(&self.discovery_error) = error;
         self.discovered.send_replace(true);
     }
@@ -336,4 +308,14 @@ impl Pool {
     pub(crate) fn snapshot(&self) -> arc_swap::Guard<Snapshot> {
         self.members.load()
     }
+}
+
+/// The steps prime to `n` among the first primes: walking by one visits every index once.
+pub fn strides_for(n: usize) -> Vec<usize> {
+    const PRIMES: [usize; 16] = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53];
+    PRIMES
+        .iter()
+        .copied()
+        .filter(|&p| p < n && !n.is_multiple_of(p))
+        .collect()
 }

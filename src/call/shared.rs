@@ -1,0 +1,71 @@
+//! What every call of one channel (and of its clones) shares: the pick, and the call path's
+//! own settings (transparent retry, the retry policy and its budget, the hedged methods).
+
+use std::sync::Arc;
+
+use crate::instance::Context;
+use crate::pick::Picker;
+use crate::retry::{Budget, RetryPolicy};
+use crate::set::{Set, Snapshot};
+
+/// What every call of one channel shares.
+pub(crate) struct Shared {
+    /// The set, and the strategy that picks from it.
+    pub(crate) picker: Picker,
+    /// What the instances share (the clock, the runtime, their settings and counters).
+    pub(crate) ctx: Arc<Context>,
+    /// Transparent retry on (see `Builder::transparent_retry`).
+    pub(crate) replay: bool,
+    /// The retry policy, if any.
+    pub(crate) retry: Option<RetryPolicy>,
+    /// The budget of retries and hedges, if either is on.
+    pub(crate) budget: Option<Budget>,
+    /// The hedged methods and their policies, if any.
+    pub(crate) hedging: Option<Box<crate::hedge::Hedging>>,
+    /// Cap on the request body kept for another attempt.
+    pub(crate) max_replay_body: usize,
+}
+
+impl Shared {
+    pub(crate) fn new(set: Set, strategy: crate::Strategy) -> Shared {
+        Shared {
+            ctx: set.ctx.clone(),
+            picker: Picker::new(set, strategy),
+            replay: true,
+            retry: None,
+            budget: None,
+            hedging: None,
+            max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
+        }
+    }
+
+    /// The set of instances.
+    #[inline]
+    pub(crate) fn set(&self) -> &Set {
+        &self.picker.set
+    }
+
+    /// The set as it is now.
+    #[inline]
+    pub(crate) fn snapshot(&self) -> arc_swap::Guard<Snapshot> {
+        self.picker.set.snapshot()
+    }
+
+    /// Spawns a background task of the channel; it ends when the channel (every clone of it)
+    /// is dropped.
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.picker.set.spawn(task);
+    }
+}
+
+impl AsRef<Picker> for Shared {
+    fn as_ref(&self) -> &Picker {
+        &self.picker
+    }
+}
+
+impl AsRef<Set> for Shared {
+    fn as_ref(&self) -> &Set {
+        &self.picker.set
+    }
+}
