@@ -1,5 +1,5 @@
-# The many-clients scenario's floor for clients that do not see each other's calls (README,
-# "Out-of-band reports, and many clients"): each instance gets Poisson arrivals
+# The many-clients scenario's floor for clients that do not see each other's calls
+# (docs/design.md, "The many-clients scenario"): each instance gets Poisson arrivals
 # (rate lam per s); a call's service time is base + per_call * (calls in flight at its start),
 # as the fleet's Overload behaviour. Prints p50/p99 of service times (ms), no client overhead.
 # Run: python3 scripts/many_clients_floor.py

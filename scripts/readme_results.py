@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Runs every measurement the README reports and rewrites its "## Results" section from what
-the runs printed, so that the figures there are always from a run of the code as it is.
+"""Runs every measurement docs/benchmarks.md reports and writes that file from what the runs
+printed, so that its figures are always from a run of the code as it is. The whole file is
+generated: edit the text here, not there.
 
-Usage: python3 scripts/readme_results.py [--reuse]
-  (about 10 minutes on 2 cores, the shootout's load sweep about 5 of them; run on a quiet
-  machine). The programs' output is kept in target/readme-results/; --reuse rewrites the
-  section from it without running anything.
+Usage: python3 scripts/readme_results.py [--reuse | --from DIR] [--out PATH]
+  Without options it runs everything (about 10 minutes on 2 cores, the shootout's load sweep
+  about 5 of them; run on a quiet machine), keeps the programs' output in
+  target/readme-results/ and writes docs/benchmarks.md.
+  --reuse      writes the file from the output kept in target/readme-results/, running nothing
+  --from DIR   the same, from the output kept in DIR (shootout.txt, shootout-3000.txt,
+               sweep.txt, pick.txt, instructions.txt, rate.txt)
+  --out PATH   writes PATH instead of docs/benchmarks.md
 """
 import os
 import re
@@ -15,6 +20,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CALLER = os.getcwd()  # --from and --out are relative to where the script was started
 os.chdir(ROOT)
 
 
@@ -151,8 +157,26 @@ def measure():
     return out
 
 
-if "--reuse" in sys.argv:
-    raw = {n[:-4]: open(os.path.join(KEEP, n)).read() for n in os.listdir(KEEP)}
+def option(name):
+    """The value after `name` on the command line, or None."""
+    if name not in sys.argv:
+        return None
+    i = sys.argv.index(name)
+    if i + 1 >= len(sys.argv):
+        sys.exit(f"{name} needs a value (see --help)")
+    return sys.argv[i + 1]
+
+
+if "--help" in sys.argv or "-h" in sys.argv:
+    print(__doc__.strip())
+    sys.exit(0)
+OUT = os.path.join(CALLER, option("--out")) if option("--out") else os.path.join(
+    "docs", "benchmarks.md")
+SOURCE = (os.path.join(CALLER, option("--from")) if option("--from") else
+          KEEP if "--reuse" in sys.argv else None)
+if SOURCE:
+    raw = {n[:-4]: open(os.path.join(SOURCE, n)).read()
+           for n in os.listdir(SOURCE) if n.endswith(".txt")}
 else:
     raw = measure()
 shoot, fast, sweep = raw["shootout"], raw["shootout-3000"], raw["sweep"]
@@ -285,11 +309,12 @@ else:
 best_overload = min((c for c in ours + theirs if T["overload"][c][3] != "fail"),
                     key=lambda c: float(T["overload"][c][3]))
 section = f"""
-All figures below are from runs on this machine (2 cores, virtualised, 24 GiB, shared with
-other work: calls per second vary by about ±15% from run to run) of the code as committed,
-written into this section by `scripts/readme_results.py` from what the programs printed.
+All figures below are from runs on one machine (2 cores, virtualised, 24 GiB, shared with
+other work: calls per second vary by about ±15% from run to run) of the code as committed.
+The first of them is the README's demo; `docs/design.md` has the measurements that belong to one part of the channel (hedging, connections per instance, load
+reports, subsetting, metrics).
 
-### The shootout
+## The shootout
 
 `cargo run --release --example shootout` (the defaults: 20 instances, 1,000 calls/s open loop,
 1 s per contender and scenario after 0.15 s of warm-up, 1 s deadline per call):
@@ -344,7 +369,7 @@ under overload (least pending: {p99(T3, 'overload', 'LeastPending')}). For fleet
 differ in speed and run busy, choose `PeakEwma`; least pending stays the default because its rule
 (fewest calls in flight) needs no tuning and is the one this channel is built around.
 
-### The load sweep
+## The load sweep
 
 `cargo run --release --example shootout -- --sweep` (heterogeneous and overload at 500 to 4,000
 calls/s, every contender at every rate, 2 s per contender and rate after 0.15 s of warm-up; each
@@ -357,7 +382,7 @@ against the rate, one line per contender):
 
 {lp_sweep}
 
-### The pick
+## The pick
 
 `cargo bench --bench pick` (criterion, median; `channel` is the channel's own pick over real
 instance records; `busy`: 0 to 3 calls in flight, latencies 2 to 10 ms, one instance in twenty
@@ -378,7 +403,7 @@ instance with a fresh report): {R('busy', 'subset_50_of_1000')} busy and
 {R('idle', 'all_1000')} over 1,000 (without reports in the same run: {U('busy', 'subset_50_of_1000')},
 {U('idle', 'subset_50_of_1000')}, {U('busy', 'all_1000')} and {U('idle', 'all_1000')}).
 
-### The cost of a call through the channel
+## The cost of a call through the channel
 
 Instructions per call on the client, counted by valgrind's callgrind (`scripts/instructions.sh
 2000 32 2`: the server in a process of its own, 32 calls in flight on a current-thread runtime,
@@ -394,7 +419,8 @@ Every call keeps a copy of its request head (its extensions taken, not copied) a
 its body, so that it can be sent again if its connection fails or closes before the request is written (with one instance too:
 a server rotating its connections refuses calls that must then go to a fresh connection), and
 every response carries its `ServedBy` extension (about 800 instructions of the difference,
-measured by taking it out). With one instance that came to 1.029x before both were added.
+measured by taking it out). Without the copy and the extension, over one instance, the
+channel measured 1.029x.
 
 Calls per second, interleaved (`target/release/examples/instructions rate URI 31 20000 32`, the
 server in its own process started with `instructions serve PORT`; each of 31 rounds runs 20,000
@@ -408,7 +434,7 @@ Single rounds vary by ±10% on this machine and whole runs by a few percent eith
 `cargo bench --bench overhead` measures the same with criterion (contenders one after the
 other, not interleaved).
 
-### Targets
+## Targets
 
 | target | measured | |
 | --- | --- | --- |
@@ -428,10 +454,10 @@ other, not interleaved).
 record per instance, each in its own cache line, behind a pointer) to find the fewest calls in
 flight: {ns(lp1000) / 1000:.2f} ns an instance here without reports, {ns(R('busy', 'all_1000')) / 1000:.2f} ns with fresh
 ones (the reported count's compare). Keeping the states and
-counts in contiguous arrays instead (one packed word per instance) was tried and measured
-slower on this machine: 1.9 µs at 1,000 instances, and at 50 instances 140 ns alone and 440 ns
-contended (the counts of neighbouring instances share cache lines, which every call's +1/-1
-then moves between cores). It was not kept.
+counts in contiguous arrays instead (one packed word per instance) measures slower on this
+machine: 1.9 µs at 1,000 instances, and at 50 instances 140 ns alone and 440 ns contended (the
+counts of neighbouring instances share cache lines, which every call's +1/-1 then moves between
+cores), so each instance keeps its own record.
 
 """
 def rewrap(text):
@@ -464,9 +490,22 @@ def rewrap(text):
     return "\n".join(out) + "\n"
 
 
-section = rewrap(section)
-readme = open("README.md").read()
-start = readme.index("## Results\n") + len("## Results\n")
-end = readme.index("## Layout")
-open("README.md", "w").write(readme[:start] + section + readme[end:])
-print("README.md: Results rewritten", file=sys.stderr)
+HEADER = """# Benchmarks
+
+<!-- Generated by scripts/readme_results.py from what the programs printed: do not edit by
+hand; edit the script's text and regenerate. -->
+
+This file is generated by `scripts/readme_results.py`, which runs every measurement below and
+writes the whole file from what the programs printed. To regenerate it (about 10 minutes on 2
+cores; run on a quiet machine):
+
+```sh
+python3 scripts/readme_results.py           # measures, keeps the output in target/readme-results/
+python3 scripts/readme_results.py --reuse   # rewrites the file from that output, running nothing
+```
+"""
+page = HEADER + rewrap(section)
+os.makedirs(os.path.dirname(OUT) or ".", exist_ok=True)
+with open(OUT, "w") as f:
+    f.write(page)
+print(f"{os.path.relpath(OUT, CALLER)}: written", file=sys.stderr)

@@ -349,3 +349,8 @@ pub mod __bench {
         }
     }
 }
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
