@@ -578,6 +578,21 @@ fn fifth(n: usize) -> Vec<usize> {
     (0..k).map(|j| j * n / k).collect()
 }
 
+/// The fleet of a run: `n` instances answering in `FAST`; with `load_reports`, each reports its
+/// load (ORCA) on every response, as with `OrcaLayer` (the options accept it with the `orca`
+/// feature only).
+fn start_fleet(n: usize, load_reports: bool) -> Fleet {
+    assert!(
+        cfg!(feature = "orca") || !load_reports,
+        "load reports need the orca feature"
+    );
+    Fleet::start_with(n, Behavior::Delay(FAST), || fleet::ServerOptions {
+        #[cfg(feature = "orca")]
+        orca: load_reports.then(tonic_balancer::orca::OrcaHandle::new),
+        ..fleet::ServerOptions::default()
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // The fleet's sockets
 
@@ -605,6 +620,8 @@ struct Opts {
     /// `many_clients`), and its rounds.
     many_clients: bool,
     rounds: usize,
+    /// Every instance of the fleet reports its load (ORCA) on every response.
+    load_reports: bool,
 }
 
 /// The schedule of one run: calls per second (open loop), measured time, warm-up before it.
@@ -668,6 +685,7 @@ fn parse_args() -> Result<Opts, String> {
         streams: false,
         many_clients: false,
         rounds: 1,
+        load_reports: false,
     };
     let (mut rate_set, mut duration_set) = (false, false);
     let mut instances_set = false;
@@ -763,8 +781,7 @@ fn parse_args() -> Result<Opts, String> {
                 if cfg!(not(feature = "orca")) {
                     return Err("--load-reports needs the orca feature: cargo run --release --features orca --example shootout -- --load-reports".to_owned());
                 }
-                #[cfg(feature = "orca")]
-                fleet::REPORT_LOAD.store(true, std::sync::atomic::Ordering::Relaxed);
+                o.load_reports = true;
             }
             "--rounds" => {
                 let v = value()?;
@@ -1960,7 +1977,7 @@ fn main() {
     println!("errors: the status each client got (tonic's own deadline timer reports CANCELLED, BalancedChannel's DEADLINE_EXCEEDED)");
     println!("ok/s: successful calls per second, from the first call's scheduled start to the end of the last successful one (at least the measured time); 'to bad': share of the calls that reached the misbehaving instances (server-side counts)");
 
-    let fleet = Fleet::start(n, Behavior::Delay(FAST));
+    let fleet = start_fleet(n, opts.load_reports);
     let shared: Vec<Arc<Shared>> = fleet.instances.iter().map(|i| i.shared.clone()).collect();
     let uris = fleet.uris();
     let fleet = Arc::new(Mutex::new(fleet));

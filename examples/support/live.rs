@@ -36,7 +36,8 @@ use tower::util::BoxCloneService;
 use super::fleet::pb::fleet_client::FleetClient;
 use super::fleet::{Behavior, Fleet};
 use super::{
-    call, costly, ms, reset, Contender, Opts, Scenario, Setup, Svc, CONNECT_TIMEOUT, FAST,
+    call, costly, ms, reset, start_fleet, Contender, Opts, Scenario, Setup, Svc, CONNECT_TIMEOUT,
+    FAST,
 };
 
 /// A live run's length unless `--duration` says otherwise: the script's four events at 2, 5, 7
@@ -341,7 +342,7 @@ fn timeline(
 
 /// Runs every plan with every contender named, each with the live view.
 pub fn run(opts: &Opts) {
-    let fleet = Fleet::start(opts.instances, Behavior::Delay(FAST));
+    let fleet = start_fleet(opts.instances, opts.load_reports);
     let uris = fleet.uris();
     let fleet = Arc::new(Mutex::new(fleet));
     let plans: Vec<Plan> = if opts.scenarios.is_empty() {
