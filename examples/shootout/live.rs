@@ -33,12 +33,13 @@ use tonic::Code;
 use tonic_balancer::{BalancedChannel, Ejection, EndpointStats, State, Strategy};
 use tower::util::BoxCloneService;
 
-use super::fleet::pb::fleet_client::FleetClient;
-use super::fleet::{Behavior, Fleet};
-use super::{
-    call, costly, ms, reset, start_fleet, Contender, Opts, Scenario, Setup, Svc, CONNECT_TIMEOUT,
-    FAST,
-};
+use crate::contenders::{Contender, Svc, CONNECT_TIMEOUT};
+use crate::fleet::pb::fleet_client::FleetClient;
+use crate::fleet::{Behavior, Fleet};
+use crate::load::{call, reset};
+use crate::options::Opts;
+use crate::report::ms;
+use crate::scenarios::{costly, start_fleet, Scenario, Setup, FAST};
 
 /// A live run's length unless `--duration` says otherwise: the script's four events at 2, 5, 7
 /// and 10 s, and time to see the last one settle.
