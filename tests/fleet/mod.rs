@@ -472,11 +472,6 @@ pub struct ServerOptions {
     pub orca_oob: Option<Duration>,
 }
 
-/// When set, every instance started with the default settings reports its load (ORCA) on
-/// every response (the shootout's `--load-reports`).
-#[cfg(feature = "orca")]
-pub static REPORT_LOAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// A server's TCP connection, counted in its instance's `connections` and `open_connections`.
 pub struct Counted {
     io: tokio::net::TcpStream,
@@ -682,14 +677,7 @@ impl Instance {
 
     /// Starts an instance on this address (any 127.x.y.z works on Linux loopback).
     pub fn start_at(name: &str, at: SocketAddr, behavior: Behavior) -> Instance {
-        let options = ServerOptions {
-            #[cfg(feature = "orca")]
-            orca: REPORT_LOAD
-                .load(Ordering::Relaxed)
-                .then(tonic_balancer::orca::OrcaHandle::new),
-            ..ServerOptions::default()
-        };
-        Self::start_with(name, at, behavior, options)
+        Self::start_with(name, at, behavior, ServerOptions::default())
     }
 
     /// Starts an instance on this address with these server settings.
@@ -959,9 +947,21 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn start(n: usize, behavior: Behavior) -> Fleet {
+        Self::start_with(n, behavior, ServerOptions::default)
+    }
+
+    /// Starts `n` instances on free ports of 127.0.0.1, each with the server settings that
+    /// `options` makes for it: called once per instance, so that what must be an instance's
+    /// own (a load-report handle, `ServerOptions::orca`) is.
+    pub fn start_with(
+        n: usize,
+        behavior: Behavior,
+        mut options: impl FnMut() -> ServerOptions,
+    ) -> Fleet {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         Fleet {
             instances: (0..n)
-                .map(|i| Instance::start(&format!("i{i}"), behavior.clone()))
+                .map(|i| Instance::start_with(&format!("i{i}"), any, behavior.clone(), options()))
                 .collect(),
         }
     }
