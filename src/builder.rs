@@ -747,7 +747,9 @@ impl Builder {
         for (key, _, why) in &failed {
             let key = key.as_ref();
             if let Some(inst) = pool.snapshot().iter().find(|i| Some(&i.target.key) == key) {
-                crate::health::connect_failed(inst, &crate::error::Message(why.clone()));
+                inst.ctx
+                    .events
+                    .connect_failed(inst, &crate::error::Message(why.clone()));
             }
         }
         if discovery {
@@ -924,11 +926,17 @@ impl Builder {
                 Some((source, scheme, authority))
             }
         };
+        let totals = Arc::new(crate::observe::Totals::default());
+        let health = crate::health::Health {
+            ejection: self.ejection.clone(),
+            totals: totals.clone(),
+        };
         let hooks = Arc::new(Hooks {
             shared: std::sync::OnceLock::new(),
             #[cfg(feature = "health-check")]
             health_check: self.health_check,
             oob: self.load_reports_oob,
+            health: health.clone(),
         });
         let policy = Arc::new(Context {
             epoch: Instant::now(),
@@ -941,7 +949,6 @@ impl Builder {
             default_latency_ns: 1_000_000.0,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
             backoff: self.backoff,
-            ejection: self.ejection,
             discovery_wake: std::sync::OnceLock::new(),
             ejected: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
@@ -949,11 +956,10 @@ impl Builder {
             reports: crate::instance::load::ReportSettings::new(self.load_report_max_age, self.wrr),
             reports_fresh: Default::default(),
             events: hooks.clone(),
-            observe: Default::default(),
         });
         let mut set = Set::new(policy.clone());
         set.subset = subset.map(|s| Box::new(crate::set::subset::Subset::new(s)));
-        let mut pool = Shared::new(set, self.strategy);
+        let mut pool = Shared::new(set, self.strategy, totals.clone());
         pool.replay = self.transparent_retry;
         pool.budget = self.retry.as_ref().map(Budget::new).or_else(|| {
             let (ratio, min_per_sec) = hedging.as_ref()?.budget();
@@ -965,7 +971,7 @@ impl Builder {
         let pool = Arc::new(pool);
         let _ = hooks.shared.set(Arc::downgrade(&pool));
         #[cfg(feature = "metrics")]
-        crate::metrics::configure(&policy.observe, metrics.0, metrics.1);
+        crate::metrics::configure(&totals.metrics, metrics.0, metrics.1);
         let set = pool.set();
         if let Some(subset) = &set.subset {
             crate::set::subset::extend(set, subset, self.endpoints, connected);
@@ -989,7 +995,7 @@ impl Builder {
                 })
             });
             tracing::info!(source = %source.name(), "discovery on");
-            pool.ctx.observe.set_source(source.name());
+            totals.set_source(source.name());
             crate::discover::spawn(
                 &pool,
                 crate::discover::Discovery {
@@ -1003,19 +1009,19 @@ impl Builder {
             );
         }
         if let Some(task) = push {
-            pool.ctx.observe.set_source("discovery stream".to_owned());
+            totals.set_source("discovery stream".to_owned());
             if pool.snapshot().is_empty() {
                 set.discovered.send_replace(false);
             }
             pool.spawn(task(Arc::downgrade(&pool), self.discovery_timeout));
         }
-        if let Some(every) = policy.ejection.success_rate_interval {
-            pool.spawn(success_rate_task(Arc::downgrade(&pool), every));
+        if let Some(every) = self.ejection.success_rate_interval {
+            pool.spawn(success_rate_task(Arc::downgrade(&pool), health, every));
         }
         if self.strategy == Strategy::WeightedRoundRobin {
             pool.spawn(crate::pick::wrr::task(Arc::downgrade(&pool), self.wrr));
         }
-        crate::metrics::spawn(&pool);
+        crate::metrics::spawn(&pool, &totals.metrics);
         Ok(BalancedChannel { shared: pool })
     }
 
@@ -1059,13 +1065,13 @@ impl Builder {
     }
 }
 
-async fn success_rate_task(pool: Weak<Shared>, every: Duration) {
+async fn success_rate_task(pool: Weak<Shared>, health: crate::health::Health, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
-        crate::health::success_rate_sweep(&pool.snapshot());
+        crate::health::success_rate_sweep(&health, &pool.snapshot());
     }
 }

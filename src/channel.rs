@@ -195,7 +195,7 @@ impl BalancedChannel {
     /// # Ok(()) }
     /// ```
     pub fn stats(&self) -> crate::ChannelStats {
-        crate::ChannelStats::of(self.shared.set(), &self.shared.ctx.observe)
+        crate::ChannelStats::of(self.shared.set(), &self.shared.totals)
     }
 }
 

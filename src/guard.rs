@@ -21,10 +21,17 @@ use tonic::body::Body;
 
 use crate::deadline;
 use crate::headers::grpc_status;
-use crate::health::{self, Outcome};
+use crate::instance::events::{classify_status, Outcome};
 use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::observe::CallObs;
+
+/// A deadline counts against an instance that has not answered only if the call had been on
+/// it at least this long...
+pub(crate) const DEADLINE_FLOOR: std::time::Duration = std::time::Duration::from_millis(10);
+/// ...and at least this many times its usual latency: a deadline short next to what the
+/// instance usually takes is the caller's choice, not a sign of trouble.
+pub(crate) const DEADLINE_LATENCY_FACTOR: f64 = 4.0;
 
 /// Holds one call's place in its instance's in-flight count.
 pub(crate) struct CallGuard {
@@ -75,12 +82,8 @@ impl CallGuard {
         crate::instance::conns::answered(&self.inst, self.held.conn);
         if !self.connecting {
             let now = Instant::now();
-            health::observe_latency(
-                &self.inst,
-                self.method,
-                now.saturating_duration_since(self.start),
-                now,
-            );
+            self.inst
+                .sample_at(self.method, now.saturating_duration_since(self.start), now);
         }
     }
 
@@ -89,8 +92,6 @@ impl CallGuard {
     /// [`DEADLINE_LATENCY_FACTOR`] times its usual latency) for the silence to mean something:
     /// a hanging instance is found out, a caller's short deadline ejects nobody.
     ///
-    /// [`DEADLINE_FLOOR`]: health::DEADLINE_FLOOR
-    /// [`DEADLINE_LATENCY_FACTOR`]: health::DEADLINE_LATENCY_FACTOR
     pub(crate) fn deadline_outcome(&self) -> Outcome {
         if self.held_in_silence().is_some() {
             Outcome::Failure
@@ -107,9 +108,9 @@ impl CallGuard {
         }
         let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
         let held = self.start.elapsed();
-        let enough = health::DEADLINE_FLOOR
+        let enough = DEADLINE_FLOOR
             .as_secs_f64()
-            .max(usual * 1e-9 * health::DEADLINE_LATENCY_FACTOR);
+            .max(usual * 1e-9 * DEADLINE_LATENCY_FACTOR);
         (held.as_secs_f64() >= enough).then_some(held)
     }
 
@@ -147,7 +148,8 @@ impl Drop for CallGuard {
         if self.outcome.is_none() && !self.answered {
             self.given_up();
         }
-        health::record(&self.inst, self.outcome.unwrap_or(Outcome::Cancelled));
+        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        self.inst.ctx.events.outcome(&self.inst, outcome);
     }
 }
 
@@ -167,7 +169,7 @@ impl CallGuard {
             return;
         }
         let held = self.start.elapsed();
-        if held < health::DEADLINE_FLOOR {
+        if held < DEADLINE_FLOOR {
             return;
         }
         let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
@@ -175,7 +177,7 @@ impl CallGuard {
         let epoch = self.inst.ctx.epoch;
         let sent = self.start.saturating_duration_since(epoch).as_nanos() as u64;
         let now = Instant::now().saturating_duration_since(epoch).as_nanos() as u64;
-        health::sample(&self.inst, self.method, at_least, sent, now);
+        self.inst.sample(self.method, at_least, sent, now);
     }
 
     /// Whether the call was routed while its instance had no connection known to work.
@@ -269,7 +271,7 @@ impl HttpBody for GuardedBody {
                         return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
                     }
                     let status = code.unwrap_or(tonic::Code::Unknown);
-                    end(&mut this, health::classify_status(code), status);
+                    end(&mut this, classify_status(code), status);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -6,13 +6,13 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use crate::call::shared::Shared;
+use crate::health::Health;
 #[cfg(feature = "health-check")]
 use crate::health::HealthCheck;
-use crate::instance::events::Events;
+use crate::instance::events::{Events, Outcome};
 use crate::instance::{Instance, State};
 
 /// The events of one channel.
-#[derive(Default)]
 pub(crate) struct Hooks {
     /// The channel (set once it is built).
     pub(crate) shared: OnceLock<Weak<Shared>>,
@@ -21,6 +21,8 @@ pub(crate) struct Hooks {
     pub(crate) health_check: Option<HealthCheck>,
     /// Out-of-band load reports asked of every new instance at this interval, if on.
     pub(crate) oob: Option<Duration>,
+    /// Outlier ejection, and the totals and metrics health counts in.
+    pub(crate) health: Health,
 }
 
 impl Hooks {
@@ -30,6 +32,27 @@ impl Hooks {
 }
 
 impl Events for Hooks {
+    #[inline]
+    fn outcome(&self, inst: &Arc<Instance>, outcome: Outcome) {
+        crate::health::record(&self.health, inst, outcome);
+    }
+
+    fn connected(&self, inst: &Instance) {
+        crate::metrics::connection_succeeded(&self.health.totals.metrics, inst);
+    }
+
+    fn disconnected(&self, inst: &Instance, error: &(dyn std::error::Error + 'static)) {
+        crate::metrics::disconnected(&self.health.totals.metrics, inst, error);
+    }
+
+    fn connect_failed(&self, inst: &Arc<Instance>, error: &dyn std::error::Error) {
+        crate::health::connect_failed(&self.health, inst, error);
+    }
+
+    fn dropped(&self, inst: &Instance) {
+        crate::observe::retired(&self.health.totals, inst);
+    }
+
     /// Its passes start where the rest of the set's turns are (see `Tie::join_at`).
     fn back_in_service(&self, inst: &Instance) {
         let Some(shared) = self.shared() else { return };
@@ -42,7 +65,7 @@ impl Events for Hooks {
 
     fn joined(&self, inst: &Arc<Instance>) {
         if inst.state() == State::Ready {
-            crate::metrics::connection_succeeded(inst);
+            crate::metrics::connection_succeeded(&self.health.totals.metrics, inst);
         }
         #[cfg(feature = "health-check")]
         if let Some(cfg) = &self.health_check {
@@ -54,18 +77,14 @@ impl Events for Hooks {
     }
 
     fn taken_back(&self, inst: &Arc<Instance>, members: usize) {
-        crate::health::revive(inst, members);
+        crate::health::revive(&self.health, inst, members);
     }
 
     fn membership(&self, added: usize, removed: usize) {
-        if let Some(shared) = self.shared() {
-            crate::observe::membership(&shared.ctx.observe, added, removed);
-        }
+        crate::observe::membership(&self.health.totals, added, removed);
     }
 
     fn discovery_answer(&self, error: Option<&str>) {
-        if let Some(shared) = self.shared() {
-            crate::observe::discovery_answer(&shared.ctx.observe, error);
-        }
+        crate::observe::discovery_answer(&self.health.totals, error);
     }
 }

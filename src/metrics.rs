@@ -111,25 +111,28 @@ mod off {
     use std::sync::Arc;
 
     use crate::instance::Instance;
-    use crate::observe::Totals;
     use crate::set::Set;
 
+    /// Without the feature, there are no labels to keep.
+    #[derive(Debug, Clone, Default)]
+    pub(crate) struct Labels;
+
     #[inline(always)]
-    pub(crate) fn budget_exhausted(_: &Totals) {}
+    pub(crate) fn budget_exhausted(_: &Labels) {}
     #[inline(always)]
-    pub(crate) fn ejection(_: &Instance, _: &'static str, _: bool) {}
+    pub(crate) fn ejection(_: &Labels, _: &Instance, _: &'static str, _: bool) {}
     #[inline(always)]
-    pub(crate) fn discovery_answer(_: &Totals, _: bool) {}
+    pub(crate) fn discovery_answer(_: &Labels, _: bool) {}
     #[inline(always)]
-    pub(crate) fn membership(_: &Totals, _: usize, _: usize) {}
+    pub(crate) fn membership(_: &Labels, _: usize, _: usize) {}
     #[inline(always)]
-    pub(crate) fn connection_succeeded(_: &Instance) {}
+    pub(crate) fn connection_succeeded(_: &Labels, _: &Instance) {}
     #[inline(always)]
-    pub(crate) fn connection_failed(_: &Instance) {}
+    pub(crate) fn connection_failed(_: &Labels, _: &Instance) {}
     #[inline(always)]
-    pub(crate) fn disconnected(_: &Instance, _: &(dyn std::error::Error + 'static)) {}
+    pub(crate) fn disconnected(_: &Labels, _: &Instance, _: &(dyn std::error::Error + 'static)) {}
     #[inline(always)]
-    pub(crate) fn spawn<T: AsRef<Set> + Send + Sync + 'static>(_: &Arc<T>) {}
+    pub(crate) fn spawn<T: AsRef<Set> + Send + Sync + 'static>(_: &Arc<T>, _: &Labels) {}
 }
 
 #[cfg(feature = "metrics")]
@@ -143,8 +146,9 @@ mod imp {
     use metrics::{Label, SharedString, Unit};
 
     use self::names::*;
+    use crate::error::code_name;
+    use crate::instance::events::Kind;
     use crate::instance::{Instance, State};
-    use crate::observe::{code_name, Totals};
     use crate::set::Set;
 
     /// The instruments' names, as in gRPC's metrics designs (A66, A94, A91, A96) where one
@@ -310,6 +314,16 @@ mod imp {
         }
     }
 
+    /// The labels of one channel's metrics, once it is built (none: its metrics are off).
+    #[derive(Debug, Clone, Default)]
+    pub(crate) struct Labels(Arc<std::sync::OnceLock<Config>>);
+
+    impl Labels {
+        fn get(&self) -> Option<&Config> {
+            self.0.get()
+        }
+    }
+
     /// What the metrics of one channel need: its labels.
     #[derive(Debug)]
     pub(crate) struct Config {
@@ -342,7 +356,7 @@ mod imp {
 
     /// Sets the metrics' labels of a channel just built and describes its instruments to the
     /// recorder. `default_target`: the target label if the builder set none.
-    pub(crate) fn configure(totals: &Totals, settings: Settings, default_target: String) {
+    pub(crate) fn configure(labels: &Labels, settings: Settings, default_target: String) {
         let mut methods = HashMap::new();
         let mut services = HashSet::new();
         for m in settings.methods {
@@ -361,7 +375,7 @@ mod imp {
             services,
             all_methods: settings.all_methods,
         };
-        let _ = totals.metrics.set(config);
+        let _ = labels.0.set(config);
         describe();
     }
 
@@ -479,13 +493,13 @@ mod imp {
         );
     }
 
-    fn target(shared: &Totals) -> Option<SharedString> {
-        shared.metrics.get().map(|c| c.target.clone())
+    fn target(labels: &Labels) -> Option<SharedString> {
+        labels.get().map(|c| c.target.clone())
     }
 
     /// The labels of an instance's metrics.
-    fn instance_labels(inst: &Instance) -> Option<Vec<Label>> {
-        let target = target(&inst.ctx.observe)?;
+    fn instance_labels(labels: &Labels, inst: &Instance) -> Option<Vec<Label>> {
+        let target = target(labels)?;
         Some(vec![
             Label::new(LABEL_TARGET, target),
             Label::new(LABEL_INSTANCE, SharedString::from(inst.target.name.clone())),
@@ -504,8 +518,8 @@ mod imp {
     }
 
     impl Call {
-        pub(crate) fn new(shared: &Totals, path: &str) -> Option<Call> {
-            let config = shared.metrics.get()?;
+        pub(crate) fn new(labels: &Labels, path: &str) -> Option<Call> {
+            let config = labels.get()?;
             Some(Call {
                 start: Instant::now(),
                 retries: 0,
@@ -533,8 +547,7 @@ mod imp {
         }
 
         /// An attempt of the call starts.
-        pub(crate) fn attempt(&mut self, kind: crate::observe::Kind) -> Attempt {
-            use crate::observe::Kind;
+        pub(crate) fn attempt(&mut self, kind: Kind) -> Attempt {
             match kind {
                 Kind::First => {}
                 Kind::Transparent => self.transparent += 1,
@@ -707,20 +720,20 @@ mod imp {
         }
     }
 
-    pub(crate) fn refused(_shared: &Totals, call: Option<&Call>) {
+    pub(crate) fn refused(call: Option<&Call>) {
         if let Some(call) = call {
             metrics::counter!(CALL_REFUSED, call.labels().iter()).increment(1);
         }
     }
 
-    pub(crate) fn budget_exhausted(shared: &Totals) {
-        if let Some(target) = target(shared) {
+    pub(crate) fn budget_exhausted(labels: &Labels) {
+        if let Some(target) = target(labels) {
             metrics::counter!(RETRY_BUDGET_EXHAUSTED, LABEL_TARGET => target).increment(1);
         }
     }
 
-    pub(crate) fn ejection(inst: &Instance, why: &'static str, enforced: bool) {
-        let Some(mut labels) = instance_labels(inst) else {
+    pub(crate) fn ejection(labels: &Labels, inst: &Instance, why: &'static str, enforced: bool) {
+        let Some(mut labels) = instance_labels(labels, inst) else {
             return;
         };
         let reason = match why {
@@ -742,34 +755,38 @@ mod imp {
         }
     }
 
-    pub(crate) fn discovery_answer(shared: &Totals, failed: bool) {
-        let Some(target) = target(shared) else { return };
+    pub(crate) fn discovery_answer(labels: &Labels, failed: bool) {
+        let Some(target) = target(labels) else { return };
         metrics::counter!(DISCOVERY_LOOKUPS, LABEL_TARGET => target.clone()).increment(1);
         if failed {
             metrics::counter!(DISCOVERY_FAILURES, LABEL_TARGET => target).increment(1);
         }
     }
 
-    pub(crate) fn membership(shared: &Totals, added: usize, removed: usize) {
-        let Some(target) = target(shared) else { return };
+    pub(crate) fn membership(labels: &Labels, added: usize, removed: usize) {
+        let Some(target) = target(labels) else { return };
         metrics::counter!(INSTANCES_ADDED, LABEL_TARGET => target.clone()).increment(added as u64);
         metrics::counter!(INSTANCES_REMOVED, LABEL_TARGET => target).increment(removed as u64);
     }
 
-    pub(crate) fn connection_succeeded(inst: &Instance) {
-        if let Some(labels) = instance_labels(inst) {
+    pub(crate) fn connection_succeeded(labels: &Labels, inst: &Instance) {
+        if let Some(labels) = instance_labels(labels, inst) {
             metrics::counter!(CONNECTION_ATTEMPTS_SUCCEEDED, labels).increment(1);
         }
     }
 
-    pub(crate) fn connection_failed(inst: &Instance) {
-        if let Some(labels) = instance_labels(inst) {
+    pub(crate) fn connection_failed(labels: &Labels, inst: &Instance) {
+        if let Some(labels) = instance_labels(labels, inst) {
             metrics::counter!(CONNECTION_ATTEMPTS_FAILED, labels).increment(1);
         }
     }
 
-    pub(crate) fn disconnected(inst: &Instance, error: &(dyn std::error::Error + 'static)) {
-        if let Some(mut labels) = instance_labels(inst) {
+    pub(crate) fn disconnected(
+        labels: &Labels,
+        inst: &Instance,
+        error: &(dyn std::error::Error + 'static),
+    ) {
+        if let Some(mut labels) = instance_labels(labels, inst) {
             labels.push(Label::new(LABEL_DISCONNECT_ERROR, disconnect_error(error)));
             metrics::counter!(DISCONNECTIONS, labels).increment(1);
         }
@@ -818,15 +835,18 @@ mod imp {
 
     /// Spawns the task that samples the per-instance gauges of the set `owner` holds, until
     /// it is dropped.
-    pub(crate) fn spawn<T: AsRef<Set> + Send + Sync + 'static>(owner: &Arc<T>) {
+    pub(crate) fn spawn<T: AsRef<Set> + Send + Sync + 'static>(owner: &Arc<T>, labels: &Labels) {
         let set = (**owner).as_ref();
-        if set.ctx.observe.metrics.get().is_none() {
+        if labels.get().is_none() {
             return;
         }
-        set.spawn(sample(Arc::downgrade(owner)));
+        set.spawn(sample(Arc::downgrade(owner), labels.clone()));
     }
 
-    async fn sample<T: AsRef<Set> + Send + Sync + 'static>(owner: std::sync::Weak<T>) {
+    async fn sample<T: AsRef<Set> + Send + Sync + 'static>(
+        owner: std::sync::Weak<T>,
+        config: Labels,
+    ) {
         let mut tick = tokio::time::interval(GAUGE_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The instances reported at the last tick: their labels, and whether their own
@@ -840,7 +860,7 @@ mod imp {
             let members = set.snapshot();
             let draining = set.draining();
             for inst in members.iter().chain(draining.iter()) {
-                let Some(labels) = instance_labels(inst) else {
+                let Some(labels) = instance_labels(&config, inst) else {
                     return;
                 };
                 let in_flight = inst.in_flight.load(Ordering::Relaxed);

@@ -11,12 +11,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use crate::instance::events::Kind;
 use crate::instance::Instance;
 use crate::set::Set;
 
 type CallResult = Result<http::Response<tonic::body::Body>, tower::BoxError>;
 
-/// Counters and settings every instance of one channel shares (in its `Context`).
+/// The totals of one channel (and of its clones), and its metrics' labels.
 #[derive(Debug, Default)]
 pub(crate) struct Totals {
     retries: AtomicU64,
@@ -34,9 +35,8 @@ pub(crate) struct Totals {
     retired_attempts: AtomicU64,
     /// The discovery source, if there is one.
     source: OnceLock<String>,
-    /// The metrics' labels and settings, set when the channel is built.
-    #[cfg(feature = "metrics")]
-    pub(crate) metrics: OnceLock<crate::metrics::Config>,
+    /// The metrics' labels, set when the channel is built.
+    pub(crate) metrics: crate::metrics::Labels,
 }
 
 impl Totals {
@@ -47,14 +47,11 @@ impl Totals {
 }
 
 /// An instance leaves for good: its count of attempts moves to the channel's.
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let started = self.started.load(Ordering::Relaxed);
-        self.ctx
-            .observe
-            .retired_attempts
-            .fetch_add(started, Ordering::Relaxed);
-    }
+pub(crate) fn retired(shared: &Totals, inst: &Instance) {
+    let started = inst.started.load(Ordering::Relaxed);
+    shared
+        .retired_attempts
+        .fetch_add(started, Ordering::Relaxed);
 }
 
 /// A call was refused: no instance could take it.
@@ -65,12 +62,11 @@ pub(crate) fn refused(shared: &Totals) {
 /// A retry was wanted but the retry budget was spent.
 pub(crate) fn budget_exhausted(shared: &Totals) {
     shared.budget_exhausted.fetch_add(1, Ordering::Relaxed);
-    crate::metrics::budget_exhausted(shared);
+    crate::metrics::budget_exhausted(&shared.metrics);
 }
 
 /// An outlier was found: `enforced` if it was ejected, else held back by the ejection cap.
-pub(crate) fn ejection(inst: &Instance, why: &'static str, enforced: bool) {
-    let shared = &inst.ctx.observe;
+pub(crate) fn ejection(shared: &Totals, inst: &Instance, why: &'static str, enforced: bool) {
     if enforced {
         shared.ejections.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -78,7 +74,7 @@ pub(crate) fn ejection(inst: &Instance, why: &'static str, enforced: bool) {
             .ejections_not_enforced
             .fetch_add(1, Ordering::Relaxed);
     }
-    crate::metrics::ejection(inst, why, enforced);
+    crate::metrics::ejection(&shared.metrics, inst, why, enforced);
 }
 
 /// The discovery source answered (`error`: with a failure).
@@ -87,14 +83,14 @@ pub(crate) fn discovery_answer(shared: &Totals, error: Option<&str>) {
     if error.is_some() {
         shared.lookup_failures.fetch_add(1, Ordering::Relaxed);
     }
-    crate::metrics::discovery_answer(shared, error.is_some());
+    crate::metrics::discovery_answer(&shared.metrics, error.is_some());
 }
 
 /// A membership change added and removed these many instances.
 pub(crate) fn membership(shared: &Totals, added: usize, removed: usize) {
     shared.added.fetch_add(added as u64, Ordering::Relaxed);
     shared.removed.fetch_add(removed as u64, Ordering::Relaxed);
-    crate::metrics::membership(shared, added, removed);
+    crate::metrics::membership(&shared.metrics, added, removed);
 }
 
 /// One call, seen from outside: its span, and what its metrics need. Moves with the call, from
@@ -114,19 +110,6 @@ pub(crate) struct CallObs {
     delivered: AttemptObs,
     #[cfg(feature = "metrics")]
     metrics: Option<crate::metrics::Call>,
-}
-
-/// What an attempt of a call is for (what its metrics and the channel's totals count it as).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// The call's first attempt.
-    First,
-    /// Sent again unseen by the caller: the previous attempt was not processed.
-    Transparent,
-    /// Sent again by the retry policy.
-    Retry,
-    /// A hedge, alongside the attempts in flight.
-    Hedge,
 }
 
 /// One attempt of a call, seen from outside: with metrics on, its own duration, sizes and
@@ -197,7 +180,7 @@ impl CallObs {
             head: None,
             delivered: AttemptObs::default(),
             #[cfg(feature = "metrics")]
-            metrics: crate::metrics::Call::new(shared, req.uri().path()),
+            metrics: crate::metrics::Call::new(&shared.metrics, req.uri().path()),
         }
     }
 
@@ -209,9 +192,8 @@ impl CallObs {
 
     /// An attempt of the call goes to `inst`.
     #[inline(always)]
-    pub(crate) fn attempt(&mut self, inst: &Instance, kind: Kind) -> AttemptObs {
+    pub(crate) fn attempt(&mut self, shared: &Totals, inst: &Instance, kind: Kind) -> AttemptObs {
         self.attempts += 1;
-        let shared = &inst.ctx.observe;
         match kind {
             Kind::First => {}
             Kind::Transparent => {
@@ -264,7 +246,7 @@ impl CallObs {
     pub(crate) fn refused(&mut self, shared: &Totals) {
         refused(shared);
         #[cfg(feature = "metrics")]
-        crate::metrics::refused(shared, self.metrics.as_ref());
+        crate::metrics::refused(self.metrics.as_ref());
         self.finish(tonic::Code::Unavailable);
     }
 
@@ -284,7 +266,7 @@ impl CallObs {
         let code = self.head.unwrap_or(code);
         self.delivered.ended(code);
         if let Some(span) = &self.span {
-            span.record("outcome", code_name(code));
+            span.record("outcome", crate::error::code_name(code));
         }
         #[cfg(feature = "metrics")]
         if let Some(m) = self.metrics.as_mut() {
@@ -318,30 +300,6 @@ impl Drop for CallObs {
     fn drop(&mut self) {
         // Dropped before its end: the caller gave up on it.
         self.finish(tonic::Code::Cancelled);
-    }
-}
-
-/// The name of a status code, as gRPC writes it (`OK`, `UNAVAILABLE`, ...).
-pub(crate) fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

@@ -143,7 +143,7 @@ impl Attempt {
         if sent {
             // Its connection read the request: the connection works.
             self.unreachable = None;
-            crate::health::connected(self.instance());
+            self.instance().connected();
             return None;
         }
         if watch.as_mut().poll(cx).is_pending() && self.instance().state() != State::Failing {
@@ -160,7 +160,7 @@ impl Attempt {
     /// would otherwise never tell.
     pub(crate) fn note_sent(&self, replay: &Replay) {
         if self.guard().routed_connecting() && replay.was_read(self.id) {
-            crate::health::connected(self.instance());
+            self.instance().connected();
         }
     }
 }

@@ -45,9 +45,10 @@ use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::guard::GuardedBody;
 use crate::hedge::HedgingPolicy;
 use crate::instance::conns::UNCOUNTED;
+use crate::instance::events::Kind;
 use crate::instance::tie::Method;
 use crate::instance::Instance;
-use crate::observe::{CallObs, Kind};
+use crate::observe::CallObs;
 use crate::pick::dispatch::{could_take, no_instance_message, pick_now};
 use crate::pushback::Pushback;
 use crate::stats::ServedBy;
@@ -287,7 +288,7 @@ impl Again {
         let budget = self.shared.budget.as_ref()?;
         if !budget.withdraw() {
             tracing::debug!("retry budget spent: not retrying");
-            crate::observe::budget_exhausted(&self.shared.ctx.observe);
+            crate::observe::budget_exhausted(&self.shared.totals);
             return None;
         }
         self.next().made += 1;
@@ -385,7 +386,7 @@ impl ResponseFuture {
             let _rt = shared.ctx.runtime.enter();
             Box::pin(tokio::time::sleep_until(crate::time::after(d)))
         });
-        let obs = CallObs::new(&shared.ctx.observe, &req);
+        let obs = CallObs::new(&shared.totals, &req);
         route(shared, req, deadline, obs)
     }
 
@@ -480,7 +481,7 @@ impl ResponseFuture {
             return Some(self.end_with(deadline_exceeded().into()));
         }
         let inst = a.guard().instance();
-        crate::health::connected(inst);
+        inst.connected();
         resp.extensions_mut()
             .insert(ServedBy::new(inst.target.name.clone()));
         if let Some((code, outcome)) = head_status(&resp) {
@@ -654,7 +655,9 @@ impl ResponseFuture {
             UNCOUNTED
         };
         tracing::debug!(addr = %to.target.name, from = %inst.target.name, reason = %e, "call sent again: its attempt was not processed");
-        let obs = self.obs.attempt(&to, Kind::Transparent);
+        let obs = self
+            .obs
+            .attempt(&again.shared.totals, &to, Kind::Transparent);
         obs.count_sent(&mut req);
         let method = again.method;
         self.attempts
@@ -718,7 +721,7 @@ impl ResponseFuture {
         if let Some(budget) = &again.shared.budget {
             if !budget.withdraw() {
                 tracing::debug!("retry budget spent: no further hedge");
-                crate::observe::budget_exhausted(&again.shared.ctx.observe);
+                crate::observe::budget_exhausted(&again.shared.totals);
                 again.stop();
                 return Made::Waits;
             }
@@ -739,7 +742,7 @@ impl ResponseFuture {
         };
         tracing::debug!(addr = %inst.target.name, attempt = made, "hedged attempt sent");
         let method = again.method;
-        let obs = self.obs.attempt(&inst, Kind::Hedge);
+        let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Hedge);
         obs.count_sent(&mut req);
         let watch = again.shared.replay;
         self.attempts.push(Attempt::start(
@@ -764,7 +767,7 @@ impl ResponseFuture {
         tracing::debug!(addr = %inst.target.name, attempt = again.next().made, "call retried");
         let method = again.method;
         let watch = again.shared.replay;
-        let obs = self.obs.attempt(&inst, Kind::Retry);
+        let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Retry);
         obs.count_sent(&mut req);
         self.attempts.push(Attempt::start(
             &inst, method, req, id, watch, UNCOUNTED, obs,
@@ -893,7 +896,7 @@ fn route(
         }
         let msg = no_instance_message(&shared.picker, &snap);
         tracing::debug!(reason = %msg, "call refused");
-        obs.refused(&shared.ctx.observe);
+        obs.refused(&shared.totals);
         return ResponseFuture::over(no_usable_instance(msg), CallObs::default());
     };
     let inst = &snap[idx];
@@ -912,7 +915,7 @@ fn route(
     let Some(plan) = plan else {
         // Nothing will send it again: the request goes as it is.
         let mut req = req;
-        let a = obs.attempt(inst, Kind::First);
+        let a = obs.attempt(&shared.totals, inst, Kind::First);
         a.count_sent(&mut req);
         return ResponseFuture {
             attempts: Attempts::one(Attempt::start(inst, method, req, 0, false, UNCOUNTED, a)),
@@ -928,7 +931,7 @@ fn route(
     // The request is recorded (up to `max_replay_body`) whatever the plan: a stream the server
     // refuses has had its body read already, and is sent again from the copy.
     let (mut req, replay) = Replay::wrap(req, true, shared.max_replay_body);
-    let a = obs.attempt(inst, Kind::First);
+    let a = obs.attempt(&shared.totals, inst, Kind::First);
     a.count_sent(&mut req);
     let attempts = Attempts::one(Attempt::start(
         inst,

@@ -25,7 +25,7 @@ use tower::BoxError;
 
 use crate::error::{sources, unavailable};
 use crate::guard::CallGuard;
-use crate::health::{self, Outcome};
+use crate::instance::events::{classify_code, Outcome};
 
 /// What ended an attempt before its response head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,13 +124,13 @@ impl End {
             End::ConnectFailed => {
                 // An extra connection that could not connect says nothing of the instance.
                 if !crate::instance::conns::extra_failed(guard.instance(), &guard.held, e) {
-                    health::connect_failed(inst, e);
+                    inst.ctx.events.connect_failed(inst, e);
                 }
                 Outcome::Cancelled
             }
             End::ClosedUnsent => {
                 if !crate::instance::conns::extra_failed(guard.instance(), &guard.held, e) {
-                    health::disconnected(inst, e);
+                    inst.disconnected(e);
                 }
                 Outcome::Cancelled
             }
@@ -138,7 +138,7 @@ impl End {
                 if crate::instance::conns::extra_failed(guard.instance(), &guard.held, e) {
                     return Outcome::Cancelled;
                 }
-                health::disconnected(inst, e);
+                inst.disconnected(e);
                 // A broken connection counts once, whatever number of calls it broke.
                 if guard.first_to_see_break() {
                     Outcome::Failure
@@ -146,7 +146,7 @@ impl End {
                     Outcome::Cancelled
                 }
             }
-            End::Reset(code) => health::classify_code(code),
+            End::Reset(code) => classify_code(code),
             End::Other => Outcome::Failure,
             End::Unreachable | End::Refused | End::Caller => Outcome::Cancelled,
             End::Timeout => guard.deadline_outcome(),
@@ -242,7 +242,7 @@ pub(crate) fn head_status(resp: &http::Response<tonic::body::Body>) -> Option<(C
         return None;
     }
     Some(match crate::headers::grpc_status(resp.headers()) {
-        Some(code) => (code, health::classify_code(code)),
+        Some(code) => (code, classify_code(code)),
         None if resp.status() == http::StatusCode::OK => (Code::Unknown, Outcome::Failure),
         None => (from_http_status(resp.status()), Outcome::Failure),
     })

@@ -24,10 +24,16 @@ pub(crate) struct Shared {
     pub(crate) hedging: Option<Box<crate::hedge::Hedging>>,
     /// Cap on the request body kept for another attempt.
     pub(crate) max_replay_body: usize,
+    /// The channel's totals and metrics' labels.
+    pub(crate) totals: Arc<crate::observe::Totals>,
 }
 
 impl Shared {
-    pub(crate) fn new(set: Set, strategy: crate::Strategy) -> Shared {
+    pub(crate) fn new(
+        set: Set,
+        strategy: crate::Strategy,
+        totals: Arc<crate::observe::Totals>,
+    ) -> Shared {
         Shared {
             ctx: set.ctx.clone(),
             picker: Picker::new(set, strategy),
@@ -36,6 +42,7 @@ impl Shared {
             budget: None,
             hedging: None,
             max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
+            totals,
         }
     }
 

@@ -22,103 +22,37 @@
 pub(crate) mod check;
 mod outlier;
 
+pub(crate) use crate::instance::events::Outcome;
 pub use crate::instance::Backoff;
 #[cfg(feature = "health-check")]
 pub use check::HealthCheck;
+pub(crate) use outlier::success_rate_sweep;
 pub use outlier::Ejection;
-pub(crate) use outlier::{eject_check, success_rate_sweep};
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
-use tokio::time::Instant;
 
-use tonic::Code;
-
-use crate::instance::tie::Method;
 use crate::instance::{Instance, State};
+use crate::metrics::Labels;
+use crate::observe::Totals;
 
-/// How a call ended, as far as its instance's health is concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// OK: the instance did its job.
-    Success,
-    /// An application status (NOT_FOUND, INVALID_ARGUMENT, ...): the instance did its job, the
-    /// call failed for the caller.
-    AppError,
-    /// A status or error that says the instance is in trouble.
-    Failure,
-    /// The caller gave up (dropped the call or the stream) or the stream ended without status:
-    /// says nothing about the instance.
-    Cancelled,
+/// What health needs of its channel: the ejection settings, and the totals and metrics it
+/// counts ejections and connection attempts in.
+#[derive(Debug, Clone)]
+pub(crate) struct Health {
+    pub(crate) ejection: Ejection,
+    pub(crate) totals: Arc<Totals>,
 }
 
-/// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response);
-/// trailers without one are not gRPC's answer (a proxy's, a broken server's): a failure of the
-/// instance.
-#[inline]
-pub(crate) fn classify_status(code: Option<Code>) -> Outcome {
-    code.map_or(Outcome::Failure, classify_code)
-}
-
-/// Whether a status code the instance answered with is its fault. DEADLINE_EXCEEDED and
-/// CANCELLED from a server are the caller's deadline or cancellation, propagated: an answer,
-/// which says nothing against the instance (see `CallGuard::deadline_outcome` for a deadline
-/// that passes while the instance has not answered).
-pub(crate) fn classify_code(code: Code) -> Outcome {
-    match code {
-        Code::Unavailable | Code::ResourceExhausted => Outcome::Failure,
-        Code::Ok => Outcome::Success,
-        Code::Cancelled | Code::DeadlineExceeded => Outcome::Cancelled,
-        _ => Outcome::AppError,
+impl Health {
+    fn labels(&self) -> &Labels {
+        &self.totals.metrics
     }
 }
 
-/// A deadline counts against an instance that has not answered only if the call had been on
-/// it at least this long...
-pub(crate) const DEADLINE_FLOOR: Duration = Duration::from_millis(10);
-/// ...and at least this many times its usual latency: a deadline short next to what the
-/// instance usually takes is the caller's choice, not a sign of trouble.
-pub(crate) const DEADLINE_LATENCY_FACTOR: f64 = 4.0;
-
-/// One latency sample of `inst`, taken at `at`: the answer to a call to `method` took
-/// `elapsed`.
-#[inline]
-pub(crate) fn observe_latency(inst: &Instance, method: Method, elapsed: Duration, at: Instant) {
-    let now = at.saturating_duration_since(inst.ctx.epoch).as_nanos() as u64;
-    let sent = now.saturating_sub(elapsed.as_nanos() as u64);
-    sample(inst, method, elapsed, sent, now);
-}
-
-/// A call to `method` on `inst`, sent at `sent` (nanoseconds since the pool's epoch), taken
-/// at `now`, counts as having taken `sample`.
-pub(crate) fn sample(inst: &Instance, method: Method, sample: Duration, sent: u64, now: u64) {
-    let policy = &inst.ctx;
-    let sample = sample.as_nanos() as u64 as f64;
-    inst.observe_latency(sample, now, policy.latency_decay);
-    let reference = policy.methods.reference(method, sample);
-    inst.tie.observe(sample, reference, sent, now);
-    policy.clock.fetch_max(now, Ordering::Relaxed);
-}
-
-/// A response arrived from `inst`: its connection works.
-#[inline]
-pub(crate) fn connected(inst: &Instance) {
-    if inst.state() == State::Connecting && inst.transition(State::Connecting, State::Ready) {
-        crate::metrics::connection_succeeded(inst);
-    }
-}
-
-/// The connection of `inst` broke under a call: until a response shows a new one works, calls
-/// routed to it wait for a connection to be opened (and move on if that fails).
-pub(crate) fn disconnected(inst: &Instance, error: &(dyn std::error::Error + 'static)) {
-    if inst.transition(State::Ready, State::Connecting) {
-        crate::metrics::disconnected(inst, error);
-    }
-}
-
-/// Records the outcome of one call of `inst` (from the guard's `Drop`).
-pub(crate) fn record(inst: &Arc<Instance>, outcome: Outcome) {
+/// Records the outcome of one call of `inst` (from the guard's `Drop`, through the channel's
+/// events).
+pub(crate) fn record(health: &Health, inst: &Arc<Instance>, outcome: Outcome) {
     match outcome {
         Outcome::Cancelled => {}
         Outcome::Success | Outcome::AppError => {
@@ -147,7 +81,7 @@ pub(crate) fn record(inst: &Arc<Instance>, outcome: Outcome) {
             inst.window_err.fetch_add(1, Ordering::Relaxed);
             inst.consecutive_successes.store(0, Ordering::Relaxed);
             let n = inst.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-            eject_check(inst, n);
+            outlier::eject_check(health, inst, n);
         }
     }
 }
@@ -158,11 +92,11 @@ pub(crate) fn record(inst: &Arc<Instance>, outcome: Outcome) {
 /// out for what was left of its ejection (or, with no time left or no room under the cap,
 /// comes back on probation); any other is connecting. `members`: the instances of the set it
 /// joins. False if it was not draining.
-pub(crate) fn revive(inst: &Arc<Instance>, members: usize) -> bool {
+pub(crate) fn revive(health: &Health, inst: &Arc<Instance>, members: usize) -> bool {
     match inst.drained_from() {
         State::Unhealthy => inst.transition(State::Draining, State::Unhealthy),
         State::Ejected => {
-            if outlier::resume_ejection(inst, members) {
+            if outlier::resume_ejection(health, inst, members) {
                 return true;
             }
             let back = inst.transition(State::Draining, State::Connecting);
@@ -178,7 +112,7 @@ pub(crate) fn revive(inst: &Arc<Instance>, members: usize) -> bool {
 
 /// The instance's connection could not be opened: take it out of the pick and reconnect in the
 /// background with backoff.
-pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error) {
+pub(crate) fn connect_failed(health: &Health, inst: &Arc<Instance>, error: &dyn std::error::Error) {
     let prev = inst.state();
     if !matches!(prev, State::Connecting | State::Ready) {
         return;
@@ -186,7 +120,7 @@ pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error
     if !inst.transition(prev, State::Failing) {
         return;
     }
-    crate::metrics::connection_failed(inst);
+    crate::metrics::connection_failed(health.labels(), inst);
     tracing::warn!(addr = %inst.target.name, error = %error, "cannot connect to instance; reconnecting with backoff");
     // Calls waiting for this connection move on now rather than each waiting for its own
     // connect attempt in the connection's queue.
@@ -196,10 +130,10 @@ pub(crate) fn connect_failed(inst: &Arc<Instance>, error: &dyn std::error::Error
     }
     let weak = Arc::downgrade(inst);
     let backoff = inst.ctx.backoff.clone();
-    inst.spawn(reconnect(weak, backoff));
+    inst.spawn(reconnect(weak, backoff, health.labels().clone()));
 }
 
-async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
+async fn reconnect(weak: Weak<Instance>, backoff: Backoff, labels: Labels) {
     let mut attempt = 0u32;
     loop {
         let delay = backoff.delay(attempt);
@@ -215,7 +149,7 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
         let Some(inst) = weak.upgrade() else { return };
         match result {
             Ok(Ok(_probe)) => {
-                crate::metrics::connection_succeeded(&inst);
+                crate::metrics::connection_succeeded(&labels, &inst);
                 // Connecting (usable): the next call opens the instance's connection.
                 if inst.transition(State::Failing, State::Connecting) {
                     inst.consecutive_failures.store(0, Ordering::Relaxed);
@@ -225,11 +159,11 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff) {
                 return;
             }
             Ok(Err(e)) => {
-                crate::metrics::connection_failed(&inst);
+                crate::metrics::connection_failed(&labels, &inst);
                 tracing::debug!(addr = %name, attempt, error = %e, "reconnect failed");
             }
             Err(_) => {
-                crate::metrics::connection_failed(&inst);
+                crate::metrics::connection_failed(&labels, &inst);
                 tracing::debug!(addr = %name, attempt, "reconnect timed out");
             }
         }

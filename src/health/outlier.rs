@@ -179,23 +179,23 @@ impl Ejection {
 }
 
 /// After a failure: eject `inst` if it failed `n` times in a row, or once on probation.
-pub(crate) fn eject_check(inst: &Arc<Instance>, n: u32) {
-    let policy = &inst.ctx;
+pub(crate) fn eject_check(health: &super::Health, inst: &Arc<Instance>, n: u32) {
     let on_probation = inst.probation.load(Ordering::Relaxed);
-    if n >= policy.ejection.consecutive_failures || on_probation {
+    if n >= health.ejection.consecutive_failures || on_probation {
         let why = if on_probation {
             "failed on probation"
         } else {
             "consecutive failures"
         };
-        eject(inst, why);
+        eject(health, inst, why);
     }
 }
 
 /// Ejects `inst` if the cap allows it; spawns the timer that readmits it.
-pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
+pub(crate) fn eject(health: &super::Health, inst: &Arc<Instance>, why: &'static str) -> bool {
+    let cfg = &health.ejection;
     let policy = &inst.ctx;
-    let cap = policy.ejection.cap(policy.members.load(Ordering::Relaxed));
+    let cap = cfg.cap(policy.members.load(Ordering::Relaxed));
     // Reserve a slot under the cap first, so that concurrent ejections cannot exceed it.
     let reserved = policy
         .ejected
@@ -205,7 +205,7 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
         .is_ok();
     if !reserved {
         tracing::debug!(addr = %inst.target.name, cap, "not ejected: ejection cap reached");
-        crate::observe::ejection(inst, why, false);
+        crate::observe::ejection(&health.totals, inst, why, false);
         return false;
     }
     if !inst.transition(State::Ready, State::Ejected)
@@ -216,12 +216,12 @@ pub(crate) fn eject(inst: &Arc<Instance>, why: &'static str) -> bool {
     }
     let streak = inst.ejection_streak.fetch_add(1, Ordering::Relaxed);
     inst.ejections.fetch_add(1, Ordering::Relaxed);
-    crate::observe::ejection(inst, why, true);
-    let base = policy.ejection.base_time;
+    crate::observe::ejection(&health.totals, inst, why, true);
+    let base = cfg.base_time;
     let time = base
         .checked_mul(1u32 << streak.min(16))
-        .unwrap_or(policy.ejection.max_time)
-        .min(policy.ejection.max_time);
+        .unwrap_or(cfg.max_time)
+        .min(cfg.max_time);
     let id = start_ejection(inst, time);
     tracing::warn!(
         addr = %inst.target.name,
@@ -252,7 +252,11 @@ fn start_ejection(inst: &Instance, time: std::time::Duration) -> u32 {
 /// An instance removed while ejected is taken back into the set: it stays ejected for what was
 /// left of its ejection, if the cap allows it in the set it joins (of `members` instances).
 /// False (nothing done) if no time was left or the cap is full.
-pub(crate) fn resume_ejection(inst: &Arc<Instance>, members: usize) -> bool {
+pub(crate) fn resume_ejection(
+    health: &super::Health,
+    inst: &Arc<Instance>,
+    members: usize,
+) -> bool {
     let policy = &inst.ctx;
     let left = inst
         .ejected_until
@@ -261,7 +265,7 @@ pub(crate) fn resume_ejection(inst: &Arc<Instance>, members: usize) -> bool {
     if left == 0 {
         return false;
     }
-    let cap = policy.ejection.cap(members);
+    let cap = health.ejection.cap(members);
     let reserved = policy
         .ejected
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
@@ -306,11 +310,8 @@ fn readmit(inst: &Instance, id: u32) {
 
 /// One round of the success-rate rule over `instances`: ejects the ones far below the mean.
 /// Resets the interval's counters.
-pub(crate) fn success_rate_sweep(instances: &[Arc<Instance>]) {
-    let Some(first) = instances.first() else {
-        return;
-    };
-    let cfg = first.ctx.ejection.clone();
+pub(crate) fn success_rate_sweep(health: &super::Health, instances: &[Arc<Instance>]) {
+    let cfg = &health.ejection;
     let mut rates = Vec::with_capacity(instances.len());
     for inst in instances {
         let ok = inst.window_ok.swap(0, Ordering::Relaxed);
@@ -329,7 +330,7 @@ pub(crate) fn success_rate_sweep(instances: &[Arc<Instance>]) {
     for (inst, rate) in rates {
         if rate < floor && rate < cfg.success_rate_threshold {
             tracing::debug!(addr = %inst.target.name, rate, mean, "success rate far below the others");
-            eject(inst, "low success rate");
+            eject(health, inst, "low success rate");
         }
     }
 }
@@ -345,7 +346,11 @@ mod tests {
         let uris = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
         let ch = crate::BalancedChannel::from_static(uris).unwrap();
         let inst = ch.shared.snapshot()[0].clone();
-        assert!(eject(&inst, "test"));
+        let health = super::super::Health {
+            ejection: Ejection::default(),
+            totals: Default::default(),
+        };
+        assert!(eject(&health, &inst, "test"));
         let first = inst.ejection_id.load(Ordering::Acquire);
         // Removed, and taken back once its time is over: on probation, then ejected again.
         assert!(ch.remove(uris[0]).unwrap());
@@ -354,7 +359,7 @@ mod tests {
         assert_eq!(ch.replace_all(endpoints).unwrap(), (1, 0));
         assert_eq!(inst.state(), State::Connecting);
         assert!(inst.probation.load(Ordering::Relaxed));
-        assert!(eject(&inst, "again"));
+        assert!(eject(&health, &inst, "again"));
         // The first ejection's timer fires: nothing happens.
         readmit(&inst, first);
         assert_eq!(

@@ -8,7 +8,6 @@ use tokio::time::Instant;
 
 use super::backoff::Backoff;
 use super::events::Events;
-use crate::health::Ejection;
 
 /// What every instance of one channel shares: the clock, the runtime, the settings the
 /// instances and the pick read, and the channel-wide counters.
@@ -33,7 +32,6 @@ pub(crate) struct Context {
     /// Peak EWMA: the latency of an instance with no estimate yet.
     pub(crate) default_latency_ns: f64,
     pub(crate) backoff: Backoff,
-    pub(crate) ejection: Ejection,
     /// Wakes the discovery task, if there is one.
     pub(crate) discovery_wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     /// Instances ejected now.
@@ -48,8 +46,6 @@ pub(crate) struct Context {
     pub(crate) reports_fresh: super::load::Fresh,
     /// Where the instances and the set tell what happens to them (see [`Events`]).
     pub(crate) events: Arc<dyn Events>,
-    /// The channel's totals, and what its metrics need.
-    pub(crate) observe: crate::observe::Totals,
 }
 
 impl Context {

@@ -7,10 +7,64 @@
 
 use std::sync::Arc;
 
+use tonic::Code;
+
 use super::Instance;
+
+/// How a call ended, as far as its instance's health is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// OK: the instance did its job.
+    Success,
+    /// An application status (NOT_FOUND, INVALID_ARGUMENT, ...): the instance did its job, the
+    /// call failed for the caller.
+    AppError,
+    /// A status or error that says the instance is in trouble.
+    Failure,
+    /// The caller gave up (dropped the call or the stream) or the stream ended without status:
+    /// says nothing about the instance.
+    Cancelled,
+}
+
+/// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response);
+/// trailers without one are not gRPC's answer (a proxy's, a broken server's): a failure of the
+/// instance.
+#[inline]
+pub(crate) fn classify_status(code: Option<Code>) -> Outcome {
+    code.map_or(Outcome::Failure, classify_code)
+}
+
+/// Whether a status code the instance answered with is its fault. DEADLINE_EXCEEDED and
+/// CANCELLED from a server are the caller's deadline or cancellation, propagated: an answer,
+/// which says nothing against the instance (see `CallGuard::deadline_outcome` for a deadline
+/// that passes while the instance has not answered).
+pub(crate) fn classify_code(code: Code) -> Outcome {
+    match code {
+        Code::Unavailable | Code::ResourceExhausted => Outcome::Failure,
+        Code::Ok => Outcome::Success,
+        Code::Cancelled | Code::DeadlineExceeded => Outcome::Cancelled,
+        _ => Outcome::AppError,
+    }
+}
 
 /// The events of the instances and the set of one channel.
 pub(crate) trait Events: Send + Sync + 'static {
+    /// An attempt on `inst` ended (its guard dropped) with `outcome`.
+    fn outcome(&self, inst: &Arc<Instance>, outcome: Outcome);
+
+    /// A response came from `inst` while it was connecting: its connection works (it moved
+    /// `Connecting` -> `Ready`).
+    fn connected(&self, inst: &Instance);
+
+    /// The connection of `inst` broke under a call (it moved `Ready` -> `Connecting`).
+    fn disconnected(&self, inst: &Instance, error: &(dyn std::error::Error + 'static));
+
+    /// The connection of `inst` could not be opened.
+    fn connect_failed(&self, inst: &Arc<Instance>, error: &dyn std::error::Error);
+
+    /// `inst` is gone for good (its last reference dropped).
+    fn dropped(&self, inst: &Instance);
+
     /// `inst` is back in service (reconnected, readmitted after an ejection, healthy again).
     fn back_in_service(&self, inst: &Instance);
 
@@ -27,4 +81,17 @@ pub(crate) trait Events: Send + Sync + 'static {
 
     /// The discovery source answered (`error`: with a failure).
     fn discovery_answer(&self, error: Option<&str>);
+}
+
+/// What an attempt of a call is for (what its metrics and the channel's totals count it as).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The call's first attempt.
+    First,
+    /// Sent again unseen by the caller: the previous attempt was not processed.
+    Transparent,
+    /// Sent again by the retry policy.
+    Retry,
+    /// A hedge, alongside the attempts in flight.
+    Hedge,
 }

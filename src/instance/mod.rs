@@ -17,8 +17,10 @@ pub(crate) mod tie;
 pub use backoff::Backoff;
 pub(crate) use context::Context;
 
+use tokio::time::Instant;
+
 use crate::target::Target;
-use tie::Tie;
+use tie::{Method, Tie};
 
 /// The health of an instance, as the channel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -313,6 +315,42 @@ impl Instance {
         self.ctx.events.back_in_service(self);
     }
 
+    /// One latency sample, taken at `at`: the answer to a call to `method` took `elapsed`.
+    #[inline]
+    pub(crate) fn sample_at(&self, method: Method, elapsed: Duration, at: Instant) {
+        let now = at.saturating_duration_since(self.ctx.epoch).as_nanos() as u64;
+        let sent = now.saturating_sub(elapsed.as_nanos() as u64);
+        self.sample(method, elapsed, sent, now);
+    }
+
+    /// A call to `method`, sent at `sent` (nanoseconds since the channel's epoch), taken at
+    /// `now`, counts as having taken `sample`: the latency estimates, the tie-break's record
+    /// and the pick's coarse clock move.
+    pub(crate) fn sample(&self, method: Method, sample: Duration, sent: u64, now: u64) {
+        let ctx = &self.ctx;
+        let sample = sample.as_nanos() as u64 as f64;
+        self.observe_latency(sample, now, ctx.latency_decay);
+        let reference = ctx.methods.reference(method, sample);
+        self.tie.observe(sample, reference, sent, now);
+        ctx.clock.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// A response arrived: its connection works.
+    #[inline]
+    pub(crate) fn connected(&self) {
+        if self.state() == State::Connecting && self.transition(State::Connecting, State::Ready) {
+            self.ctx.events.connected(self);
+        }
+    }
+
+    /// Its connection broke under a call: until a response shows a new one works, calls routed
+    /// to it wait for a connection to be opened (and move on if that fails).
+    pub(crate) fn disconnected(&self, error: &(dyn std::error::Error + 'static)) {
+        if self.transition(State::Ready, State::Connecting) {
+            self.ctx.events.disconnected(self, error);
+        }
+    }
+
     /// The latency estimate in nanoseconds (0: unknown), fading linearly to 0 over `expiry`
     /// without a new sample: a spike, or an instance that was slow once, does not keep it out
     /// of the ties for long, and it is tried again. Cheap enough for the pick: two loads, a
@@ -358,6 +396,13 @@ impl Instance {
         };
         self.steady_ns.store(steady.to_bits(), Ordering::Relaxed);
         self.latency_at.store(now_ns, Ordering::Relaxed);
+    }
+}
+
+/// An instance leaves for good: what watches it hears of it.
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.ctx.events.dropped(self);
     }
 }
 

@@ -12,7 +12,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use super::{LoadReport, IN_FLIGHT_METRIC, TRAILER};
 use crate::headers::grpc_status;
-use crate::health::{classify_status, Outcome};
+use crate::instance::events::{classify_status, Outcome};
 
 /// What a server reports of its load: its calls in flight, its queries and errors per second
 /// (both counted by [`OrcaLayer`]), and the utilizations the application sets. Clones share
