@@ -110,7 +110,6 @@ mod channel;
 mod deadline;
 pub mod discover;
 mod error;
-mod guard;
 mod headers;
 mod health;
 mod hedge;

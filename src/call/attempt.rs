@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 use tower::BoxError;
 
 use super::replay::{AttemptId, Replay};
-use crate::guard::CallGuard;
+use crate::call::guard::CallGuard;
 use crate::instance::tie::Method;
 use crate::instance::{Instance, State};
 use crate::observe::AttemptObs;

@@ -19,6 +19,7 @@
 //! is asked of the set without moving any pick's state ([`could_take`]).
 
 mod attempt;
+pub(crate) mod guard;
 mod outcome;
 mod replay;
 pub(crate) mod shared;
@@ -41,8 +42,8 @@ use self::attempt::{Attempt, Polled};
 use self::outcome::End;
 use self::replay::{Copied, Replay};
 use self::shared::Shared;
+use crate::call::guard::GuardedBody;
 use crate::error::{deadline_exceeded, no_usable_instance};
-use crate::guard::GuardedBody;
 use crate::hedge::HedgingPolicy;
 use crate::instance::conns::UNCOUNTED;
 use crate::instance::events::Kind;

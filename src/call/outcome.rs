@@ -23,8 +23,8 @@ use std::sync::Arc;
 use tonic::Code;
 use tower::BoxError;
 
+use crate::call::guard::CallGuard;
 use crate::error::{sources, unavailable};
-use crate::guard::CallGuard;
 use crate::instance::events::{classify_code, Outcome};
 
 /// What ended an attempt before its response head.

@@ -377,7 +377,7 @@ async fn sweep(inst: Weak<Instance>, idle: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guard::CallGuard;
+    use crate::call::guard::CallGuard;
     use crate::instance::tie::Method;
 
     /// A call queued on an extra connection that was dropped already fails late: that failure
