@@ -1065,6 +1065,51 @@ impl Builder {
     }
 }
 
+/// The metrics settings (feature `metrics`).
+#[cfg(feature = "metrics")]
+impl Builder {
+    /// The `grpc.target` label of this channel's metrics (feature `metrics`). The default
+    /// is `dns:///host:port` with [`dns`](crate::Builder::dns) discovery, the source's
+    /// name with another one, and the instances' URIs joined by `,` for a fixed set.
+    pub fn metrics_target(mut self, target: impl Into<String>) -> Builder {
+        self.metrics.target = Some(target.into());
+        self
+    }
+
+    /// The methods whose names label the metrics (`grpc.method`; feature `metrics`): each
+    /// `pkg.Service/Method`, or `pkg.Service` for all the methods of a service (those of
+    /// your generated stubs). Other methods are labelled `other`, as gRPC's metrics design
+    /// (A66) asks, so that a caller of arbitrary method names cannot grow the label
+    /// without bound. A malformed name is refused by [`build`](crate::Builder::build).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .uri("http://10.0.0.7:50051")
+    ///     .metrics_methods(["helloworld.Greeter", "fleet.Fleet/Unary"])
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn metrics_methods<I, S>(mut self, methods: I) -> Builder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.metrics
+            .methods
+            .extend(methods.into_iter().map(Into::into));
+        self
+    }
+
+    /// Labels every method with its own name (feature `metrics`), instead of only the ones
+    /// registered with [`metrics_methods`](crate::Builder::metrics_methods): for a client
+    /// that calls only the methods of its generated stubs (off by default).
+    pub fn metrics_all_methods(mut self, on: bool) -> Builder {
+        self.metrics.all_methods = on;
+        self
+    }
+}
+
 async fn success_rate_task(pool: Weak<Shared>, health: crate::health::Health, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

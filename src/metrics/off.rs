@@ -1,0 +1,27 @@
+//! Without the `metrics` feature: nothing is recorded, and nothing costs anything.
+
+use std::sync::Arc;
+
+use crate::instance::Instance;
+use crate::set::Set;
+
+/// Without the feature, there are no labels to keep.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Labels;
+
+#[inline(always)]
+pub(crate) fn budget_exhausted(_: &Labels) {}
+#[inline(always)]
+pub(crate) fn ejection(_: &Labels, _: &Instance, _: &'static str, _: bool) {}
+#[inline(always)]
+pub(crate) fn discovery_answer(_: &Labels, _: bool) {}
+#[inline(always)]
+pub(crate) fn membership(_: &Labels, _: usize, _: usize) {}
+#[inline(always)]
+pub(crate) fn connection_succeeded(_: &Labels, _: &Instance) {}
+#[inline(always)]
+pub(crate) fn connection_failed(_: &Labels, _: &Instance) {}
+#[inline(always)]
+pub(crate) fn disconnected(_: &Labels, _: &Instance, _: &(dyn std::error::Error + 'static)) {}
+#[inline(always)]
+pub(crate) fn spawn<T: AsRef<Set> + Send + Sync + 'static>(_: &Arc<T>, _: &Labels) {}
