@@ -93,7 +93,7 @@ enum Source {
     Push(Arc<std::sync::Mutex<Option<PushTask>>>),
 }
 
-/// Starts the task that applies a stream of changes to a pool.
+/// Starts the task that applies a stream of changes to the set.
 type PushTask = Box<
     dyn FnOnce(
             Weak<Shared>,

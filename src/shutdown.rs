@@ -1,7 +1,7 @@
 //! Background tasks that end with what they serve.
 //!
 //! The channel's background tasks (reconnect probes, readmission timers, health checks,
-//! discovery, the success-rate sweep) hold only a weak reference to their instance or pool, so
+//! discovery, the success-rate sweep) hold only a weak reference to their instance or channel, so
 //! that they never keep it alive; each is spawned under its owner's [`Closed`] signal, and ends
 //! the moment the owner is dropped instead of sleeping on until its timer fires.
 
@@ -28,7 +28,7 @@ impl Closed {
     /// The one place that spawns: every background task goes through one instantiation of
     /// tokio's task machinery (about 130 functions), not one per kind of task, which is what
     /// this crate's users would otherwise compile eight times over. A task is spawned when an
-    /// instance or a pool changes, never per call, so the box costs nothing that matters.
+    /// instance or a channel changes, never per call, so the box costs nothing that matters.
     fn spawn_boxed(
         &self,
         runtime: &tokio::runtime::Handle,

@@ -168,7 +168,7 @@ fn unix_path(s: &str) -> Option<&str> {
         .or_else(|| s.strip_prefix("unix:"))
 }
 
-/// A user's connector, behind a trait object so that the pool holds one type.
+/// A user's connector, behind a trait object so that an instance's target is one type.
 pub(crate) trait Connect: Send + Sync + 'static {
     fn connect_lazy(&self, endpoint: &Endpoint) -> Channel;
     #[allow(clippy::type_complexity)]

@@ -38,7 +38,7 @@ pub(crate) fn from_secs_f64(secs: f64) -> Duration {
     Duration::try_from_secs_f64(secs).map_or(FOREVER, cap)
 }
 
-/// `d` in nanoseconds, as the pool's clock counts them (at most [`FOREVER`]'s).
+/// `d` in nanoseconds, as the channel's clock counts them (at most [`FOREVER`]'s).
 #[inline]
 pub(crate) fn nanos(d: Duration) -> u64 {
     cap(d).as_nanos() as u64

@@ -110,7 +110,7 @@ pub(crate) fn uri_of(scheme: &str, addr: SocketAddr) -> String {
     format!("{scheme}://{addr}")
 }
 
-/// Polls the source and keeps the pool in line with it, until the pool is dropped.
+/// Polls the source and keeps the set in line with it, until the channel is dropped.
 pub(crate) async fn run(pool: Weak<Shared>, d: Discovery) {
     let name = d.source.name();
     let min_gap = Duration::from_secs(1).min(d.interval);
@@ -162,7 +162,7 @@ pub(crate) async fn run(pool: Weak<Shared>, d: Discovery) {
     }
 }
 
-/// Spawns the discovery task of `pool`.
+/// Spawns the discovery task of a channel.
 pub(crate) fn spawn(pool: &Arc<Shared>, d: Discovery) {
     pool.spawn(run(Arc::downgrade(pool), d));
 }

@@ -19,7 +19,7 @@ use crate::target::{Key, Target};
 pub(crate) type Next<K> =
     Box<dyn FnMut(&mut Context<'_>) -> Poll<Option<Result<Change<K, Endpoint>, BoxError>>> + Send>;
 
-/// Applies the changes of `next` to the pool until the source ends or the pool is dropped.
+/// Applies the changes of `next` to the set until the source ends or the channel is dropped.
 /// Keys map to instances: an `Insert` of a key adds its endpoint (replacing an instance of the
 /// same URI, so that new settings take effect) and drops the URI the key had before; a `Remove`
 /// drains the key's instance (unless another key still names its URI). Until the first change,

@@ -106,7 +106,7 @@ pub(crate) struct Extra {
     open: AtomicUsize,
     /// Whether the task that closes idle connections runs.
     sweeping: AtomicBool,
-    /// No extra connection opens before this (nanoseconds since the pool's epoch): set when one
+    /// No extra connection opens before this (nanoseconds since the channel's epoch): set when one
     /// failed to connect, with the channel's connection backoff.
     hold_until: AtomicU64,
     /// Extra connections that failed to connect since one last carried a call.
@@ -118,7 +118,7 @@ struct Slot {
     /// Calls on it (plus [`CLOSING`] while it closes).
     in_flight: AtomicUsize,
     channel: ArcSwapOption<Channel>,
-    /// When its last call ended (or it opened), in nanoseconds since the pool's epoch.
+    /// When its last call ended (or it opened), in nanoseconds since the channel's epoch.
     idle_since: AtomicU64,
 }
 

@@ -72,7 +72,7 @@ pub(crate) fn tick(ns: u64) -> u64 {
 }
 
 /// The bits of [`Others`] that hold the count; the tick takes the other 40 (2^40 ticks of
-/// about a millisecond: 36 years of the pool's clock, so that it never wraps).
+/// about a millisecond: 36 years of the channel's clock, so that it never wraps).
 pub(crate) const COUNT_BITS: u32 = 24;
 
 /// The report settings of one channel (see the `Builder` methods).
@@ -339,7 +339,7 @@ pub(crate) fn weight_of(report: &LoadReport, penalty: f64) -> f64 {
     }
 }
 
-/// One instance's weight and its timestamps (nanoseconds since the pool's epoch).
+/// One instance's weight and its timestamps (nanoseconds since the channel's epoch).
 #[derive(Default)]
 pub(crate) struct EndpointWeight {
     /// `f64` bits of the last weight.

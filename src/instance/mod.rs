@@ -93,7 +93,7 @@ pub(crate) struct Instance {
     /// Connection breaks seen under calls: the calls that were on a connection when it broke
     /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
     pub(crate) breaks: AtomicU32,
-    /// The least-pending tie-break's record (see `tiebreak.rs`); what the pick reads of it ends
+    /// The least-pending tie-break's record (see `tie.rs`); what the pick reads of it ends
     /// the first cache line.
     pub(crate) tie: Tie,
     /// The calls on its own connection (`channel`), counted only when it may have more than one
@@ -102,7 +102,7 @@ pub(crate) struct Instance {
     /// Peak-sensitive moving average of the time to response headers, in nanoseconds
     /// (`f64` bits; 0 before the first sample).
     pub(crate) latency_ns: AtomicU64,
-    /// When the estimates were last updated, in nanoseconds since the pool's epoch.
+    /// When the estimates were last updated, in nanoseconds since the channel's epoch.
     pub(crate) latency_at: AtomicU64,
     /// A spike-resistant moving average of the same samples, the instance's usual latency
     /// for the deadline rule: a sample counts for at most 4× the estimate, so that one
@@ -131,12 +131,12 @@ pub(crate) struct Instance {
     /// The current ejection's number: a readmission timer readmits only the ejection it was
     /// set for (not a later one, after the instance was removed and taken back).
     pub(crate) ejection_id: AtomicU32,
-    /// When the current ejection ends, in nanoseconds since the pool's epoch.
+    /// When the current ejection ends, in nanoseconds since the channel's epoch.
     pub(crate) ejected_until: AtomicU64,
     /// The state it was in when it was removed (see [`Instance::drain`]): taken back into the
     /// set, it returns to what that state says (see `health::revive`).
     drained_from: AtomicU8,
-    /// Slow start: when it joined or was readmitted, in nanoseconds since the pool's epoch
+    /// Slow start: when it joined or was readmitted, in nanoseconds since the channel's epoch
     /// (0: not warming up).
     pub(crate) warm_from: AtomicU64,
     /// Time-window counters for the success-rate rule.

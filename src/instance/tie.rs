@@ -1,7 +1,7 @@
 //! What the least-pending tie-break learns from each answer (the pick itself is in `crate::pick`).
 //!
 //! Each time an instance answers a call (its response headers arrive), the time it took is
-//! compared with the *reference* for the call's method: a pool-wide estimate of how long that
+//! compared with the *reference* for the call's method: a channel-wide estimate of how long that
 //! method takes on a fast instance. The ratio (the instance's *slowness*) is what the tie-break
 //! weighs, so a service whose methods differ in cost does not make whichever instance served
 //! the dear ones look slow: each answer is compared with answers to the same method.
@@ -87,7 +87,7 @@ const MAX_STRIKES: u32 = 7;
 #[derive(Debug)]
 pub(crate) struct Tie {
     pass: AtomicU64,
-    /// The gate: until this time (nanoseconds since the pool's epoch)...
+    /// The gate: until this time (nanoseconds since the channel's epoch)...
     recheck_at: AtomicU64,
     /// ...or until the others' passes reach this one, it wins no tie.
     gate_pass: AtomicU64,
@@ -119,7 +119,7 @@ impl Tie {
         }
     }
 
-    /// What the pick compares; `now_ns` is the pool's clock.
+    /// What the pick compares; `now_ns` is the channel's clock.
     #[inline]
     pub(crate) fn turn(&self, now_ns: u64) -> Turn {
         Turn {
@@ -199,7 +199,7 @@ impl Tie {
     }
 
     /// One answer to a call sent at `sent_ns`: it took `sample_ns`, where the method's
-    /// reference is `reference_ns`, at `now_ns` on the pool's clock.
+    /// reference is `reference_ns`, at `now_ns` on the channel's clock.
     pub(crate) fn observe(&self, sample_ns: f64, reference_ns: f64, sent_ns: u64, now_ns: u64) {
         if !(reference_ns > 0.0 && sample_ns.is_finite()) {
             return;
@@ -315,7 +315,7 @@ impl Method {
 /// A method whose reference is more than this many times the typical call's is dear.
 pub(crate) const DEAR_AT: f64 = 4.0;
 
-/// The pool's method references (see the module docs).
+/// The channel's method references (see the module docs).
 pub(crate) struct Methods {
     /// Per slot: the tag of its method (high 32 bits) and its reference in nanoseconds (`f32`
     /// bits, low 32 bits); 0 when empty.
