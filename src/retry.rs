@@ -220,3 +220,28 @@ impl Budget {
             .is_ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On tokio's paused clock: a spent budget is topped up by `min_per_sec` per second of
+    /// the clock, and a call's deposit is worth `ratio` of a retry.
+    #[tokio::test(start_paused = true)]
+    async fn a_spent_budget_is_topped_up_with_time() {
+        let budget = Budget::with(0.5, 2);
+        assert!(budget.withdraw() && budget.withdraw());
+        assert!(!budget.withdraw(), "more than the initial balance");
+        tokio::time::sleep(Duration::from_millis(499)).await;
+        assert!(!budget.withdraw(), "topped up before its time");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(
+            budget.withdraw(),
+            "not topped up after half a second at 2 per second"
+        );
+        assert!(!budget.withdraw());
+        budget.deposit();
+        budget.deposit();
+        assert!(budget.withdraw(), "two calls at 0.5 earn one retry");
+    }
+}

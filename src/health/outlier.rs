@@ -372,6 +372,75 @@ mod tests {
         assert_eq!(inst.state(), State::Ready);
     }
 
+    /// On tokio's paused clock: an ejection lasts its base time, the instance comes back on
+    /// probation, one failure then ejects it for twice as long, and a call answered in
+    /// between ends the probation.
+    #[tokio::test(start_paused = true)]
+    async fn ejections_last_their_time_and_double_in_a_streak() {
+        let uris = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
+        let ch = crate::BalancedChannel::from_static(uris).unwrap();
+        let inst = ch.shared.snapshot()[0].clone();
+        let base = std::time::Duration::from_secs(30);
+        let health = super::super::Health {
+            ejection: Ejection::default().base_time(base),
+            totals: Default::default(),
+        };
+        assert!(eject(&health, &inst, "test"));
+        assert_eq!(inst.state(), State::Ejected);
+        tokio::time::sleep(base - std::time::Duration::from_millis(1)).await;
+        assert_eq!(inst.state(), State::Ejected, "readmitted before its time");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        assert_eq!(inst.state(), State::Ready, "not readmitted after its time");
+        assert!(inst.probation.load(Ordering::Relaxed));
+        // One failure on probation: ejected again, for twice the base time.
+        super::super::record(&health, &inst, crate::instance::events::Outcome::Failure);
+        assert_eq!(inst.state(), State::Ejected);
+        tokio::time::sleep(2 * base - std::time::Duration::from_millis(1)).await;
+        assert_eq!(
+            inst.state(),
+            State::Ejected,
+            "the second ejection was not longer"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        assert_eq!(inst.state(), State::Ready);
+        // An answer ends the probation; the ejection count says two.
+        super::super::record(&health, &inst, crate::instance::events::Outcome::Success);
+        assert!(!inst.probation.load(Ordering::Relaxed));
+        assert_eq!(inst.ejections.load(Ordering::Relaxed), 2);
+    }
+
+    /// On tokio's paused clock: an instance removed while ejected and taken back half way
+    /// through its ejection stays out for the half that is left, not for a whole new one.
+    #[tokio::test(start_paused = true)]
+    async fn taken_back_while_ejected_it_stays_out_for_what_is_left() {
+        let uris = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
+        let ch = crate::BalancedChannel::from_static(uris).unwrap();
+        let inst = ch.shared.snapshot()[0].clone();
+        let base = std::time::Duration::from_secs(30);
+        let health = super::super::Health {
+            ejection: Ejection::default().base_time(base),
+            totals: Default::default(),
+        };
+        assert!(eject(&health, &inst, "test"));
+        tokio::time::sleep(base / 2).await;
+        assert!(ch.remove(uris[0]).unwrap());
+        assert_eq!(inst.state(), State::Draining);
+        assert!(super::super::revive(&health, &inst, 2));
+        assert_eq!(
+            inst.state(),
+            State::Ejected,
+            "taken back into service at once"
+        );
+        tokio::time::sleep(base / 2 - std::time::Duration::from_millis(1)).await;
+        assert_eq!(inst.state(), State::Ejected);
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        assert_eq!(
+            inst.state(),
+            State::Ready,
+            "out for longer than what was left of its ejection"
+        );
+    }
+
     #[test]
     fn cap_leaves_one_and_allows_one() {
         let e = Ejection::default();
