@@ -65,24 +65,24 @@ pub struct Builder {
     max_replay_body: usize,
     latency_expiry: Duration,
     latency_decay: Duration,
-    discovery: Option<Source>,
+    discovery: Option<DiscoverySource>,
     discovery_interval: Duration,
     discovery_timeout: Duration,
     slow_start: Option<Duration>,
     template: Option<Template>,
-    conns: crate::instance::conns::Settings,
+    conns: crate::instance::conns::Limits,
     load_report_max_age: Duration,
     load_reports_oob: Option<Duration>,
     wrr: crate::instance::load::WrrConfig,
     subset: Option<usize>,
     subset_client: Option<(usize, usize)>,
     #[cfg(feature = "metrics")]
-    pub(crate) metrics: crate::metrics::Settings,
+    pub(crate) metrics: crate::metrics::LabelSettings,
 }
 
 /// Where discovery gets its addresses: built in `build()` so that errors surface there.
 #[derive(Clone)]
-enum Source {
+enum DiscoverySource {
     Dns {
         target: String,
         #[cfg(feature = "hickory-dns")]
@@ -102,12 +102,12 @@ type PushTask = Box<
         + Send,
 >;
 
-impl std::fmt::Debug for Source {
+impl std::fmt::Debug for DiscoverySource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Source::Dns { target, .. } => write!(f, "Dns({target})"),
-            Source::Custom(r) => write!(f, "Custom({})", r.name()),
-            Source::Push(_) => f.write_str("Push"),
+            DiscoverySource::Dns { target, .. } => write!(f, "Dns({target})"),
+            DiscoverySource::Custom(r) => write!(f, "Custom({})", r.name()),
+            DiscoverySource::Push(_) => f.write_str("Push"),
         }
     }
 }
@@ -156,7 +156,7 @@ impl Builder {
             discovery_interval: Duration::from_secs(30),
             discovery_timeout: DEFAULT_DISCOVERY_TIMEOUT,
             template: None,
-            conns: crate::instance::conns::Settings::default(),
+            conns: crate::instance::conns::Limits::default(),
             subset: None,
             subset_client: None,
             #[cfg(feature = "metrics")]
@@ -195,7 +195,7 @@ impl Builder {
     /// # let _ = channel; Ok(()) }
     /// ```
     pub fn dns(mut self, target: &str) -> Builder {
-        self.discovery = Some(Source::Dns {
+        self.discovery = Some(DiscoverySource::Dns {
             target: target.to_owned(),
             #[cfg(feature = "hickory-dns")]
             settings: None,
@@ -221,7 +221,7 @@ impl Builder {
     /// ```
     #[cfg(feature = "hickory-dns")]
     pub fn dns_with(mut self, target: &str, settings: crate::DnsSettings) -> Builder {
-        self.discovery = Some(Source::Dns {
+        self.discovery = Some(DiscoverySource::Dns {
             target: target.to_owned(),
             settings: Some(settings),
         });
@@ -230,7 +230,7 @@ impl Builder {
 
     /// Discovers the instances with a source of your own (a registry, a control plane).
     pub fn resolver(mut self, source: impl Resolve) -> Builder {
-        self.discovery = Some(Source::Custom(Arc::new(source)));
+        self.discovery = Some(DiscoverySource::Custom(Arc::new(source)));
         self
     }
 
@@ -294,7 +294,9 @@ impl Builder {
                 first_within,
             ))
         });
-        self.discovery = Some(Source::Push(Arc::new(std::sync::Mutex::new(Some(task)))));
+        self.discovery = Some(DiscoverySource::Push(Arc::new(std::sync::Mutex::new(
+            Some(task),
+        ))));
         self
     }
 
@@ -713,7 +715,7 @@ impl Builder {
         let bound = self.backoff.min_connect_timeout;
         let mut attempts = tokio::task::JoinSet::new();
         // With subsetting, the instances of the subset only (bad settings: build() says so).
-        let eager = match crate::set::subset::Settings::new(self.subset, self.subset_client) {
+        let eager = match crate::set::subset::Aperture::new(self.subset, self.subset_client) {
             Ok(Some(s)) => s.choose(&self.endpoints),
             _ => self.endpoints.iter().collect(),
         };
@@ -855,7 +857,7 @@ impl Builder {
             });
         }
         self.wrr.validate()?;
-        let subset = crate::set::subset::Settings::new(self.subset, self.subset_client)?;
+        let subset = crate::set::subset::Aperture::new(self.subset, self.subset_client)?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::NoRuntime);
         };
@@ -880,15 +882,15 @@ impl Builder {
         let mut push = None;
         let discovery = match self.discovery.clone() {
             None => None,
-            Some(Source::Push(task)) => {
+            Some(DiscoverySource::Push(task)) => {
                 push = Some(crate::lock(&task).take().ok_or(Error::InvalidSetting {
                     name: "discover",
                     reason: "the stream was taken by an earlier build() of this builder".into(),
                 })?);
                 None
             }
-            Some(Source::Custom(r)) => Some((r, "http", None)),
-            Some(Source::Dns {
+            Some(DiscoverySource::Custom(r)) => Some((r, "http", None)),
+            Some(DiscoverySource::Dns {
                 target,
                 #[cfg(feature = "hickory-dns")]
                 settings,
@@ -1051,12 +1053,12 @@ impl Builder {
     #[cfg(feature = "metrics")]
     fn default_target(&self) -> String {
         match &self.discovery {
-            Some(Source::Dns { target, .. }) => {
+            Some(DiscoverySource::Dns { target, .. }) => {
                 let rest = target.split_once("://").map_or(target.as_str(), |(_, r)| r);
                 format!("dns:///{rest}")
             }
-            Some(Source::Custom(r)) => r.name(),
-            Some(Source::Push(_)) => "discovery stream".to_owned(),
+            Some(DiscoverySource::Custom(r)) => r.name(),
+            Some(DiscoverySource::Push(_)) => "discovery stream".to_owned(),
             None => {
                 let names: Vec<&str> = self.endpoints.iter().map(|t| &*t.name).collect();
                 names.join(",")

@@ -96,7 +96,7 @@ impl CallGuard {
         if self.held_in_silence().is_some() {
             Outcome::Failure
         } else {
-            Outcome::Cancelled
+            Outcome::Neutral
         }
     }
 
@@ -148,7 +148,7 @@ impl Drop for CallGuard {
         if self.outcome.is_none() && !self.answered {
             self.given_up();
         }
-        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        let outcome = self.outcome.unwrap_or(Outcome::Neutral);
         self.inst.ctx.events.outcome(&self.inst, outcome);
     }
 }
@@ -250,7 +250,7 @@ impl HttpBody for GuardedBody {
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
                 // The instance had answered (this is its response): nothing against it.
-                end(&mut this, Outcome::Cancelled, tonic::Code::DeadlineExceeded);
+                end(&mut this, Outcome::Neutral, tonic::Code::DeadlineExceeded);
                 return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
             }
         }
@@ -267,7 +267,7 @@ impl HttpBody for GuardedBody {
                         // The deadline passed as the stream ended with an error (often the
                         // server's own timer, CANCELLED "Timeout expired"): report it as what
                         // it is. The instance had answered: nothing against it.
-                        end(&mut this, Outcome::Cancelled, tonic::Code::DeadlineExceeded);
+                        end(&mut this, Outcome::Neutral, tonic::Code::DeadlineExceeded);
                         return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
                     }
                     let status = code.unwrap_or(tonic::Code::Unknown);
@@ -284,7 +284,7 @@ impl HttpBody for GuardedBody {
                 };
                 // A broken connection counts once, whatever number of calls it broke.
                 let outcome = if broken.is_some() && !guard.first_to_see_break() {
-                    Outcome::Cancelled
+                    Outcome::Neutral
                 } else {
                     Outcome::Failure
                 };

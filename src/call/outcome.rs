@@ -126,29 +126,29 @@ impl End {
                 if !crate::instance::conns::extra_failed(guard.instance(), &guard.held, e) {
                     inst.ctx.events.connect_failed(inst, e);
                 }
-                Outcome::Cancelled
+                Outcome::Neutral
             }
             End::ClosedUnsent => {
                 if !crate::instance::conns::extra_failed(guard.instance(), &guard.held, e) {
                     inst.disconnected(e);
                 }
-                Outcome::Cancelled
+                Outcome::Neutral
             }
             End::Broken => {
                 if crate::instance::conns::extra_failed(guard.instance(), &guard.held, e) {
-                    return Outcome::Cancelled;
+                    return Outcome::Neutral;
                 }
                 inst.disconnected(e);
                 // A broken connection counts once, whatever number of calls it broke.
                 if guard.first_to_see_break() {
                     Outcome::Failure
                 } else {
-                    Outcome::Cancelled
+                    Outcome::Neutral
                 }
             }
             End::Reset(code) => classify_code(code),
             End::Other => Outcome::Failure,
-            End::Unreachable | End::Refused | End::Caller => Outcome::Cancelled,
+            End::Unreachable | End::Refused | End::Caller => Outcome::Neutral,
             End::Timeout => guard.deadline_outcome(),
         }
     }

@@ -40,7 +40,7 @@ use crate::lock;
 pub(crate) type AttemptId = u32;
 
 /// The slot that a call's attempts share.
-struct Slot {
+struct Kept {
     /// The attempt that may read the caller's body (and hand it back): each new attempt made
     /// with [`Replay::request`] takes the slot over.
     owner: AttemptId,
@@ -70,7 +70,7 @@ struct Slot {
     waiting: Option<Waker>,
 }
 
-impl Slot {
+impl Kept {
     /// Whether another attempt could send the request exactly as the caller sent it.
     fn replayable(&self) -> bool {
         !self.committed
@@ -107,15 +107,15 @@ impl Slot {
         id
     }
 
-    fn recorded(&self) -> Source {
-        Source::Recorded {
+    fn recorded(&self) -> BodyFrom {
+        BodyFrom::Recorded {
             frames: self.frames.copy(),
             trailers: self.trailers.clone(),
         }
     }
 }
 
-type SlotRef = Arc<Mutex<Slot>>;
+type SlotRef = Arc<Mutex<Kept>>;
 
 /// The data frames of a recorded body: the first inline (a unary request is one frame, and
 /// its recording then costs no allocation), the others after it.
@@ -165,7 +165,7 @@ impl Sending {
 }
 
 /// Where an attempt's body comes from.
-enum Source {
+enum BodyFrom {
     /// Not read yet: the caller's body (or the recording) is still in the slot.
     Unclaimed,
     /// The caller's body, taken from the slot.
@@ -194,7 +194,7 @@ enum Source {
 pub(crate) struct AttemptBody {
     slot: SlotRef,
     id: AttemptId,
-    source: Source,
+    source: BodyFrom,
     /// Polled by its connection at least once.
     seen: bool,
 }
@@ -211,7 +211,7 @@ impl AttemptBody {
             ));
         }
         self.source = if let Some(body) = slot.body.take() {
-            Source::Caller {
+            BodyFrom::Caller {
                 body,
                 recording: slot.record && !slot.dropped && !slot.committed,
                 polled: false,
@@ -277,7 +277,7 @@ impl Drop for AttemptBody {
     fn drop(&mut self) {
         // A caller's body that was never polled to a result went nowhere: hand it back for the
         // next attempt.
-        if let Source::Caller {
+        if let BodyFrom::Caller {
             polled: false,
             body,
             ..
@@ -309,9 +309,9 @@ impl HttpBody for AttemptBody {
         let this = &mut *self;
         if !this.seen {
             this.seen = true;
-            if let Source::Unclaimed = this.source {
+            if let BodyFrom::Unclaimed = this.source {
                 if let Err(status) = this.claim() {
-                    this.source = Source::Done;
+                    this.source = BodyFrom::Done;
                     return Poll::Ready(Some(Err(status)));
                 }
             } else {
@@ -320,12 +320,12 @@ impl HttpBody for AttemptBody {
             }
         }
         match &mut this.source {
-            Source::Unclaimed | Source::Done => Poll::Ready(None),
-            Source::Recorded { frames, trailers } => match frames.next() {
+            BodyFrom::Unclaimed | BodyFrom::Done => Poll::Ready(None),
+            BodyFrom::Recorded { frames, trailers } => match frames.next() {
                 Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
                 None => Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t)))),
             },
-            Source::Caller {
+            BodyFrom::Caller {
                 body,
                 recording,
                 polled,
@@ -373,19 +373,19 @@ impl HttpBody for AttemptBody {
     fn is_end_stream(&self) -> bool {
         match &self.source {
             // Unknown until it is read: the connection reads it to find out.
-            Source::Unclaimed => false,
-            Source::Caller { body, peeked, .. } => match peeked {
+            BodyFrom::Unclaimed => false,
+            BodyFrom::Caller { body, peeked, .. } => match peeked {
                 Some(next) => next.is_none(),
                 None => body.is_end_stream(),
             },
-            Source::Recorded { frames, trailers } => frames.is_empty() && trailers.is_none(),
-            Source::Done => true,
+            BodyFrom::Recorded { frames, trailers } => frames.is_empty() && trailers.is_none(),
+            BodyFrom::Done => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.source {
-            Source::Caller { body, .. } => body.size_hint(),
+            BodyFrom::Caller { body, .. } => body.size_hint(),
             _ => SizeHint::default(),
         }
     }
@@ -426,7 +426,7 @@ impl Replay {
         limit: usize,
     ) -> (http::Request<Body>, Replay) {
         let (mut parts, body) = req.into_parts();
-        let slot = Arc::new(Mutex::new(Slot {
+        let slot = Arc::new(Mutex::new(Kept {
             owner: 0,
             next: 1,
             read: 0,
@@ -456,7 +456,7 @@ impl Replay {
         let body = Body::new(AttemptBody {
             slot,
             id: 0,
-            source: Source::Unclaimed,
+            source: BodyFrom::Unclaimed,
             seen: false,
         });
         (http::Request::from_parts(parts, body), replay)
@@ -517,7 +517,7 @@ impl Replay {
         let body = Body::new(AttemptBody {
             slot: self.slot.clone(),
             id,
-            source: Source::Unclaimed,
+            source: BodyFrom::Unclaimed,
             seen: false,
         });
         Some((self.head(body, time_left), id))
@@ -540,7 +540,7 @@ impl Replay {
             if slot.owner == id {
                 let id = slot.new_id();
                 slot.owner = id;
-                (Source::Unclaimed, id)
+                (BodyFrom::Unclaimed, id)
             } else if slot.complete && !slot.dropped {
                 (slot.recorded(), slot.new_id())
             } else {

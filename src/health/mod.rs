@@ -54,7 +54,7 @@ impl Health {
 /// events).
 pub(crate) fn record(health: &Health, inst: &Arc<Instance>, outcome: Outcome) {
     match outcome {
-        Outcome::Cancelled => {}
+        Outcome::Neutral => {}
         Outcome::Success | Outcome::AppError => {
             if outcome == Outcome::AppError {
                 inst.failed.fetch_add(1, Ordering::Relaxed);

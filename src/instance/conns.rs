@@ -4,9 +4,9 @@
 //! One HTTP/2 connection carries at most the server's `SETTINGS_MAX_CONCURRENT_STREAMS` calls at
 //! once; past that, h2 queues the next streams inside the connection, where the pick cannot see
 //! them, behind calls that may be long-lived streams. So an instance may have up to
-//! [`Settings::max`] connections: its own (the tonic `Channel` it always has) and extra ones,
-//! opened when every connection it has carries [`Settings::streams`] calls, and closed when they
-//! have carried none for [`Settings::idle`]. The pick still sees one instance, with the total of
+//! [`Limits::max`] connections: its own (the tonic `Channel` it always has) and extra ones,
+//! opened when every connection it has carries [`Limits::streams`] calls, and closed when they
+//! have carried none for [`Limits::idle`]. The pick still sees one instance, with the total of
 //! its calls in flight.
 //!
 //! **The limit is a setting, not the server's SETTINGS frame.** tonic's `Channel` owns its hyper
@@ -56,7 +56,7 @@ pub const DEFAULT_STREAMS_PER_CONNECTION: usize = 100;
 /// [`Builder::connection_idle_timeout`](crate::Builder::connection_idle_timeout) says otherwise.
 pub const DEFAULT_CONNECTION_IDLE: Duration = Duration::from_secs(30);
 
-/// The largest [`Settings::max`] accepted: each instance keeps one slot per connection.
+/// The largest [`Limits::max`] accepted: each instance keeps one slot per connection.
 pub(crate) const MAX_CONNECTIONS_CAP: usize = 64;
 
 /// Added to a connection's count while it is being closed: every reservation fails meanwhile.
@@ -80,7 +80,7 @@ pub(crate) const FIRST: u8 = 1;
 
 /// The connection settings of a channel.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Settings {
+pub(crate) struct Limits {
     /// Connections per instance, at least 1.
     pub(crate) max: usize,
     /// Calls per connection before another one opens, at least 1.
@@ -89,9 +89,9 @@ pub(crate) struct Settings {
     pub(crate) idle: Duration,
 }
 
-impl Default for Settings {
+impl Default for Limits {
     fn default() -> Self {
-        Settings {
+        Limits {
             max: DEFAULT_MAX_CONNECTIONS,
             streams: DEFAULT_STREAMS_PER_CONNECTION,
             idle: DEFAULT_CONNECTION_IDLE,
@@ -101,7 +101,7 @@ impl Default for Settings {
 
 /// An instance's extra connections (none with one connection allowed).
 pub(crate) struct Extra {
-    slots: Box<[Slot]>,
+    slots: Box<[ExtraConn]>,
     /// Extra connections open now.
     open: AtomicUsize,
     /// Whether the task that closes idle connections runs.
@@ -114,7 +114,7 @@ pub(crate) struct Extra {
 }
 
 /// One extra connection's place.
-struct Slot {
+struct ExtraConn {
     /// Calls on it (plus [`CLOSING`] while it closes).
     in_flight: AtomicUsize,
     channel: ArcSwapOption<Channel>,
@@ -124,11 +124,11 @@ struct Slot {
 
 impl Extra {
     /// The extra slots for `settings`, if more than one connection is allowed.
-    pub(crate) fn new(settings: &Settings) -> Option<Box<Extra>> {
+    pub(crate) fn new(settings: &Limits) -> Option<Box<Extra>> {
         (settings.max > 1).then(|| {
             Box::new(Extra {
                 slots: (1..settings.max)
-                    .map(|_| Slot {
+                    .map(|_| ExtraConn {
                         in_flight: AtomicUsize::new(0),
                         channel: ArcSwapOption::empty(),
                         idle_since: AtomicU64::new(0),

@@ -39,7 +39,7 @@ pub(crate) struct Context {
     /// Instances in the set now (not draining).
     pub(crate) members: AtomicUsize,
     /// Connections per instance.
-    pub(crate) conns: super::conns::Settings,
+    pub(crate) conns: super::conns::Limits,
     /// What the pick does with server-reported load.
     pub(crate) reports: super::load::ReportSettings,
     /// Until when some instance's report of the other clients' calls is fresh.

@@ -21,9 +21,11 @@ pub(crate) enum Outcome {
     AppError,
     /// A status or error that says the instance is in trouble.
     Failure,
-    /// The caller gave up (dropped the call or the stream) or the stream ended without status:
-    /// says nothing about the instance.
-    Cancelled,
+    /// Says nothing about the instance: the caller gave up (dropped the call or the stream, or
+    /// its deadline passed before the instance had held the call long enough to be blamed), a
+    /// CANCELLED or DEADLINE_EXCEEDED the server passed on, a stream the server refused or a
+    /// connection that was not reached (sent again elsewhere), an extra connection's failure.
+    Neutral,
 }
 
 /// Classifies a call by the `grpc-status` in its trailers (or in a trailers-only response);
@@ -42,7 +44,7 @@ pub(crate) fn classify_code(code: Code) -> Outcome {
     match code {
         Code::Unavailable | Code::ResourceExhausted => Outcome::Failure,
         Code::Ok => Outcome::Success,
-        Code::Cancelled | Code::DeadlineExceeded => Outcome::Cancelled,
+        Code::Cancelled | Code::DeadlineExceeded => Outcome::Neutral,
         _ => Outcome::AppError,
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use metrics::{Label, SharedString, Unit};
 
 use super::names::*;
-use super::settings::Settings;
+use super::settings::LabelSettings;
 use crate::instance::Instance;
 
 /// The labels of one channel's metrics, once it is built (none: its metrics are off).
@@ -52,7 +52,7 @@ impl Config {
 
 /// Sets the metrics' labels of a channel just built and describes its instruments to the
 /// recorder. `default_target`: the target label if the builder set none.
-pub(crate) fn configure(labels: &Labels, settings: Settings, default_target: String) {
+pub(crate) fn configure(labels: &Labels, settings: LabelSettings, default_target: String) {
     let mut methods = HashMap::new();
     let mut services = HashSet::new();
     for m in settings.methods {

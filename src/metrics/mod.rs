@@ -130,7 +130,7 @@ pub(crate) use labels::{configure, Labels};
 #[cfg(not(feature = "metrics"))]
 pub(crate) use off::*;
 #[cfg(feature = "metrics")]
-pub(crate) use settings::Settings;
+pub(crate) use settings::LabelSettings;
 
 #[cfg(all(test, feature = "metrics"))]
 mod tests {

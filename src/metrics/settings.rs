@@ -2,13 +2,13 @@
 
 /// The metrics settings of a [`Builder`](crate::Builder).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Settings {
+pub(crate) struct LabelSettings {
     pub(crate) target: Option<String>,
     pub(crate) methods: Vec<String>,
     pub(crate) all_methods: bool,
 }
 
-impl Settings {
+impl LabelSettings {
     /// Refuses a malformed method name, naming it.
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
         for m in &self.methods {

@@ -150,14 +150,14 @@ fn keep(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::instance::load::{tick, ReportSettings as Settings, COUNT_BITS};
+    use crate::instance::load::{tick, ReportSettings, COUNT_BITS};
     use std::time::Duration;
 
     /// The in-flight estimate uses only fresh reports: a report at most the age old counts,
     /// an older one does not, and a report from the future (the coarse clock lags) counts.
     #[test]
     fn others_only_while_fresh() {
-        let s = Settings::new(Duration::from_millis(100), WrrConfig::default());
+        let s = ReportSettings::new(Duration::from_millis(100), WrrConfig::default());
         let r = Others::default();
         let at = 5_000_000_000u64;
         assert_eq!(r.get(tick(at)), 0);
@@ -167,7 +167,7 @@ mod tests {
         assert_eq!(r.get(tick(at + 200_000_000)), 0);
         // The pick's clock may lag the report's.
         assert_eq!(r.get(tick(at - 50_000_000)), 7);
-        let off = Settings::new(Duration::ZERO, WrrConfig::default());
+        let off = ReportSettings::new(Duration::ZERO, WrrConfig::default());
         r.set(7, at, off.max_age_ticks);
         assert_eq!(r.get(tick(at)), 0);
         // Long past: stale, an hour or 30 or 60 days later (a 32-bit tick wrapped after 26
@@ -181,7 +181,7 @@ mod tests {
             );
         }
         // The longest age stays fresh however far the pick's clock lags.
-        let longest = Settings::new(Duration::MAX, WrrConfig::default());
+        let longest = ReportSettings::new(Duration::MAX, WrrConfig::default());
         r.set(7, at, longest.max_age_ticks);
         assert_eq!(r.get(tick(at - 1_000_000_000)), 7);
         assert_eq!(r.get(tick(at + 86_400_000_000_000)), 7);
@@ -195,7 +195,7 @@ mod tests {
     /// channel's [`Fresh`] says some count is fresh exactly while one is.
     #[test]
     fn observe_subtracts_own_calls() {
-        let s = Settings::default();
+        let s = ReportSettings::default();
         let r = Reported::default();
         let o = Others::default();
         let f = Fresh::default();
@@ -224,7 +224,7 @@ mod tests {
         assert!(!f.any(until + 1));
         assert_eq!(o.get(until + 1), 0);
         // Reports not kept (max age 0): nothing fresh.
-        let off = Settings::new(Duration::ZERO, WrrConfig::default());
+        let off = ReportSettings::new(Duration::ZERO, WrrConfig::default());
         let f = Fresh::default();
         let mut rep = LoadReport::default();
         rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), 12.0);

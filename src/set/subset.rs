@@ -69,20 +69,21 @@ use super::{Joining, Reuse, Set};
 use crate::error::Error;
 use crate::target::{Key, Target};
 
-/// The subsetting settings of a channel, checked.
+/// The subsetting of a channel (its aperture), checked: how many instances each client keeps,
+/// and this client's place among the clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Settings {
+pub(crate) struct Aperture {
     pub(crate) size: usize,
     pub(crate) index: usize,
     pub(crate) count: usize,
 }
 
-impl Settings {
+impl Aperture {
     /// Checks what the builder was given: a size and this client's place among the clients.
     pub(crate) fn new(
         size: Option<usize>,
         client: Option<(usize, usize)>,
-    ) -> Result<Option<Settings>, Error> {
+    ) -> Result<Option<Aperture>, Error> {
         let invalid = |name, reason: String| Err(Error::InvalidSetting { name, reason });
         match (size, client) {
             (None, None) => Ok(None),
@@ -105,7 +106,7 @@ impl Settings {
                 "subset_client",
                 format!("the index {index} must be below the number of clients {count}"),
             ),
-            (Some(size), Some((index, count))) => Ok(Some(Settings { size, index, count })),
+            (Some(size), Some((index, count))) => Ok(Some(Aperture { size, index, count })),
         }
     }
 
@@ -122,12 +123,12 @@ impl Settings {
 /// The subset's state in a set: the settings and the full member list the subset is drawn
 /// from.
 pub(crate) struct Subset {
-    pub(crate) settings: Settings,
+    pub(crate) settings: Aperture,
     pub(crate) all: std::sync::Mutex<Vec<Target>>,
 }
 
 impl Subset {
-    pub(crate) fn new(settings: Settings) -> Subset {
+    pub(crate) fn new(settings: Aperture) -> Subset {
         Subset {
             settings,
             all: std::sync::Mutex::new(Vec::new()),
@@ -438,19 +439,19 @@ mod tests {
     /// Bad settings are refused, naming the setting; good ones pass.
     #[test]
     fn settings_are_checked() {
-        let name = |r: Result<Option<Settings>, Error>| match r {
+        let name = |r: Result<Option<Aperture>, Error>| match r {
             Err(Error::InvalidSetting { name, .. }) => name,
             other => panic!("expected an invalid setting, got {other:?}"),
         };
-        assert_eq!(name(Settings::new(Some(0), Some((0, 1)))), "subset");
-        assert_eq!(name(Settings::new(Some(5), None)), "subset_client");
-        assert_eq!(name(Settings::new(Some(5), Some((3, 3)))), "subset_client");
-        assert_eq!(name(Settings::new(Some(5), Some((0, 0)))), "subset_client");
-        assert_eq!(name(Settings::new(None, Some((0, 2)))), "subset");
-        assert_eq!(Settings::new(None, None).unwrap(), None);
+        assert_eq!(name(Aperture::new(Some(0), Some((0, 1)))), "subset");
+        assert_eq!(name(Aperture::new(Some(5), None)), "subset_client");
+        assert_eq!(name(Aperture::new(Some(5), Some((3, 3)))), "subset_client");
+        assert_eq!(name(Aperture::new(Some(5), Some((0, 0)))), "subset_client");
+        assert_eq!(name(Aperture::new(None, Some((0, 2)))), "subset");
+        assert_eq!(Aperture::new(None, None).unwrap(), None);
         assert_eq!(
-            Settings::new(Some(5), Some((1, 2))).unwrap(),
-            Some(Settings {
+            Aperture::new(Some(5), Some((1, 2))).unwrap(),
+            Some(Aperture {
                 size: 5,
                 index: 1,
                 count: 2
