@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tonic::transport::Endpoint;
 
 use crate::call::shared::Shared;
-use crate::discover::{Dns, Resolve, Template};
+use crate::discover::{Resolve, Template};
 use crate::error::Error;
 use crate::health::Ejection;
 #[cfg(feature = "health-check")]
@@ -822,28 +822,7 @@ impl Builder {
                 reason: format!("{} bytes is above the 16 MiB cap", self.max_replay_body),
             });
         }
-        if self.conns.max == 0 || self.conns.max > crate::instance::conns::MAX_CONNECTIONS_CAP {
-            return Err(Error::InvalidSetting {
-                name: "max_connections_per_instance",
-                reason: format!(
-                    "{} is out of range: at least 1 (one connection per instance) and at most {}",
-                    self.conns.max,
-                    crate::instance::conns::MAX_CONNECTIONS_CAP
-                ),
-            });
-        }
-        if self.conns.streams == 0 {
-            return Err(Error::InvalidSetting {
-                name: "max_streams_per_connection",
-                reason: "must be above zero".to_owned(),
-            });
-        }
-        if self.conns.idle.is_zero() {
-            return Err(Error::InvalidSetting {
-                name: "connection_idle_timeout",
-                reason: "must be above zero".to_owned(),
-            });
-        }
+        self.conns.validate()?;
         if self.latency_expiry.is_zero() {
             return Err(Error::InvalidSetting {
                 name: "latency_expiry",
@@ -894,39 +873,11 @@ impl Builder {
                 target,
                 #[cfg(feature = "hickory-dns")]
                 settings,
-            }) => {
-                let (scheme, rest) = match target.split_once("://") {
-                    Some(("http", rest)) => ("http", rest),
-                    Some(("https", rest)) => ("https", rest),
-                    Some(_) => {
-                        return Err(Error::InvalidUri {
-                            uri: target.clone(),
-                            reason: "the scheme must be http or https".to_owned(),
-                            source: None,
-                        })
-                    }
-                    None => ("http", target.as_str()),
-                };
-                let (host, port) = crate::discover::split_target(rest).map_err(|e| match e {
-                    Error::InvalidUri { reason, source, .. } => Error::InvalidUri {
-                        uri: target.clone(),
-                        reason,
-                        source,
-                    },
-                    other => other,
-                })?;
+            }) => Some(crate::discover::dns_source(
+                &target,
                 #[cfg(feature = "hickory-dns")]
-                let dns = match settings {
-                    Some(s) => Dns::with_settings(&host, port, s)?,
-                    None => Dns::system(&host, port)?,
-                };
-                #[cfg(not(feature = "hickory-dns"))]
-                let dns = Dns::system(&host, port)?;
-                let source: Arc<dyn Resolve> = Arc::new(dns);
-                // An address literal needs no name: the instances are reached as given.
-                let authority = host.parse::<std::net::IpAddr>().is_err().then_some(host);
-                Some((source, scheme, authority))
-            }
+                settings,
+            )?),
         };
         let totals = Arc::new(crate::observe::Totals::default());
         let health = crate::health::Health {

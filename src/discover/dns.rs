@@ -235,3 +235,50 @@ pub(crate) fn split_target(target: &str) -> Result<(String, u16), crate::Error> 
     }
     Ok((host.to_owned(), port))
 }
+
+/// A discovery source with what its instances' URIs need: the resolver, their scheme, and the
+/// name their connections present (none: reached as given).
+pub(crate) type Source = (
+    std::sync::Arc<dyn super::Resolve>,
+    &'static str,
+    Option<String>,
+);
+
+/// The discovery source of [`Builder::dns`](crate::Builder::dns) for `target`
+/// (`[http[s]://]host:port`): the resolver, the scheme of the instances' URIs, and the name
+/// their connections present (none for an address literal: the instances are reached as given).
+pub(crate) fn source(
+    target: &str,
+    #[cfg(feature = "hickory-dns")] settings: Option<crate::DnsSettings>,
+) -> Result<Source, crate::Error> {
+    use crate::Error;
+    let (scheme, rest) = match target.split_once("://") {
+        Some(("http", rest)) => ("http", rest),
+        Some(("https", rest)) => ("https", rest),
+        Some(_) => {
+            return Err(Error::InvalidUri {
+                uri: target.to_owned(),
+                reason: "the scheme must be http or https".to_owned(),
+                source: None,
+            })
+        }
+        None => ("http", target),
+    };
+    let (host, port) = split_target(rest).map_err(|e| match e {
+        Error::InvalidUri { reason, source, .. } => Error::InvalidUri {
+            uri: target.to_owned(),
+            reason,
+            source,
+        },
+        other => other,
+    })?;
+    #[cfg(feature = "hickory-dns")]
+    let dns = match settings {
+        Some(s) => Dns::with_settings(&host, port, s)?,
+        None => Dns::system(&host, port)?,
+    };
+    #[cfg(not(feature = "hickory-dns"))]
+    let dns = Dns::system(&host, port)?;
+    let authority = host.parse::<std::net::IpAddr>().is_err().then_some(host);
+    Ok((std::sync::Arc::new(dns), scheme, authority))
+}

@@ -14,7 +14,7 @@
 mod dns;
 pub(crate) mod push;
 
-pub(crate) use dns::split_target;
+pub(crate) use dns::source as dns_source;
 pub use dns::Dns;
 #[cfg(feature = "hickory-dns")]
 pub use dns::DnsSettings;
