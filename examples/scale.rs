@@ -1,4 +1,4 @@
-//! The scale simulation of issue 12: 100 clients and 1,000 instances, no sockets. A model of
+//! The scale simulation: 100 clients and 1,000 instances, no sockets. A model of
 //! the clients, the instances and their queues, driven by the crate's own code: each client's
 //! subset comes from the function `Builder::subset` uses (`subset_of` over the instances'
 //! `ring_id`s) and each call's instance from the least-pending pick the channel runs
@@ -20,7 +20,7 @@
 //! - stability: for every one of the 1,000 instances, the members of each client's subset
 //!   that change when that instance is removed, and when a new instance is added.
 //!
-//! Targets (issue 12): with subsetting, max/mean instance load ≤ 1.2 with at most 5% of the
+//! Targets: with subsetting, max/mean instance load ≤ 1.2 with at most 5% of the
 //! full mesh's connections; removing one instance changes on average ≤ 1.1 members per client.
 //! Options: `scale [CLIENTS INSTANCES SUBSET SECONDS]` (defaults 100 1000 50 3).
 //!

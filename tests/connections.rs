@@ -138,7 +138,7 @@ fn channel(uri: &str, max: usize, idle: Duration) -> BalancedChannel {
         .unwrap()
 }
 
-/// The target: 1,000 concurrent server-streaming calls to one instance whose server
+/// The target: 1,000 concurrent server-streaming calls to one instance whose server
 /// allows 100 streams per connection are all streaming at once (each got its first message
 /// while all the others hold theirs open), none fails, and the instance is reached over exactly
 /// the 10 connections that takes, never more. With one connection, at most 100 could be.

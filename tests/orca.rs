@@ -126,7 +126,7 @@ async fn a_missing_or_malformed_report_changes_nothing() {
     server.abort();
 }
 
-/// The done-when of issue 12: another client holds 5 calls on instance A; this channel
+/// Many clients: another client holds 5 calls on instance A; this channel
 /// sees A's reported calls in flight and sends every call to B, while a channel that ignores
 /// reports (the control) still sends some to A.
 #[tokio::test]

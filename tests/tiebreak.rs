@@ -22,7 +22,7 @@ fn since(fleet: &Fleet, before: &[u64]) -> Vec<u64> {
         .collect()
 }
 
-/// The low-concurrency case: one caller, one call at a time, over 5 equal instances, one
+/// The low-concurrency case: one caller, one call at a time, over 5 equal instances, one
 /// of which answers its first 3 calls 10x slower (a cold start). Over 300 calls every instance
 /// gets at least half its fair share (the old cliff gave the cold one under 1%).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,7 +46,7 @@ async fn a_cold_start_does_not_shut_an_instance_out() {
     assert_eq!(total_in_flight(&ch), 0);
 }
 
-/// The long-calls case: an instance served a few long calls (three at once, 300 ms
+/// The long-calls case: an instance served a few long calls (three at once, 300 ms
 /// each, while the others answered in milliseconds), then is as fast as the rest again. It wins
 /// its turns back soon: within 200 sequential calls it gets at least a third of its fair share
 /// (the old cliff kept it out for 5 s).

@@ -41,7 +41,7 @@
 //!   contenders: LeastPending, and LeastPending with hedging (`HedgingPolicy` on Unary, 3
 //!   attempts at most) whose delay is the p95 of the calls that did not stall in an unmeasured
 //!   run without hedging just before (printed). Its table adds the extra attempts (calls that
-//!   reached the servers beyond one per call, server-side counts) and checks issue 13's target:
+//!   reached the servers beyond one per call, server-side counts) and checks hedging's target:
 //!   p99 cut at least 5x, at most 10% extra attempts.
 //!
 //! For low-concurrency and mixed-methods, the table gives the least share over the fair one (`min/fair`), the share

@@ -1,4 +1,4 @@
-//! The shootout's `many-clients` scenario (issue 12): many independent clients, each seeing only
+//! The shootout's `many-clients` scenario: many independent clients, each seeing only
 //! its own slice of every instance's load, and what server-reported load (ORCA) adds.
 //!
 //! 20 instances (tonic servers with `OrcaLayer` and `OobService`), whose service time grows with
@@ -23,7 +23,7 @@
 //! - `ref 1 channel`: the reference, one channel carrying all the calls with the same strategy
 //!   (it sees every call in flight; no reports);
 //!
-//! - `oracle` (least pending only, a contender beyond the issue's list): no reports, but every
+//! - `oracle` (least pending only, a contender beyond the usual ones): no reports, but every
 //!   client takes a slowed instance out of its set at the first instant of its slowdown and
 //!   puts it back after: what knowing at once which instances are slow, and nothing of the
 //!   others' calls in flight, can do at best;
@@ -78,14 +78,14 @@ enum Reports {
     None,
     PerCall,
     Oob,
-    /// Out-of-band reports only, every 100 ms (a contender beyond the issue's list: what
+    /// Out-of-band reports only, every 100 ms (a contender beyond the usual ones: what
     /// fresher reports do).
     OobFast,
     /// One channel for all the calls (reports ignored).
     Reference,
     /// No reports, but every client takes a slowed instance out of its set for the whole of
     /// its slowdown, at its first instant, and puts it back after (a contender beyond the
-    /// issue's list, knowing what no client can): the best that spreading the calls without
+    /// usual ones, knowing what no client can): the best that spreading the calls without
     /// knowing each instance's calls in flight can do.
     Oracle,
 }

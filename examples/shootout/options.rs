@@ -60,7 +60,7 @@ impl Opts {
     name = "shootout",
     about = "The shootout: the same load, through each balancer in turn, against a fleet of real\nlocal gRPC servers in which something goes wrong.",
     override_usage = "cargo run --release --example shootout -- [options]",
-    // As before clap: an option given twice takes the last value, and a negative number is a
+    // An option given twice takes its last value, and a negative number is a
     // value (refused as such) rather than an unknown flag.
     args_override_self = true,
     allow_negative_numbers = true

@@ -206,7 +206,7 @@ pub(crate) fn print_table(
     let _ = std::io::stdout().flush();
 }
 
-/// The stalls table: latency, extra attempts, and issue 13's target (hedging cuts p99 at
+/// The stalls table: latency, extra attempts, and hedging's target (hedging cuts p99 at
 /// least 5x against the same strategy without it, with at most 10% extra attempts).
 fn print_stalls_table(rows: &[Row]) {
     let delay = hedge_delay();

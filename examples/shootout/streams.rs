@@ -1,4 +1,4 @@
-//! The shootout's `stream-limit` scenario (issue 13, gRFC A105): one instance whose tonic server
+//! The shootout's `stream-limit` scenario (gRFC A105): one instance whose tonic server
 //! allows 100 concurrent streams per connection, reached by `BalancedChannel` with one
 //! connection per instance (the behaviour before connection scaling), with the default cap, and
 //! with 10 (what 1,000 streams at 100 per connection take). Per contender, on a fresh channel:
