@@ -9,8 +9,8 @@ ties `call::attempt` to `call::outcome`, and `call/` naming `crate::instance` ti
 `call` to `instance`. Then prints each group of siblings that reach one another (a strongly
 connected component of more than one module) with the lines that tie them, and exits 1 if there
 is any, 0 if none. A module naming its parent's own items (those of `mod.rs` or `lib.rs`) or its
-own children is not a tie: a parent declares its children. Comments, string literals and test
-modules (`#[cfg(test)] mod ...`) are left out: tests may use any layer."""
+own children is not a tie: a parent declares its children. Comments and string literals are left
+out; test modules count as code."""
 import os
 import re
 import sys
@@ -65,16 +65,6 @@ def strip(text):
             out.append(c)
             i += 1
     code = "".join(out)
-    # Test modules: from `#[cfg(test)]` before a `mod` to the end of that module's braces.
-    while True:
-        m = re.search(r"#\[cfg\(test\)\]\s*(pub(\([^)]*\))?\s+)?mod\s+\w+\s*\{", code)
-        if not m:
-            break
-        depth, j = 1, m.end()
-        while j < len(code) and depth:
-            depth += {"{": 1, "}": -1}.get(code[j], 0)
-            j += 1
-        code = code[:m.start()] + "\n" * code.count("\n", m.start(), j) + code[j:]
     return code
 
 

@@ -405,8 +405,20 @@ async fn sweep(inst: Weak<Instance>, idle: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::call::guard::CallGuard;
-    use crate::instance::tie::Method;
+
+    /// A call's place on a connection, given back when it is dropped (as a call's guard does).
+    struct Taken {
+        inst: Arc<Instance>,
+        held: Held,
+    }
+
+    impl Drop for Taken {
+        fn drop(&mut self) {
+            if self.held.conn != UNCOUNTED {
+                release(&self.inst, self.held.conn);
+            }
+        }
+    }
 
     /// A call queued on an extra connection that was dropped already fails late: that failure
     /// must not close the connection that took the slot since.
@@ -421,9 +433,12 @@ mod tests {
         let inst = ch.shared.snapshot()[0].clone();
         let extra = inst.extra.as_deref().unwrap();
         let take = || {
-            let mut g = CallGuard::new(inst.clone(), Method::NONE);
-            let _ = channel(&inst, &mut g.held, UNCOUNTED);
-            g
+            let mut held = Held::default();
+            let _ = channel(&inst, &mut held, UNCOUNTED);
+            Taken {
+                inst: inst.clone(),
+                held,
+            }
         };
         // Two calls fill the instance's own connection; two more share the first extra one.
         let own = [take(), take()];

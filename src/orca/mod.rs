@@ -241,36 +241,4 @@ mod tests {
             assert_eq!(rep.calls_in_flight(), None);
         }
     }
-
-    /// Peak EWMA weighs this channel's own calls only: a report of the other clients' calls,
-    /// which least pending counts, does not move it (its latency already carries that load).
-    #[tokio::test]
-    async fn peak_ewma_ignores_reported_calls() {
-        use crate::Strategy;
-        for (strategy, want) in [(Strategy::PeakEwma, 0), (Strategy::LeastPending, 1)] {
-            let ch = crate::BalancedChannel::builder()
-                .strategy(strategy)
-                .uri("http://127.0.0.1:1")
-                .uri("http://127.0.0.1:2")
-                .build()
-                .unwrap();
-            let pool = &ch.shared;
-            let snap = pool.snapshot();
-            let now = pool.ctx.now_ns().max(1);
-            pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
-            for (inst, ns) in snap.iter().zip([2e6f64, 4e6]) {
-                inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
-                inst.latency_at.store(now, Ordering::Relaxed);
-            }
-            let until = snap[0].others.set(10, now, pool.ctx.reports.max_age_ticks);
-            pool.ctx.reports_fresh.note(until);
-            let picked = crate::pick::dispatch::pick(
-                &pool.picker,
-                &snap,
-                &[],
-                crate::instance::tie::Method::NONE,
-            );
-            assert_eq!(picked, Some(want), "{strategy:?}");
-        }
-    }
 }
