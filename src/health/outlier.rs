@@ -372,19 +372,32 @@ mod tests {
         assert_eq!(inst.state(), State::Ready);
     }
 
-    /// On tokio's paused clock: an ejection lasts its base time, the instance comes back on
-    /// probation, one failure then ejects it for twice as long, and a call answered in
-    /// between ends the probation.
-    #[tokio::test(start_paused = true)]
-    async fn ejections_last_their_time_and_double_in_a_streak() {
-        let uris = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
-        let ch = crate::BalancedChannel::from_static(uris).unwrap();
+    const URIS: [&str; 2] = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
+
+    /// A channel over two instances never connected, its first instance, and health with
+    /// ejections of 30 s.
+    fn two_instances() -> (
+        crate::BalancedChannel,
+        Arc<Instance>,
+        super::super::Health,
+        std::time::Duration,
+    ) {
+        let ch = crate::BalancedChannel::from_static(URIS).unwrap();
         let inst = ch.shared.snapshot()[0].clone();
         let base = std::time::Duration::from_secs(30);
         let health = super::super::Health {
             ejection: Ejection::default().base_time(base),
             totals: Default::default(),
         };
+        (ch, inst, health, base)
+    }
+
+    /// On tokio's paused clock: an ejection lasts its base time, the instance comes back on
+    /// probation, one failure then ejects it for twice as long, and a call answered in
+    /// between ends the probation.
+    #[tokio::test(start_paused = true)]
+    async fn ejections_last_their_time_and_double_in_a_streak() {
+        let (_ch, inst, health, base) = two_instances();
         assert!(eject(&health, &inst, "test"));
         assert_eq!(inst.state(), State::Ejected);
         tokio::time::sleep(base - std::time::Duration::from_millis(1)).await;
@@ -413,17 +426,10 @@ mod tests {
     /// through its ejection stays out for the half that is left, not for a whole new one.
     #[tokio::test(start_paused = true)]
     async fn taken_back_while_ejected_it_stays_out_for_what_is_left() {
-        let uris = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
-        let ch = crate::BalancedChannel::from_static(uris).unwrap();
-        let inst = ch.shared.snapshot()[0].clone();
-        let base = std::time::Duration::from_secs(30);
-        let health = super::super::Health {
-            ejection: Ejection::default().base_time(base),
-            totals: Default::default(),
-        };
+        let (ch, inst, health, base) = two_instances();
         assert!(eject(&health, &inst, "test"));
         tokio::time::sleep(base / 2).await;
-        assert!(ch.remove(uris[0]).unwrap());
+        assert!(ch.remove(URIS[0]).unwrap());
         assert_eq!(inst.state(), State::Draining);
         assert!(super::super::revive(&health, &inst, 2));
         assert_eq!(
