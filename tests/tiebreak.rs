@@ -1,6 +1,12 @@
 //! The least-pending tie-break with real servers: sequential calls (every instance idle at each
-//! pick, so every pick is a tie) spread evenly, one slow spell or a dear method never shuts an
-//! instance out, and an instance that stays slow gets few calls but is still re-checked.
+//! pick, so every pick is a tie) spread evenly, a cold start or a dear method never shuts an
+//! instance out, an instance that stays slow gets few calls but is still re-checked, and one
+//! that joins or comes back takes turns with the rest. What these check is that real answers
+//! reach the tie-break's records as the pick expects; the tie-break's rules over time (gates,
+//! their doubling and their end, a slow spell forgotten, dear calls' own turns) are checked on
+//! a virtual clock in `src/pick/scenarios.rs`. Scripted answer times are 10 ms or more, well
+//! above the scheduling noise of a loaded machine, and the bounds are loose: an answer slowed
+//! by the machine may gate an instance for a few calls.
 
 mod fleet;
 
@@ -8,7 +14,7 @@ use std::time::Duration;
 
 use fleet::pb::fleet_client::FleetClient;
 use fleet::{req, total_in_flight, Behavior, Fleet};
-use tonic_balancer::{BalancedChannel, ServedBy};
+use tonic_balancer::BalancedChannel;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -23,15 +29,15 @@ fn since(fleet: &Fleet, before: &[u64]) -> Vec<u64> {
 }
 
 /// The low-concurrency case: one caller, one call at a time, over 5 equal instances, one
-/// of which answers its first 3 calls 10x slower (a cold start). Over 300 calls every instance
-/// gets at least half its fair share (the old cliff gave the cold one under 1%).
+/// of which answers its first 3 calls 10x slower (a cold start). Over 150 calls every instance
+/// gets at least half its fair share.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cold_start_does_not_shut_an_instance_out() {
-    let fleet = Fleet::start(5, Behavior::Delay(5 * MS));
-    fleet.instances[0].cold_start(3, 50 * MS, 5 * MS);
+    let fleet = Fleet::start(5, Behavior::Delay(10 * MS));
+    fleet.instances[0].cold_start(3, 100 * MS, 10 * MS);
     let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
     let mut client = FleetClient::new(ch.clone());
-    const CALLS: u64 = 300;
+    const CALLS: u64 = 150;
     for id in 0..CALLS {
         client.unary(req(id)).await.unwrap();
     }
@@ -46,56 +52,7 @@ async fn a_cold_start_does_not_shut_an_instance_out() {
     assert_eq!(total_in_flight(&ch), 0);
 }
 
-/// The long-calls case: an instance served a few long calls (three at once, 300 ms
-/// each, while the others answered in milliseconds), then is as fast as the rest again. It wins
-/// its turns back soon: within 200 sequential calls it gets at least a third of its fair share
-/// (the old cliff kept it out for 5 s).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_spell_is_forgotten_once_the_instance_is_fast_again() {
-    let fleet = Fleet::start(4, Behavior::Delay(2 * MS));
-    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
-    let mut client = FleetClient::new(ch.clone());
-    // Warm every connection (the first call on one is not sampled).
-    for id in 0..20 {
-        client.unary(req(id)).await.unwrap();
-    }
-    let slow = &fleet.instances[0];
-    slow.set(Behavior::Delay(300 * MS));
-    // Twelve calls at once: three on each instance (least pending spreads them).
-    let calls: Vec<_> = (0..12)
-        .map(|id| {
-            let mut client = FleetClient::new(ch.clone());
-            tokio::spawn(async move { client.unary(req(100 + id)).await })
-        })
-        .collect();
-    for c in calls {
-        c.await.unwrap().unwrap();
-    }
-    // At least one long call (least pending spreads the twelve, but the fast instances may
-    // take more of them as their calls end: on a loaded machine the slow one may get only one
-    // or two, and one long answer moves its slowness to 2.5x, two to about 6x).
-    assert!(slow.served() > 5, "{:?}", fleet.served());
-    let s = ch.endpoints()[0].slowness().unwrap();
-    assert!(
-        s > 2.0,
-        "not seen as slow (gated): slowness {s}: {:?}",
-        ch.endpoints()
-    );
-    slow.set(Behavior::Delay(2 * MS));
-    let before = fleet.served();
-    for k in 0..200 {
-        client.unary(req(10_000 + k)).await.unwrap();
-    }
-    let got = since(&fleet, &before);
-    assert!(
-        got[0] >= 200 / 4 / 3,
-        "the formerly slow instance got {} of 200 calls: {got:?}; {:?}",
-        got[0],
-        ch.endpoints()
-    );
-}
-
-/// A service whose methods differ in cost: 1 call in 10 is a client stream that takes 20x
+/// A service whose methods differ in cost: 1 call in 10 is a client stream that takes 8x
 /// longer, on every instance alike. Sequential calls still spread: whichever instance served
 /// the dear calls is not taken for slow, because each answer is compared with answers to the
 /// same method.
@@ -104,13 +61,13 @@ async fn a_dear_method_does_not_make_an_instance_look_slow() {
     let fleet = Fleet::start(
         4,
         Behavior::MethodCost {
-            other: 2 * MS,
-            client_stream: 40 * MS,
+            other: 10 * MS,
+            client_stream: 80 * MS,
         },
     );
     let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
     let mut client = FleetClient::new(ch.clone());
-    const CALLS: u64 = 400;
+    const CALLS: u64 = 200;
     for id in 0..CALLS {
         if id % 10 == 3 {
             let input = tokio_stream::iter([req(id)]);
@@ -135,57 +92,15 @@ async fn a_dear_method_does_not_make_an_instance_look_slow() {
     }
 }
 
-/// Dear calls take turns of their own. Four equal instances, sequential calls, every fourth
-/// a client stream 20x dearer than the unary calls: with one rotation for all calls, the dear
-/// calls would fall on the same instance every time (it is that instance's turn each fourth
-/// call), keeping it busy longest and, under load, out of the ties for the cheap calls. With
-/// turns per kind, each instance gets its share of the dear calls.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dear_calls_are_shared_like_the_rest() {
-    let fleet = Fleet::start(
-        4,
-        Behavior::MethodCost {
-            other: 2 * MS,
-            client_stream: 40 * MS,
-        },
-    );
-    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
-    let mut client = FleetClient::new(ch.clone());
-    // Enough cheap calls first for the method references to settle (what makes a method dear
-    // is its cost against the typical call's).
-    for id in 0..40 {
-        client.unary(req(id)).await.unwrap();
-    }
-    let mut dear = std::collections::HashMap::<String, u32>::new();
-    const ROUNDS: u64 = 40;
-    for id in 0..ROUNDS * 4 {
-        if id % 4 == 3 {
-            let input = tokio_stream::iter([req(id)]);
-            let resp = client.client_stream(input).await.unwrap();
-            let by = resp.extensions().get::<ServedBy>().expect("a ServedBy");
-            *dear.entry(by.uri().to_owned()).or_default() += 1;
-        } else {
-            client.unary(req(id)).await.unwrap();
-        }
-    }
-    // 40 dear calls, 10 each if shared evenly; one turn of credit either way is fine.
-    assert_eq!(dear.len(), 4, "dear calls per instance: {dear:?}");
-    assert!(
-        dear.values().all(|&n| (6..=14).contains(&n)),
-        "dear calls per instance: {dear:?}; {:?}",
-        ch.endpoints()
-    );
-}
-
-/// An instance 25x slower than the rest gets few of 400 sequential calls, but more than none:
+/// An instance 25x slower than the rest gets few of 200 sequential calls, but more than none:
 /// its chance falls with its slowness and it keeps being re-checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_instance_gets_few_calls_but_is_re_checked() {
-    let fleet = Fleet::start(4, Behavior::Delay(2 * MS));
-    fleet.instances[3].set(Behavior::Delay(50 * MS));
+    let fleet = Fleet::start(4, Behavior::Delay(10 * MS));
+    fleet.instances[3].set(Behavior::Delay(250 * MS));
     let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
     let mut client = FleetClient::new(ch.clone());
-    const CALLS: u64 = 400;
+    const CALLS: u64 = 200;
     for id in 0..CALLS {
         client.unary(req(id)).await.unwrap();
     }
@@ -204,11 +119,10 @@ async fn a_slow_instance_gets_few_calls_but_is_re_checked() {
 
 /// An instance that joins a set whose instances have taken turns for a while starts where their
 /// turns are: it takes its turn with the rest rather than the next several calls in a row (with
-/// many clients, every client's several calls at once: the oracle contender of the shootout's
-/// many-clients scenario had its p99 go from 32 ms to 15 ms with this).
+/// many clients, every client's several calls at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_instance_takes_turns_with_the_rest_not_a_burst() {
-    let fleet = Fleet::start(5, Behavior::Delay(MS));
+    let fleet = Fleet::start(5, Behavior::Delay(10 * MS));
     let uris = fleet.uris();
     let ch = BalancedChannel::from_static(uris[..4].to_vec()).unwrap();
     let mut client = FleetClient::new(ch.clone());
@@ -218,7 +132,7 @@ async fn a_new_instance_takes_turns_with_the_rest_not_a_burst() {
     assert_eq!(fleet.instances[4].served(), 0);
     let endpoint = tonic::transport::Endpoint::from_shared(uris[4].clone()).unwrap();
     assert!(ch.insert(endpoint).unwrap());
-    // Before, the newcomer took nine of the next ten.
+    // Without the level it starts at, the newcomer would take nine of the next ten.
     takes_turns_not_a_burst(&fleet, &mut client, &ch, "the newcomer").await;
 }
 
@@ -254,13 +168,12 @@ async fn takes_turns_not_a_burst(
 
 /// An instance back in service after an ejection (its passes stayed where they were while the
 /// others took their turns) takes its turn with the rest, as a newcomer does, rather than the
-/// next several calls in a row (before, it took nine of the next ten, and with many clients
-/// every client's several calls at once).
+/// next several calls in a row (with many clients, every client's several calls at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst() {
     use tonic_balancer::{Ejection, State};
     const LIMIT: Duration = Duration::from_secs(60);
-    let fleet = Fleet::start(5, Behavior::Delay(MS));
+    let fleet = Fleet::start(5, Behavior::Delay(10 * MS));
     let ejection = Ejection::default()
         .consecutive_failures(2)
         .base_time(Duration::from_secs(2))
@@ -286,7 +199,7 @@ async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst
         let _ = client.unary(req(id)).await;
         id += 1;
     }
-    back.set(Behavior::Delay(MS));
+    back.set(Behavior::Delay(10 * MS));
     // The others take their turns while it is out.
     let mut while_out = 0;
     while state() == State::Ejected {
@@ -301,6 +214,6 @@ async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst
     }
     // More turns each than the credit of 8 an instance owed turns may win back.
     assert!(while_out >= 40, "only {while_out} calls while it was out");
-    // Before, it took nine of the next ten.
+    // With the passes it left with, it would take nine of the next ten.
     takes_turns_not_a_burst(&fleet, &mut client, &ch, "back from its ejection, it").await;
 }

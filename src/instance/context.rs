@@ -54,3 +54,49 @@ impl Context {
         self.epoch.elapsed().as_nanos() as u64
     }
 }
+
+#[cfg(test)]
+impl Context {
+    /// A context with the builder's defaults and nothing observing, for tests of the layers
+    /// below the channel. Needs a tokio runtime.
+    pub(crate) fn for_tests() -> Arc<Context> {
+        let expiry = Duration::from_secs(5);
+        Arc::new(Context {
+            epoch: Instant::now(),
+            runtime: tokio::runtime::Handle::current(),
+            clock: AtomicU64::new(0),
+            latency_expiry_ns: expiry.as_nanos() as u64,
+            inv_latency_expiry: 1.0 / expiry.as_nanos() as f64,
+            latency_decay: Duration::from_secs(1),
+            methods: super::tie::Methods::new(),
+            slow_start_ns: 0,
+            default_latency_ns: 1_000_000.0,
+            backoff: Backoff::default(),
+            discovery_wake: std::sync::OnceLock::new(),
+            ejected: AtomicUsize::new(0),
+            members: AtomicUsize::new(0),
+            conns: Default::default(),
+            reports: Default::default(),
+            reports_fresh: Default::default(),
+            events: Arc::new(Unobserved),
+        })
+    }
+}
+
+/// Events nobody observes (tests of the layers below the channel).
+#[cfg(test)]
+struct Unobserved;
+
+#[cfg(test)]
+impl Events for Unobserved {
+    fn outcome(&self, _: &Arc<super::Instance>, _: super::events::Outcome) {}
+    fn connected(&self, _: &super::Instance) {}
+    fn disconnected(&self, _: &super::Instance, _: &(dyn std::error::Error + 'static)) {}
+    fn connect_failed(&self, _: &Arc<super::Instance>, _: &dyn std::error::Error) {}
+    fn dropped(&self, _: &super::Instance) {}
+    fn back_in_service(&self, _: &super::Instance) {}
+    fn joined(&self, _: &Arc<super::Instance>) {}
+    fn taken_back(&self, _: &Arc<super::Instance>, _: usize) {}
+    fn membership(&self, _: usize, _: usize) {}
+    fn discovery_answer(&self, _: Option<&str>) {}
+}

@@ -65,6 +65,8 @@
 //! The next usable instance in order, ignoring load: the baseline.
 
 pub(crate) mod dispatch;
+#[cfg(test)]
+mod scenarios;
 pub(crate) mod wrr;
 
 use crate::set::Set;
