@@ -106,7 +106,9 @@
 
 mod builder;
 mod call;
+
 mod channel;
+mod checks;
 mod deadline;
 pub mod discover;
 mod error;

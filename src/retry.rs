@@ -117,26 +117,20 @@ impl RetryPolicy {
     }
 
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
-        let bad = |reason: &str| crate::Error::InvalidSetting {
-            name: "retry",
-            reason: reason.to_owned(),
-        };
-        if !(2..=10).contains(&self.max_attempts) {
-            return Err(bad("max_attempts must be between 2 and 10"));
-        }
-        if self.codes.is_empty() || self.codes.contains(&Code::Ok) {
-            return Err(bad("codes must name at least one status, and not OK"));
-        }
-        if self.max_backoff < self.initial_backoff {
-            return Err(bad("max_backoff must be at least initial_backoff"));
-        }
-        if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
-            return Err(bad("multiplier must be a finite number of at least 1"));
-        }
-        if !(0.0..=10.0).contains(&self.budget_ratio) {
-            return Err(bad("budget_ratio must be between 0 and 10"));
-        }
-        Ok(())
+        let c = crate::checks::Checks::of("retry");
+        c.field("max_attempts").between(self.max_attempts, 2, 10)?;
+        c.field("codes").that(
+            !self.codes.is_empty() && !self.codes.contains(&Code::Ok),
+            "must name at least one status, and not OK",
+        )?;
+        c.field("max_backoff").at_least(
+            self.max_backoff,
+            self.initial_backoff,
+            "initial_backoff",
+        )?;
+        c.field("multiplier").factor(self.multiplier)?;
+        c.field("budget_ratio")
+            .between(self.budget_ratio, 0.0, 10.0)
     }
 
     /// The backoff before retry number `retry` (1 for the first), with full jitter.

@@ -78,17 +78,9 @@ impl HealthCheck {
     }
 
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
-        let bad = |reason: &str| crate::Error::InvalidSetting {
-            name: "health_check",
-            reason: reason.to_owned(),
-        };
-        if self.interval.is_zero() {
-            return Err(bad("interval must be above zero"));
-        }
-        if self.timeout.is_zero() {
-            return Err(bad("timeout must be above zero"));
-        }
-        Ok(())
+        let c = crate::checks::Checks::of("health_check");
+        c.field("interval").above_zero(self.interval)?;
+        c.field("timeout").above_zero(self.timeout)
     }
 }
 

@@ -133,32 +133,22 @@ impl Ejection {
     }
 
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
-        let bad = |reason: &str| crate::Error::InvalidSetting {
-            name: "ejection",
-            reason: reason.to_owned(),
-        };
-        if self.consecutive_failures == 0 {
-            return Err(bad("consecutive_failures must be at least 1"));
+        let c = crate::checks::Checks::of("ejection");
+        c.field("consecutive_failures")
+            .at_least_one(u64::from(self.consecutive_failures))?;
+        c.field("base_time").above_zero(self.base_time)?;
+        c.field("max_time")
+            .at_least(self.max_time, self.base_time, "base_time")?;
+        c.field("max_ejected_percent")
+            .between(self.max_ejected_percent, 0, 100)?;
+        if let Some(every) = self.success_rate_interval {
+            c.field("success_rate_interval").above_zero(every)?;
         }
-        if self.base_time.is_zero() {
-            return Err(bad("base_time must be above zero"));
-        }
-        if self.max_time < self.base_time {
-            return Err(bad("max_time must be at least base_time"));
-        }
-        if self.max_ejected_percent > 100 {
-            return Err(bad("max_ejected_percent must be at most 100"));
-        }
-        if self.success_rate_interval.is_some_and(|d| d.is_zero()) {
-            return Err(bad("success_rate_interval must be above zero"));
-        }
-        if !(0.0..=1.0).contains(&self.success_rate_threshold) {
-            return Err(bad("success_rate_threshold must be between 0 and 1"));
-        }
-        if self.success_rate_stdev_factor.is_nan() || self.success_rate_stdev_factor < 0.0 {
-            return Err(bad("success_rate_stdev_factor must be at least 0"));
-        }
-        Ok(())
+        c.field("success_rate_threshold")
+            .between(self.success_rate_threshold, 0.0, 1.0)?;
+        let factor = self.success_rate_stdev_factor;
+        c.field("success_rate_stdev_factor")
+            .that(factor >= 0.0, "must be at least 0")
     }
 
     /// The same settings with every duration at most 30 years (longer ones mean "never").

@@ -154,22 +154,14 @@ impl HedgingPolicy {
     }
 
     fn validate(&self) -> Result<(), crate::Error> {
-        if !(2..=MAX_ATTEMPTS).contains(&self.max_attempts) {
-            return Err(bad(format!(
-                "max_attempts must be between 2 and {MAX_ATTEMPTS} (gRFC A6's cap), not {}",
-                self.max_attempts
-            )));
-        }
-        if self.non_fatal.contains(&Code::Ok) {
-            return Err(bad("non_fatal_codes must not name OK".to_owned()));
-        }
-        if !(0.0..=10.0).contains(&self.budget_ratio) {
-            return Err(bad("budget_ratio must be between 0 and 10".to_owned()));
-        }
-        if self.methods.is_empty() {
-            return Err(bad("the policy names no method".to_owned()));
-        }
-        Ok(())
+        let c = CHECKS;
+        c.field("max_attempts")
+            .between(self.max_attempts, 2, MAX_ATTEMPTS)?;
+        c.field("non_fatal_codes")
+            .that(!self.non_fatal.contains(&Code::Ok), "must not name OK")?;
+        c.field("budget_ratio")
+            .between(self.budget_ratio, 0.0, 10.0)?;
+        c.that(!self.methods.is_empty(), "the policy names no method")
     }
 
     fn same_budget(&self, ratio: f64, min_per_sec: u32) -> bool {
@@ -177,12 +169,8 @@ impl HedgingPolicy {
     }
 }
 
-fn bad(reason: String) -> crate::Error {
-    crate::Error::InvalidSetting {
-        name: "hedging",
-        reason,
-    }
-}
+/// The checks of the `hedging` setting.
+const CHECKS: crate::checks::Checks = crate::checks::Checks::of("hedging");
 
 /// A method name of a policy, as the path it matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,7 +184,7 @@ enum Name {
 /// Reads a method name as the user gives it: `package.Service/Method` or `package.Service`,
 /// with or without a leading `/`.
 fn parse_name(name: &str) -> Result<Name, crate::Error> {
-    let refuse = |why: &str| bad(format!("method name {name:?}: {why}"));
+    let refuse = |why: &str| CHECKS.refusal(format_args!("method name {name:?}: {why}"));
     let rest = name.strip_prefix('/').unwrap_or(name);
     if rest.is_empty() {
         return Err(refuse("empty"));
@@ -246,22 +234,21 @@ impl Hedging {
             let mut p = p;
             p.delay = crate::time::cap(p.delay);
             p.validate()?;
-            if !p.same_budget(ratio, min) {
-                return Err(bad(
-                    "retries and hedges share one budget: every hedging policy's budget_ratio and \
-                     budget_min_per_sec must equal the others' and the retry policy's"
-                        .to_owned(),
-                ));
-            }
+            CHECKS.that(
+                p.same_budget(ratio, min),
+                "retries and hedges share one budget: every hedging policy's budget_ratio and \
+                 budget_min_per_sec must equal the others' and the retry policy's",
+            )?;
             let p = Arc::new(p);
             for name in &p.methods {
                 let (list, path) = match parse_name(name)? {
                     Name::Method(path) => (&mut h.methods, path),
                     Name::Service(path) => (&mut h.services, path),
                 };
-                if list.iter().any(|(q, _)| *q == path) {
-                    return Err(bad(format!("{name:?} is named twice")));
-                }
+                CHECKS.that(
+                    !list.iter().any(|(q, _)| *q == path),
+                    format_args!("{name:?} is named twice"),
+                )?;
                 list.push((path, p.clone()));
             }
         }

@@ -105,26 +105,13 @@ impl Backoff {
     }
 
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
-        let bad = |reason: &str| crate::Error::InvalidSetting {
-            name: "backoff",
-            reason: reason.to_owned(),
-        };
-        if self.initial.is_zero() {
-            return Err(bad("initial must be above zero"));
-        }
-        if self.max < self.initial {
-            return Err(bad("max must be at least initial"));
-        }
-        if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
-            return Err(bad("multiplier must be a finite number of at least 1"));
-        }
-        if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(bad("jitter must be between 0 and 1"));
-        }
-        if self.min_connect_timeout.is_zero() {
-            return Err(bad("min_connect_timeout must be above zero"));
-        }
-        Ok(())
+        let c = crate::checks::Checks::of("backoff");
+        c.field("initial").above_zero(self.initial)?;
+        c.field("max").at_least(self.max, self.initial, "initial")?;
+        c.field("multiplier").factor(self.multiplier)?;
+        c.field("jitter").between(self.jitter, 0.0, 1.0)?;
+        c.field("min_connect_timeout")
+            .above_zero(self.min_connect_timeout)
     }
 }
 

@@ -102,28 +102,10 @@ impl Default for Limits {
 impl Limits {
     /// Refuses limits out of range, naming the setting.
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
-        if self.max == 0 || self.max > MAX_CONNECTIONS_CAP {
-            return Err(crate::Error::InvalidSetting {
-                name: "max_connections_per_instance",
-                reason: format!(
-                    "{} is out of range: at least 1 (one connection per instance) and at most {}",
-                    self.max, MAX_CONNECTIONS_CAP
-                ),
-            });
-        }
-        if self.streams == 0 {
-            return Err(crate::Error::InvalidSetting {
-                name: "max_streams_per_connection",
-                reason: "must be above zero".to_owned(),
-            });
-        }
-        if self.idle.is_zero() {
-            return Err(crate::Error::InvalidSetting {
-                name: "connection_idle_timeout",
-                reason: "must be above zero".to_owned(),
-            });
-        }
-        Ok(())
+        use crate::checks::Checks;
+        Checks::of("max_connections_per_instance").between(self.max, 1, MAX_CONNECTIONS_CAP)?;
+        Checks::of("max_streams_per_connection").at_least_one(self.streams as u64)?;
+        Checks::of("connection_idle_timeout").above_zero(self.idle)
     }
 }
 

@@ -285,20 +285,11 @@ pub(crate) const MIN_UPDATE_PERIOD: Duration = Duration::from_millis(100);
 impl WrrConfig {
     /// Refuses settings that make no sense, naming them.
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
-        let p = self.error_utilization_penalty;
-        if !p.is_finite() || p < 0.0 {
-            return Err(crate::Error::InvalidSetting {
-                name: "weighted_round_robin.error_utilization_penalty",
-                reason: format!("must be finite and at least 0, not {p}"),
-            });
-        }
-        if self.weight_expiration_period.is_zero() {
-            return Err(crate::Error::InvalidSetting {
-                name: "weighted_round_robin.weight_expiration_period",
-                reason: "must be above zero".into(),
-            });
-        }
-        Ok(())
+        use crate::checks::Checks;
+        Checks::of("weighted_round_robin.error_utilization_penalty")
+            .non_negative(self.error_utilization_penalty)?;
+        Checks::of("weighted_round_robin.weight_expiration_period")
+            .above_zero(self.weight_expiration_period)
     }
 
     /// The same settings with every duration at most 30 years (longer ones mean "never").

@@ -16,7 +16,7 @@
 //! that keeps the first minimum sends every call to the same instance. Here each instance
 //! keeps a *pass* (a virtual time, as in stride scheduling): among the tied candidates the one
 //! with the lowest pass wins, and its pass then advances by its *stride*. An instance as fast
-//! as the rest has a stride of [`UNIT`], so tied equals take turns, more evenly than a random
+//! as the rest has a stride of [`UNIT`](crate::instance::tie::UNIT), so tied equals take turns, more evenly than a random
 //! draw would spread them; one that answers slower has a longer stride, growing smoothly with
 //! how much slower it is, so it wins fewer ties but keeps winning some (its chance never drops
 //! to zero, and its estimate is re-checked within a bounded share of the calls). An instance
@@ -142,7 +142,7 @@ pub(crate) const TIE_WINDOW: usize = 4;
 /// Least pending with the pass tie-break (see the module docs). `in_flight` returns `None` for
 /// an instance that must not get calls; `turn` is read only for the candidates tied for the
 /// fewest calls in flight. `strides` are steps prime to `items.len()` and below it (see
-/// [`strides_for`]); empty means in order.
+/// [`strides_for`](crate::set::strides_for)); empty means in order.
 ///
 /// One pass finds the fewest calls in flight and notes where the tied candidates are (up to
 /// 64 of them); the tie-break then looks at all of them if there are at most 8, else at 4 in a

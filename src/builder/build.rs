@@ -1,0 +1,271 @@
+//! The checks of the settings, and the wiring of the parts: the instances' shared context,
+//! the set, the call path's shared state, the observers and the background tasks.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::transport::Endpoint;
+
+use super::{Builder, DiscoverySource, DEFAULT_CONNECT_TIMEOUT};
+use crate::call::shared::Shared;
+use crate::error::Error;
+#[cfg(feature = "health-check")]
+use crate::health::HealthCheck;
+use crate::hooks::Hooks;
+use crate::instance::Context;
+use crate::retry::{Budget, RetryPolicy};
+use crate::set::Set;
+use crate::target::Key;
+use crate::{BalancedChannel, Strategy};
+
+/// The largest [`Builder::max_replay_body`].
+const MAX_REPLAY_BODY_CAP: usize = 16 * 1024 * 1024;
+
+impl Builder {
+    /// Checks the settings and builds the channel. Must be called within a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoInstances`] for an empty set, [`Error::InvalidUri`] and
+    /// [`Error::DuplicateUri`] naming the address, [`Error::InvalidSetting`] naming the
+    /// setting, [`Error::NoRuntime`] outside a tokio runtime.
+    pub fn build(self) -> Result<BalancedChannel, Error> {
+        self.build_with(std::collections::HashMap::new())
+    }
+
+    /// Builds the channel, with connections opened already to some of its instances.
+    pub(super) fn build_with(
+        mut self,
+        mut connected: std::collections::HashMap<Key, tonic::transport::Channel>,
+    ) -> Result<BalancedChannel, Error> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.cap_durations();
+        self.check()?;
+        #[cfg(feature = "metrics")]
+        let metrics = (self.metrics.clone(), self.default_target());
+        let hedging = crate::hedge::Hedging::new(
+            self.hedging.clone(),
+            self.retry
+                .as_ref()
+                .map(|r| (r.budget_ratio, r.budget_min_per_sec)),
+        )?;
+        let subset = crate::set::subset::Aperture::new(self.subset, self.subset_client)?;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(Error::NoRuntime);
+        };
+        let mut push = None;
+        let discovery = match self.discovery.clone() {
+            None => None,
+            Some(DiscoverySource::Push(task)) => {
+                push = Some(crate::lock(&task).take().ok_or(Error::InvalidSetting {
+                    name: "discover",
+                    reason: "the stream was taken by an earlier build() of this builder".into(),
+                })?);
+                None
+            }
+            Some(DiscoverySource::Custom(r)) => Some((r, "http", None)),
+            Some(DiscoverySource::Dns {
+                target,
+                #[cfg(feature = "hickory-dns")]
+                settings,
+            }) => Some(crate::discover::dns_source(
+                &target,
+                #[cfg(feature = "hickory-dns")]
+                settings,
+            )?),
+        };
+        let totals = Arc::new(crate::observe::Totals::default());
+        let health = crate::health::Health {
+            ejection: self.ejection.clone(),
+            totals: totals.clone(),
+        };
+        let hooks = Arc::new(Hooks {
+            shared: std::sync::OnceLock::new(),
+            #[cfg(feature = "health-check")]
+            health_check: self.health_check,
+            oob: self.load_reports_oob,
+            health: health.clone(),
+        });
+        let policy = Arc::new(Context {
+            epoch: Instant::now(),
+            runtime,
+            clock: AtomicU64::new(0),
+            latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
+            inv_latency_expiry: 1.0 / self.latency_expiry.as_nanos() as f64,
+            latency_decay: self.latency_decay,
+            methods: crate::instance::tie::Methods::new(),
+            default_latency_ns: 1_000_000.0,
+            slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
+            backoff: self.backoff,
+            discovery_wake: std::sync::OnceLock::new(),
+            ejected: AtomicUsize::new(0),
+            members: AtomicUsize::new(0),
+            conns: self.conns,
+            reports: crate::instance::load::ReportSettings::new(self.load_report_max_age, self.wrr),
+            reports_fresh: Default::default(),
+            events: hooks.clone(),
+        });
+        let mut set = Set::new(policy.clone());
+        set.subset = subset.map(|s| Box::new(crate::set::subset::Subset::new(s)));
+        let mut pool = Shared::new(set, self.strategy, totals.clone());
+        pool.replay = self.transparent_retry;
+        pool.budget = self.retry.as_ref().map(Budget::new).or_else(|| {
+            let (ratio, min_per_sec) = hedging.as_ref()?.budget();
+            Some(Budget::with(ratio, min_per_sec))
+        });
+        pool.hedging = hedging.map(Box::new);
+        pool.retry = self.retry;
+        pool.max_replay_body = self.max_replay_body;
+        let pool = Arc::new(pool);
+        let _ = hooks.shared.set(Arc::downgrade(&pool));
+        #[cfg(feature = "metrics")]
+        crate::metrics::configure(&totals.metrics, metrics.0, metrics.1);
+        let set = pool.set();
+        if let Some(subset) = &set.subset {
+            crate::set::subset::extend(set, subset, self.endpoints, connected);
+        } else {
+            for target in self.endpoints {
+                let channel = connected.remove(&target.key);
+                set.insert_with(target, channel);
+            }
+        }
+        set.warm_new
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(instances = pool.snapshot().len(), strategy = ?self.strategy, "balanced channel built");
+        if let Some((source, scheme, authority)) = discovery {
+            let _ = policy.discovery_wake.set(set.discovery_wake.clone());
+            if pool.snapshot().is_empty() {
+                set.discovered.send_replace(false);
+            }
+            let template = self.template.clone().unwrap_or_else(|| {
+                Arc::new(|uri: http::Uri| {
+                    Endpoint::from(uri).connect_timeout(DEFAULT_CONNECT_TIMEOUT)
+                })
+            });
+            tracing::info!(source = %source.name(), "discovery on");
+            totals.set_source(source.name());
+            crate::discover::spawn(
+                &pool,
+                crate::discover::Discovery {
+                    source,
+                    interval: self.discovery_interval,
+                    timeout: self.discovery_timeout,
+                    scheme,
+                    authority,
+                    template,
+                },
+            );
+        }
+        if let Some(task) = push {
+            totals.set_source("discovery stream".to_owned());
+            if pool.snapshot().is_empty() {
+                set.discovered.send_replace(false);
+            }
+            pool.spawn(task(Arc::downgrade(&pool), self.discovery_timeout));
+        }
+        if let Some(every) = self.ejection.success_rate_interval {
+            pool.spawn(success_rate_task(Arc::downgrade(&pool), health, every));
+        }
+        if self.strategy == Strategy::WeightedRoundRobin {
+            pool.spawn(crate::pick::wrr::task(Arc::downgrade(&pool), self.wrr));
+        }
+        crate::metrics::spawn(&pool, &totals.metrics);
+        Ok(BalancedChannel { shared: pool })
+    }
+
+    /// The checks of the instances and of every setting, each settings type checking itself;
+    /// the few settings that are one number each are checked here.
+    fn check(&self) -> Result<(), Error> {
+        use crate::checks::Checks;
+        if self.endpoints.is_empty() && self.discovery.is_none() {
+            return Err(Error::NoInstances);
+        }
+        for (i, target) in self.endpoints.iter().enumerate() {
+            if self.endpoints[..i].iter().any(|t| t.key == target.key) {
+                return Err(Error::DuplicateUri {
+                    uri: target.name.to_string(),
+                });
+            }
+        }
+        self.backoff.validate()?;
+        #[cfg(feature = "metrics")]
+        self.metrics.validate()?;
+        self.ejection.validate()?;
+        if let Some(r) = &self.retry {
+            r.validate()?;
+        }
+        #[cfg(feature = "health-check")]
+        if let Some(h) = &self.health_check {
+            h.validate()?;
+        }
+        self.conns.validate()?;
+        self.wrr.validate()?;
+        Checks::of("max_replay_body").that(
+            self.max_replay_body <= MAX_REPLAY_BODY_CAP,
+            format_args!("{} bytes is above the 16 MiB cap", self.max_replay_body),
+        )?;
+        Checks::of("latency_expiry").above_zero(self.latency_expiry)?;
+        if let Some(every) = self.load_reports_oob {
+            Checks::of("load_reports_out_of_band").above_zero(every)?;
+        }
+        if let Some(window) = self.slow_start {
+            Checks::of("slow_start").above_zero(window)?;
+        }
+        Checks::of("discovery_interval").above_zero(self.discovery_interval)?;
+        Checks::of("discovery_timeout").above_zero(self.discovery_timeout)
+    }
+
+    /// Every duration setting at most 30 years: any duration is accepted (`Duration::MAX` for
+    /// "never"), and a longer one means the same as 30 years, so that no timer overflows.
+    fn cap_durations(&mut self) {
+        use crate::time::cap;
+        self.backoff = self.backoff.clone().capped();
+        self.ejection = self.ejection.clone().capped();
+        self.retry = self.retry.take().map(RetryPolicy::capped);
+        #[cfg(feature = "health-check")]
+        {
+            self.health_check = self.health_check.take().map(HealthCheck::capped);
+        }
+        self.wrr = self.wrr.capped();
+        self.latency_expiry = cap(self.latency_expiry);
+        self.latency_decay = cap(self.latency_decay);
+        self.discovery_interval = cap(self.discovery_interval);
+        self.discovery_timeout = cap(self.discovery_timeout);
+        self.slow_start = self.slow_start.map(cap);
+        self.conns.idle = cap(self.conns.idle);
+        self.load_report_max_age = cap(self.load_report_max_age);
+        self.load_reports_oob = self.load_reports_oob.map(cap);
+    }
+
+    /// What the channel's metrics call it (`grpc.target`) unless told otherwise.
+    #[cfg(feature = "metrics")]
+    fn default_target(&self) -> String {
+        match &self.discovery {
+            Some(DiscoverySource::Dns { target, .. }) => {
+                let rest = target.split_once("://").map_or(target.as_str(), |(_, r)| r);
+                format!("dns:///{rest}")
+            }
+            Some(DiscoverySource::Custom(r)) => r.name(),
+            Some(DiscoverySource::Push(_)) => "discovery stream".to_owned(),
+            None => {
+                let names: Vec<&str> = self.endpoints.iter().map(|t| &*t.name).collect();
+                names.join(",")
+            }
+        }
+    }
+}
+
+async fn success_rate_task(pool: Weak<Shared>, health: crate::health::Health, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        crate::health::success_rate_sweep(&health, &pool.snapshot());
+    }
+}

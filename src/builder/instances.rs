@@ -1,0 +1,265 @@
+//! The instances of the channel: given one by one, or found by discovery.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::transport::Endpoint;
+
+use super::{Builder, DiscoverySource, PushTask, DEFAULT_CONNECT_TIMEOUT};
+use crate::discover::Resolve;
+use crate::error::Error;
+use crate::target::Target;
+
+impl Builder {
+    /// Discovers the instances in DNS: `target` is `host:port` (such as
+    /// `my-service.default.svc.cluster.local:50051`, the name of a Kubernetes headless
+    /// Service), resolved by the system's resolver into one instance per address (A and AAAA
+    /// records), again every [`discovery_interval`](Builder::discovery_interval). Instances
+    /// given with [`endpoint`](Builder::endpoint) or [`uri`](Builder::uri) are replaced by the
+    /// first answer. See the [`discover`](crate::discover) module for the behaviour on failures.
+    ///
+    /// Each instance is known by its address (`http://10.0.0.7:50051` in
+    /// [`endpoints`](crate::BalancedChannel::endpoints) and [`ServedBy`](crate::ServedBy)) and
+    /// its connection goes there, while its `Endpoint` carries the name, as one tonic endpoint
+    /// for the name would: requests carry `:authority: host:port`, and with TLS (target
+    /// `https://host:port` and an [`endpoint_template`](Builder::endpoint_template) that sets
+    /// `tls_config`) the certificate is checked against the name, not the address.
+    ///
+    /// ```no_run
+    /// # async fn demo(ca_pem: &str) -> Result<(), tonic_balancer::Error> {
+    /// use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+    ///
+    /// let ca = Certificate::from_pem(ca_pem);
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .dns("https://my-service.internal:443")
+    ///     // `uri` is https://my-service.internal:443: the TLS server name is the service's.
+    ///     .endpoint_template(move |uri| {
+    ///         Endpoint::from(uri)
+    ///             .tls_config(ClientTlsConfig::new().ca_certificate(ca.clone()))
+    ///             .expect("valid TLS settings")
+    ///     })
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn dns(mut self, target: &str) -> Builder {
+        self.discovery = Some(DiscoverySource::Dns {
+            target: target.to_owned(),
+            #[cfg(feature = "hickory-dns")]
+            settings: None,
+        });
+        self
+    }
+
+    /// As [`dns`](Builder::dns), asking the name servers of `settings` (feature
+    /// `hickory-dns`): your own name servers, timeout and attempts.
+    ///
+    /// ```
+    /// use tonic_balancer::{BalancedChannel, DnsSettings};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tonic_balancer::Error> {
+    /// let channel = BalancedChannel::builder()
+    ///     .dns_with(
+    ///         "my-service.internal:50051",
+    ///         DnsSettings::name_servers(["10.0.0.10:53".parse().unwrap()]),
+    ///     )
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    #[cfg(feature = "hickory-dns")]
+    pub fn dns_with(mut self, target: &str, settings: crate::DnsSettings) -> Builder {
+        self.discovery = Some(DiscoverySource::Dns {
+            target: target.to_owned(),
+            settings: Some(settings),
+        });
+        self
+    }
+
+    /// Discovers the instances with a source of your own (a registry, a control plane).
+    pub fn resolver(mut self, source: impl Resolve) -> Builder {
+        self.discovery = Some(DiscoverySource::Custom(Arc::new(source)));
+        self
+    }
+
+    /// Follows a source that pushes changes (tower's `Discover` shape: any `TryStream` of
+    /// [`Change`](tower::discover::Change)`<K, Endpoint>`), as service registries with watches
+    /// deliver them (Consul, Kubernetes EndpointSlices, etcd): each `Insert(key, endpoint)`
+    /// adds the instance with its own settings (replacing an instance of the same URI, and the
+    /// URI the key had before); each `Remove(key)` drains the key's instance. Until the first
+    /// change arrives, calls wait for it, for at most the
+    /// [`discovery_timeout`](Builder::discovery_timeout). An error of the source is logged and
+    /// the set kept; when the source ends, the set stays as it is.
+    ///
+    /// ```
+    /// use tonic::transport::Endpoint;
+    /// use tower::discover::Change;
+    /// use tonic_balancer::BalancedChannel;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tonic_balancer::Error> {
+    /// let (tx, rx) = tokio::sync::mpsc::channel::<Change<&str, Endpoint>>(16);
+    /// // Any stream of Result<Change<K, Endpoint>, E>: here, an mpsc receiver's.
+    /// let changes = futures::stream::unfold(rx, |mut rx| async move {
+    ///     rx.recv().await.map(|c| (Ok::<_, std::convert::Infallible>(c), rx))
+    /// });
+    /// let channel = BalancedChannel::builder().discover(changes).build()?;
+    /// tx.send(Change::Insert("pod-a", Endpoint::from_static("http://10.0.0.7:50051"))).await.ok();
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn discover<D, K>(self, source: D) -> Builder
+    where
+        D: tower::discover::Discover<Key = K, Service = Endpoint> + Send + 'static,
+        D::Error: Into<tower::BoxError>,
+        K: std::hash::Hash + Eq + Clone + Send + 'static,
+    {
+        let mut source = Box::pin(source);
+        self.push(
+            Box::new(move |cx| {
+                source
+                    .as_mut()
+                    .poll_discover(cx)
+                    .map(|item| item.map(|r| r.map_err(Into::into)))
+            }),
+            "discovery stream",
+        )
+    }
+
+    /// Follows the changes that `next` yields (see [`discover`](Builder::discover)).
+    pub(crate) fn push<K>(
+        mut self,
+        next: crate::discover::push::Next<K>,
+        name: &'static str,
+    ) -> Builder
+    where
+        K: std::hash::Hash + Eq + Clone + Send + 'static,
+    {
+        let task: PushTask = Box::new(move |pool, first_within| {
+            Box::pin(crate::discover::push::run(
+                pool,
+                next,
+                name.to_owned(),
+                first_within,
+            ))
+        });
+        self.discovery = Some(DiscoverySource::Push(Arc::new(std::sync::Mutex::new(
+            Some(task),
+        ))));
+        self
+    }
+
+    /// How often discovery asks its source again (default 30 s; sooner, at most once a
+    /// second, when an instance cannot be reached).
+    pub fn discovery_interval(mut self, every: Duration) -> Builder {
+        self.discovery_interval = every;
+        self
+    }
+
+    /// How long one lookup of the discovery source may take (default 10 s); a lookup that
+    /// takes longer counts as failed (the last good set is kept, and calls waiting for a first
+    /// answer fail with UNAVAILABLE naming the source).
+    pub fn discovery_timeout(mut self, timeout: Duration) -> Builder {
+        self.discovery_timeout = timeout;
+        self
+    }
+
+    /// How a discovered instance's `Endpoint` is made (TLS, timeouts, keep-alive...), from the
+    /// URI it gets: with [`dns`](Builder::dns), `scheme://host:port` with the DNS name (the
+    /// connection still goes to the address found; see there); with a [`resolver`](Builder::resolver)
+    /// of your own, `http://address:port`. The default is `Endpoint::from(uri)` with a
+    /// [`DEFAULT_CONNECT_TIMEOUT`]. For TLS, set `tls_config` here (tonic's `tls-ring` or
+    /// `tls-aws-lc` feature), as for any tonic endpoint.
+    pub fn endpoint_template(
+        mut self,
+        template: impl Fn(http::Uri) -> Endpoint + Send + Sync + 'static,
+    ) -> Builder {
+        self.template = Some(Arc::new(template));
+        self
+    }
+
+    /// Adds an instance, with its per-connection settings. An `Endpoint` of a Unix socket does
+    /// not tell its path: give such an instance with [`uri`](Builder::uri) instead.
+    pub fn endpoint(mut self, endpoint: Endpoint) -> Builder {
+        self.add(Target::endpoint(endpoint));
+        self
+    }
+
+    /// Adds several instances.
+    pub fn endpoints(mut self, endpoints: impl IntoIterator<Item = Endpoint>) -> Builder {
+        for e in endpoints {
+            self = self.endpoint(e);
+        }
+        self
+    }
+
+    /// Adds an instance by URI, with tonic's default settings and a connect timeout of
+    /// [`DEFAULT_CONNECT_TIMEOUT`]: `http://host:port`, `https://host:port`, or a Unix
+    /// socket as tonic spells it (`unix:/run/app.sock` or `unix:///run/app.sock`; the
+    /// instance is known by that URI). A malformed URI is reported by [`build`](Builder::build).
+    pub fn uri(mut self, uri: &str) -> Builder {
+        self.add(Target::uri(uri, DEFAULT_CONNECT_TIMEOUT));
+        self
+    }
+
+    /// Adds an instance reached through a connector of your own, as tonic's
+    /// `Endpoint::connect_with_connector` does for one channel: a `tower::Service<Uri>` that
+    /// returns the connection's I/O (a Unix socket, an in-memory pipe, a proxy tunnel...). The
+    /// endpoint gives the per-connection settings and the URI the requests carry; `name` is what
+    /// the instance is known by (in [`EndpointStats`](crate::EndpointStats),
+    /// [`ServedBy`](crate::ServedBy) and [`BalancedChannel::remove`](crate::BalancedChannel::remove)), since connector-reached
+    /// instances often share one placeholder URI. The connector is cloned for each connection.
+    ///
+    /// ```no_run
+    /// # #[cfg(unix)]
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// use hyper_util::rt::TokioIo;
+    /// use tonic::transport::Endpoint;
+    ///
+    /// let mut builder = tonic_balancer::BalancedChannel::builder();
+    /// for path in ["/run/app/a.sock", "/run/app/b.sock"] {
+    ///     let connector = tower::service_fn(move |_: http::Uri| async move {
+    ///         Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+    ///     });
+    ///     let endpoint = Endpoint::from_static("http://app.local");
+    ///     builder = builder.endpoint_with_connector(path, endpoint, connector);
+    /// }
+    /// let channel = builder.build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn endpoint_with_connector<C>(
+        mut self,
+        name: &str,
+        endpoint: Endpoint,
+        connector: C,
+    ) -> Builder
+    where
+        C: tower::Service<http::Uri> + Clone + Send + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin,
+        C::Future: Send,
+        tower::BoxError: From<C::Error> + Send,
+    {
+        self.add(Target::with_connector(name, endpoint, connector));
+        self
+    }
+
+    /// Keeps an instance, or the first error, for `build()`.
+    fn add(&mut self, target: Result<Target, Error>) {
+        match target {
+            Ok(target) => self.endpoints.push(target),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Adds several instances by URI, as [`uri`](Builder::uri) does for one.
+    pub fn uris<I, S>(mut self, uris: I) -> Builder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        for uri in uris {
+            self = self.uri(uri.as_ref());
+        }
+        self
+    }
+}
