@@ -1,0 +1,438 @@
+//! The decisions of a call: what the end of an attempt means for the call (its answer
+//! delivered, the attempt sent again unseen, a retry, a hedge, the call's end), and the plan's
+//! next attempt.
+
+use std::sync::Arc;
+use std::task::Context;
+
+use tonic::body::Body;
+use tonic::Code;
+use tower::BoxError;
+
+use super::attempt::{Attempt, Polled};
+use super::outcome::{head_status, End};
+use super::plan::{Plan, MAX_REFUSED_REPLAYS, MAX_SAME_INSTANCE_REPLAYS, RECHECK};
+use super::replay::{Copied, Replay};
+use super::{CallResult, Phase, ResponseFuture};
+use crate::call::guard::GuardedBody;
+use crate::error::{deadline_exceeded, no_usable_instance};
+use crate::instance::conns::UNCOUNTED;
+use crate::instance::events::Kind;
+use crate::instance::Instance;
+use crate::pick::dispatch::{could_take, pick_now};
+use crate::pushback::Pushback;
+use crate::stats::ServedBy;
+
+impl ResponseFuture {
+    /// Attempt `i` ended: what that says, and what the call does next. `Some`: the call's
+    /// answer.
+    #[inline]
+    pub(super) fn ended(&mut self, i: usize, polled: Polled) -> Option<CallResult> {
+        match polled {
+            Polled::Head(resp) => self.answered(i, resp),
+            Polled::Failed(e) => {
+                let a = self.attempts.remove(i);
+                self.failed(a, e)
+            }
+            Polled::Unreachable => {
+                let a = self.attempts.remove(i);
+                let e: BoxError =
+                    format!("{} could not be reached", a.instance().target.name).into();
+                self.failed_as(a, End::Unreachable, e)
+            }
+        }
+    }
+
+    /// Attempt `i`'s response head arrived.
+    #[inline]
+    fn answered(&mut self, i: usize, mut resp: http::Response<Body>) -> Option<CallResult> {
+        let a = self.attempts.get_mut(i);
+        a.guard_mut().headers_received();
+        if self
+            .deadline
+            .as_deref()
+            .is_some_and(crate::deadline::passed)
+        {
+            // The deadline passed as the answer came (often the server's own timer answering
+            // CANCELLED "Timeout expired"): report it as what it is. The instance answered.
+            let outcome = a.guard().deadline_outcome();
+            a.guard_mut().finish(outcome);
+            a.obs.ended(Code::DeadlineExceeded);
+            return Some(self.end_with(deadline_exceeded().into()));
+        }
+        let inst = a.guard().instance();
+        inst.connected();
+        resp.extensions_mut()
+            .insert(ServedBy::new(inst.target.name.clone()));
+        if let Some((code, outcome)) = head_status(&resp) {
+            // A trailers-only response carries its load report in its head.
+            crate::orca::take_report(inst, resp.headers_mut());
+            a.guard_mut().finish(outcome);
+            if code != Code::Ok && self.answer_goes_on(i, code, &resp) {
+                self.again.as_mut().expect("goes on").next().last = Some(Ok(resp));
+                return None;
+            }
+            self.obs.head(code);
+        }
+        Some(self.deliver(i, resp))
+    }
+
+    /// Whether attempt `i`, answered with a status that is not OK (a trailers-only answer),
+    /// is over with the call going on; if so, it is dropped.
+    #[cold]
+    fn answer_goes_on(&mut self, i: usize, code: Code, resp: &http::Response<Body>) -> bool {
+        let inst = self.attempts.get_mut(i).instance().clone();
+        let pushback = crate::pushback::read(resp.headers());
+        if !self.goes_on(&inst, code, pushback) {
+            return false;
+        }
+        tracing::debug!(?code, addr = %inst.target.name, "attempt answered; the call goes on");
+        let mut a = self.attempts.remove(i);
+        a.obs.ended(code);
+        true
+    }
+
+    /// An attempt failed before its response head.
+    fn failed(&mut self, a: Attempt, e: BoxError) -> Option<CallResult> {
+        let caller = self.replay().is_some_and(|r| r.caller_error().is_some());
+        let end = End::of(&*e, caller);
+        self.failed_as(a, end, e)
+    }
+
+    fn failed_as(&mut self, mut a: Attempt, end: End, e: BoxError) -> Option<CallResult> {
+        let outcome = end.settle(a.guard(), &*e);
+        a.guard_mut().finish(outcome);
+        let inst = a.instance().clone();
+        if end == End::Timeout {
+            a.obs.ended(Code::DeadlineExceeded);
+            return Some(self.end_with(deadline_exceeded().into()));
+        }
+        if end.unprocessed() && self.unseen_again(&a, end, &*e) {
+            a.obs.ended(Code::Unavailable);
+            return None;
+        }
+        let caller = self.replay().and_then(Replay::caller_error);
+        let status = end.status(&inst.target.name, e, caller);
+        a.obs.ended(crate::observe::code_of(&*status));
+        drop(a);
+        if end != End::Caller && self.goes_on(&inst, end.code(), None) {
+            tracing::debug!(error = %status, addr = %inst.target.name, "attempt failed; the call goes on");
+            self.again.as_mut().expect("goes on").next().last = Some(Err(status));
+            return None;
+        }
+        Some(self.end_with(status))
+    }
+
+    /// After an attempt on `inst` ended with `code` (and the server's `pushback`), whether the
+    /// plan makes another attempt (now, later, or beside the ones in flight).
+    fn goes_on(&mut self, inst: &Arc<Instance>, code: Code, pushback: Option<Pushback>) -> bool {
+        let Some(again) = self.again.as_mut() else {
+            return false;
+        };
+        match again.plan {
+            Plan::Replay => false,
+            Plan::Retry => {
+                again.tried(inst);
+                let Some(delay) = again.retry_after(code, pushback) else {
+                    return false;
+                };
+                self.obs.retrying(delay);
+                again.arm(delay);
+                true
+            }
+            Plan::Hedge => {
+                let runtime = &again.shared.ctx.runtime;
+                let next = again.next.as_mut().expect("a hedged call's state");
+                let policy = next.hedging.as_ref().expect("a hedged call's policy");
+                if !policy.non_fatal.contains(&code) {
+                    return false;
+                }
+                // A non-fatal answer: the next hedge at once, or when the server says.
+                match pushback {
+                    None => next.hedge_now = true,
+                    Some(Pushback::After(wait)) => {
+                        next.hedge_now = false;
+                        next.arm(wait, runtime);
+                    }
+                    Some(Pushback::Stop) => {
+                        tracing::debug!(
+                            "the server's pushback says not to retry: no further hedge"
+                        );
+                        next.stop();
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// After attempt `a`, which the server did not process (`end`), sends the call again at
+    /// once, unseen by the caller, if its request can be had whole: false if it cannot be sent
+    /// again that way.
+    fn unseen_again(
+        &mut self,
+        a: &Attempt,
+        end: End,
+        e: &(dyn std::error::Error + 'static),
+    ) -> bool {
+        let Some(again) = self.again.as_mut() else {
+            return false;
+        };
+        if !again.shared.replay {
+            return false;
+        }
+        let Some(time_left) = again.time_left() else {
+            return false;
+        };
+        let inst = a.instance();
+        // May the same instance take it again?
+        let same_ok = match end {
+            End::Refused => {
+                if again.refusals >= MAX_REFUSED_REPLAYS {
+                    return false;
+                }
+                true
+            }
+            End::ClosedUnsent | End::ConnectFailed
+                if again.same_instance < MAX_SAME_INSTANCE_REPLAYS
+                    && (end == End::ClosedUnsent || a.guard().held.extra.is_some()) =>
+            {
+                true
+            }
+            _ => false,
+        };
+        if end != End::Refused && again.replay.was_read(a.id) {
+            // Something of it may have gone out.
+            return false;
+        }
+        if !same_ok {
+            again.tried(inst);
+        }
+        let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
+        let to = match picked {
+            Some(idx) => snap[idx].clone(),
+            None if same_ok && inst.is_usable() => inst.clone(),
+            None => {
+                tracing::debug!(addr = %inst.target.name, reason = %e, "no other instance to send the call to");
+                return false;
+            }
+        };
+        let Some((mut req, id)) = again.replay.instead_of(a.id, time_left) else {
+            tracing::debug!(reason = %e, "call cannot be sent again: its request body is gone");
+            return false;
+        };
+        if end == End::Refused {
+            again.refusals += 1;
+        } else if same_ok {
+            again.same_instance += 1;
+        }
+        if again.plan == Plan::Hedge {
+            again.tried(&to);
+        }
+        let avoid = if end == End::Refused && Arc::ptr_eq(&to, inst) {
+            a.guard().held.conn
+        } else {
+            UNCOUNTED
+        };
+        tracing::debug!(addr = %to.target.name, from = %inst.target.name, reason = %e, "call sent again: its attempt was not processed");
+        let obs = self
+            .obs
+            .attempt(&again.shared.totals, &to, Kind::Transparent);
+        obs.count_sent(&mut req);
+        let method = again.method;
+        self.attempts
+            .push(Attempt::start(&to, method, req, id, true, avoid, obs));
+        true
+    }
+
+    /// The plan's next attempt: a retry after its backoff, or a hedge.
+    pub(super) fn next_attempt(&mut self, cx: &mut Context<'_>) -> Made {
+        let again = self.again.as_mut().expect("a plan");
+        match again.plan {
+            Plan::Hedge => {}
+            Plan::Retry => return self.retry(),
+            Plan::Replay => return Made::Waits,
+        }
+        let next = again.next.as_mut().expect("a hedged call's state");
+        let policy = next.hedging.clone().expect("a hedged call's policy");
+        next.hedge_now = false;
+        next.hedge_waits = false;
+        if next.stopped || next.made >= policy.max_attempts {
+            next.armed = false;
+            return Made::Waits;
+        }
+        let Some(time_left) = again.time_left() else {
+            return Made::Waits;
+        };
+        let busy = !self.attempts.is_empty();
+        if !could_take(&again.shared.picker, &again.tried) {
+            // Every usable instance has been tried: one may come back (readmitted, added)
+            // while the attempts in flight go on.
+            if busy {
+                again.arm(policy.delay.max(RECHECK));
+            }
+            return Made::Waits;
+        }
+        let (mut req, id) = match again.replay.copy(time_left, cx) {
+            Copied::Ready(req, id) => (req, id),
+            Copied::Later if busy => {
+                // The first attempt has not sent the whole request yet: the hedge waits for it.
+                again.next().hedge_waits = true;
+                return Made::Waits;
+            }
+            Copied::Later | Copied::Unread if !busy => match again.replay.request(time_left) {
+                // No attempt in flight has the request: this one takes it.
+                Some(r) => r,
+                None => {
+                    again.stop();
+                    return Made::Waits;
+                }
+            },
+            Copied::Unread => {
+                again.next().hedge_waits = true;
+                return Made::Waits;
+            }
+            Copied::Never | Copied::Later => {
+                tracing::debug!("request not kept (larger than max_replay_body): not hedged");
+                again.stop();
+                return Made::Waits;
+            }
+        };
+        if let Some(budget) = &again.shared.budget {
+            if !budget.withdraw() {
+                tracing::debug!("retry budget spent: no further hedge");
+                crate::observe::budget_exhausted(&again.shared.totals);
+                again.stop();
+                return Made::Waits;
+            }
+        }
+        let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
+        let Some(idx) = picked else {
+            // The set changed since the look above.
+            again.arm(policy.delay.max(RECHECK));
+            return Made::Waits;
+        };
+        let inst = snap[idx].clone();
+        again.tried(&inst);
+        again.arm(policy.delay);
+        let made = {
+            let next = again.next();
+            next.made += 1;
+            next.made
+        };
+        tracing::debug!(addr = %inst.target.name, attempt = made, "hedged attempt sent");
+        let method = again.method;
+        let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Hedge);
+        obs.count_sent(&mut req);
+        let watch = again.shared.replay;
+        self.attempts.push(Attempt::start(
+            &inst, method, req, id, watch, UNCOUNTED, obs,
+        ));
+        Made::Sent
+    }
+
+    /// The retry policy's next attempt, its backoff over.
+    fn retry(&mut self) -> Made {
+        let again = self.again.as_mut().expect("a plan");
+        let sent = again.time_left().and_then(|time_left| {
+            let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
+            let inst = snap[picked?].clone();
+            let (req, id) = again.replay.request(time_left)?;
+            Some((inst, req, id))
+        });
+        let Some((inst, mut req, id)) = sent else {
+            // The set changed while the call waited: the caller gets the last answer as it was.
+            return Made::Over(self.last_word());
+        };
+        tracing::debug!(addr = %inst.target.name, attempt = again.next().made, "call retried");
+        let method = again.method;
+        let watch = again.shared.replay;
+        let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Retry);
+        obs.count_sent(&mut req);
+        self.attempts.push(Attempt::start(
+            &inst, method, req, id, watch, UNCOUNTED, obs,
+        ));
+        Made::Sent
+    }
+
+    /// The attempts are over and no other will be made: the last answer, as it was.
+    pub(super) fn last_word(&mut self) -> CallResult {
+        let last = self
+            .again
+            .as_mut()
+            .and_then(|a| a.next.as_mut())
+            .and_then(|n| n.last.take());
+        self.phase = Phase::Over(None);
+        let result = last.unwrap_or_else(|| {
+            Err(no_usable_instance("tonic-balancer: no instance left to send the call to").into())
+        });
+        self.obs.ended(&result);
+        result
+    }
+
+    /// The call's answer is attempt `i`'s response: every other attempt is cancelled, no
+    /// further one is made, and the response body carries the attempt's count until the call
+    /// is over.
+    #[inline]
+    fn deliver(&mut self, i: usize, resp: http::Response<Body>) -> CallResult {
+        let (guard, obs) = self.attempts.get_mut(i).take_answer();
+        if let Some(again) = self.again.as_mut() {
+            again.replay.commit();
+            again.stop();
+            if self.attempts.len() > 1 {
+                for (k, other) in self.attempts.iter().enumerate() {
+                    if k != i {
+                        other.note_sent(&again.replay);
+                    }
+                }
+            }
+        }
+        // The delivered attempt (what is left of it) and the others, cancelled.
+        self.attempts.clear();
+        self.obs.deliver(obs);
+        let deadline = self.deadline.take();
+        self.phase = Phase::Over(None);
+        let obs = std::mem::take(&mut self.obs);
+        Ok(resp.map(|body| Body::new(GuardedBody::new(body, guard, deadline, obs))))
+    }
+
+    /// The call ends with this error: every attempt left is cancelled.
+    pub(super) fn end_with(&mut self, error: BoxError) -> CallResult {
+        if let Some(again) = self.again.as_mut() {
+            again.stop();
+            for other in self.attempts.iter() {
+                other.note_sent(&again.replay);
+            }
+        }
+        self.attempts.clear();
+        self.phase = Phase::Over(None);
+        self.obs.finish(crate::observe::code_of(&*error));
+        Err(error)
+    }
+
+    /// The call's deadline passed before its answer: each attempt is over, with what that
+    /// says of its instance.
+    pub(super) fn deadline_passed(&mut self) -> CallResult {
+        let replay = self.again.as_deref().map(|a| &a.replay);
+        while !self.attempts.is_empty() {
+            let mut a = self.attempts.remove(0);
+            if let Some(replay) = replay {
+                a.note_sent(replay);
+            }
+            let outcome = a.guard().deadline_outcome();
+            a.guard_mut().finish(outcome);
+            a.obs.ended(Code::DeadlineExceeded);
+        }
+        self.end_with(deadline_exceeded().into())
+    }
+}
+
+/// What the plan's next attempt came to.
+pub(super) enum Made {
+    /// An attempt was sent.
+    Sent,
+    /// None now: the call waits (for its timer, the attempts in flight, or the request).
+    Waits,
+    /// The call is over with this.
+    Over(CallResult),
+}

@@ -1,0 +1,311 @@
+//! What a call needs to make attempts after its first: its plan (transparent replays only, the
+//! retry policy, or the method's hedging policy), the plan's state in the call, the instances
+//! it tried, and its attempts in flight.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Context;
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+use tonic::Code;
+
+use super::attempt::Attempt;
+use super::replay::Replay;
+use super::shared::Shared;
+use super::CallResult;
+use crate::hedge::HedgingPolicy;
+use crate::instance::tie::Method;
+use crate::instance::Instance;
+use crate::pick::dispatch::could_take;
+use crate::pushback::Pushback;
+
+/// At most this many transparent replays of one call on instances it has tried already (a
+/// connection closed before the request was written: the same instance may take the call on a
+/// fresh connection). Calls whose instance could not be reached move on to untried instances,
+/// and are bounded by the set.
+pub(super) const MAX_SAME_INSTANCE_REPLAYS: u8 = 3;
+
+/// At most this many times one call's stream, refused by the server unprocessed, is sent again
+/// unseen by the caller, each time on another connection of the instance where there is one; a
+/// further refusal is left to the retry policy. gRFC A6 sends it again once; a server whose
+/// count of a connection's streams lags behind its client's (gRPC's C-core) refuses again on
+/// the same connection, and a second refusal on another one is no rarity under load: against
+/// a test server refusing 25-30% of the streams, one replay left 3% of the calls failed, three
+/// left 0.1% (`tests/call_path.rs`). A refused stream costs its server nothing.
+pub(super) const MAX_REFUSED_REPLAYS: u8 = 3;
+
+/// The least wait before a hedge looks again for an instance that no attempt of the call has
+/// gone to, when every usable one has been tried (one may be readmitted or added).
+pub(super) const RECHECK: Duration = Duration::from_millis(50);
+
+/// The plan for attempts after the first.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Plan {
+    /// Transparent replays only.
+    Replay,
+    /// The channel's retry policy (and transparent replays).
+    Retry,
+    /// The method's hedging policy (and transparent replays).
+    Hedge,
+}
+
+/// What a call needs to make another attempt.
+pub(super) struct Again {
+    pub(super) shared: Arc<Shared>,
+    pub(super) replay: Replay,
+    pub(super) method: Method,
+    pub(super) deadline_at: Option<Instant>,
+    pub(super) plan: Plan,
+    /// Transparent replays on instances tried already (see [`MAX_SAME_INSTANCE_REPLAYS`]).
+    pub(super) same_instance: u8,
+    /// Refused streams sent again (see [`MAX_REFUSED_REPLAYS`]).
+    pub(super) refusals: u8,
+    /// The instances the call must not go to again: those whose attempt ended without success
+    /// and, for a hedged call, every one an attempt went to (empty until then: no allocation on
+    /// a call's first attempt).
+    pub(super) tried: Vec<Arc<Instance>>,
+    /// The retry or hedging policy's state, from when it is first needed (a hedged call's
+    /// start, a call's first retry): boxed, so that the calls that never need it (nearly all)
+    /// carry a word.
+    pub(super) next: Option<Box<Next>>,
+}
+
+/// The state of a retry or hedging policy in one call.
+pub(super) struct Next {
+    /// The hedging policy of a hedged call.
+    pub(super) hedging: Option<Arc<HedgingPolicy>>,
+    /// Attempts made under the policy, the first included (transparent replays do not count).
+    pub(super) made: u32,
+    /// The latest answer that did not end the call (a status retried or non-fatal): the
+    /// caller's if no further attempt answers.
+    pub(super) last: Option<CallResult>,
+    /// When the next attempt goes (the retry's backoff, the next hedge), if `armed`.
+    pub(super) timer: Option<Pin<Box<Sleep>>>,
+    pub(super) armed: bool,
+    /// A hedge goes out at the next turn of the loop (a non-fatal answer came).
+    pub(super) hedge_now: bool,
+    /// A hedge waits for the request to be sent whole by the first attempt (the replay slot
+    /// wakes the call then).
+    pub(super) hedge_waits: bool,
+    /// No further attempt of the policy: a server's pushback, the budget, or a request that
+    /// was not kept.
+    pub(super) stopped: bool,
+}
+
+impl Next {
+    pub(super) fn new(hedging: Option<Arc<HedgingPolicy>>) -> Box<Next> {
+        Box::new(Next {
+            hedging,
+            made: 1,
+            last: None,
+            timer: None,
+            armed: false,
+            hedge_now: false,
+            hedge_waits: false,
+            stopped: false,
+        })
+    }
+
+    /// The next attempt goes in `after` (the timer is made on `runtime`: the caller may be on
+    /// any executor).
+    pub(super) fn arm(&mut self, after: Duration, runtime: &tokio::runtime::Handle) {
+        let at = crate::time::after(after);
+        match self.timer.as_mut() {
+            Some(t) => t.as_mut().reset(at),
+            None => {
+                let _rt = runtime.enter();
+                self.timer = Some(Box::pin(tokio::time::sleep_until(at)));
+            }
+        }
+        self.armed = true;
+    }
+
+    /// Whether the timer for the next attempt has fired (it is disarmed then).
+    pub(super) fn fired(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.armed {
+            return false;
+        }
+        let t = self.timer.as_mut().expect("armed");
+        if t.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        self.armed = false;
+        true
+    }
+
+    /// Whether the call waits for a next attempt of its policy.
+    pub(super) fn waiting(&self) -> bool {
+        self.armed || self.hedge_now || self.hedge_waits
+    }
+
+    /// No further attempt of the policy.
+    pub(super) fn stop(&mut self) {
+        self.stopped = true;
+        self.armed = false;
+        self.hedge_now = false;
+        self.hedge_waits = false;
+    }
+}
+
+impl Again {
+    /// The time left before the deadline (`Some(None)`: no deadline); `None` if it has passed.
+    pub(super) fn time_left(&self) -> Option<Option<Duration>> {
+        match self.deadline_at {
+            None => Some(None),
+            Some(at) => {
+                let left = at.checked_duration_since(Instant::now())?;
+                (!left.is_zero()).then_some(Some(left))
+            }
+        }
+    }
+
+    /// The policy's state, made now if it was not needed before.
+    pub(super) fn next(&mut self) -> &mut Next {
+        self.next.get_or_insert_with(|| Next::new(None))
+    }
+
+    /// The next attempt of the policy goes in `after`.
+    pub(super) fn arm(&mut self, after: Duration) {
+        let runtime = &self.shared.ctx.runtime;
+        self.next
+            .get_or_insert_with(|| Next::new(None))
+            .arm(after, runtime);
+    }
+
+    /// Whether the call waits for a next attempt of its policy.
+    pub(super) fn waiting(&self) -> bool {
+        self.next.as_ref().is_some_and(|n| n.waiting())
+    }
+
+    /// No further attempt of the policy.
+    pub(super) fn stop(&mut self) {
+        if let Some(n) = self.next.as_mut() {
+            n.stop();
+        }
+    }
+
+    pub(super) fn tried(&mut self, inst: &Arc<Instance>) {
+        if !self.tried.iter().any(|t| Arc::ptr_eq(t, inst)) {
+            self.tried.push(inst.clone());
+        }
+    }
+
+    /// Whether the retry policy sends this failure again, and if so the backoff to wait first
+    /// (or the server's pushback instead: a wait it asks for, or no retry). Everything that
+    /// could make the retry impossible is checked before a token of the budget is taken, so
+    /// that a call with nowhere to go keeps the answer it has; nothing of the pick moves.
+    pub(super) fn retry_after(
+        &mut self,
+        code: Code,
+        pushback: Option<Pushback>,
+    ) -> Option<Duration> {
+        let policy = self.shared.retry.as_ref()?;
+        let made = self.next.as_ref().map_or(1, |n| n.made);
+        if !policy.retries(code) || made >= policy.max_attempts {
+            return None;
+        }
+        if !self.replay.replayable() {
+            return None;
+        }
+        let delay = match pushback {
+            None => policy.backoff(made),
+            Some(Pushback::After(wait)) => wait,
+            Some(Pushback::Stop) => {
+                tracing::debug!(?code, "the server's pushback says not to retry");
+                return None;
+            }
+        };
+        if self
+            .deadline_at
+            .is_some_and(|d| crate::time::after(delay) >= d)
+        {
+            return None;
+        }
+        if !could_take(&self.shared.picker, &self.tried) {
+            return None;
+        }
+        let budget = self.shared.budget.as_ref()?;
+        if !budget.withdraw() {
+            tracing::debug!("retry budget spent: not retrying");
+            crate::observe::budget_exhausted(&self.shared.totals);
+            return None;
+        }
+        self.next().made += 1;
+        Some(delay)
+    }
+}
+
+/// The attempts of a call in flight: the first inline (a call that is not hedged never has
+/// more), hedges beside it.
+pub(super) struct Attempts {
+    pub(super) head: Option<Attempt>,
+    pub(super) rest: Vec<Attempt>,
+}
+
+impl Attempts {
+    pub(super) fn none() -> Attempts {
+        Attempts {
+            head: None,
+            rest: Vec::new(),
+        }
+    }
+
+    #[inline]
+    pub(super) fn one(a: Attempt) -> Attempts {
+        Attempts {
+            head: Some(a),
+            rest: Vec::new(),
+        }
+    }
+
+    #[inline]
+    pub(super) fn len(&self) -> usize {
+        usize::from(self.head.is_some()) + self.rest.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.head.is_none()
+    }
+
+    pub(super) fn get_mut(&mut self, i: usize) -> &mut Attempt {
+        match i {
+            0 => self.head.as_mut().expect("in range"),
+            _ => &mut self.rest[i - 1],
+        }
+    }
+
+    pub(super) fn push(&mut self, a: Attempt) {
+        if self.head.is_none() {
+            self.head = Some(a);
+        } else {
+            self.rest.push(a);
+        }
+    }
+
+    /// Takes attempt `i` out (the last one takes its place).
+    #[inline]
+    pub(super) fn remove(&mut self, i: usize) -> Attempt {
+        if i == 0 {
+            let a = self.head.take().expect("in range");
+            if !self.rest.is_empty() {
+                self.head = self.rest.pop();
+            }
+            a
+        } else {
+            self.rest.swap_remove(i - 1)
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Attempt> {
+        self.head.iter().chain(self.rest.iter())
+    }
+
+    /// Cancels every attempt: dropping one resets its stream (its server sees the
+    /// cancellation) and releases its counts.
+    pub(super) fn clear(&mut self) {
+        self.head = None;
+        self.rest.clear();
+    }
+}
