@@ -15,8 +15,7 @@
 //! once); the client runs on a multi-threaded runtime. The connections are opened before
 //! measuring.
 
-#[path = "../tests/fleet/mod.rs"]
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::time::Duration;
 

@@ -28,8 +28,7 @@
 //! `--port 0` serves on a free port; the `curl` line printed says which. `--seconds 0` (the
 //! default) runs until interrupted; `--seconds N` exits after N seconds.
 
-#[path = "../tests/fleet/mod.rs"]
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,6 +1,6 @@
 //! What the channel tells its callers: which instance served a call, and which statuses it
 //! made itself (a typed source) rather than an instance answering them.
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::error::Error as _;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! One call, one path: what ends an attempt does the same to the instance, its connection and
 //! the call, whatever kind of call it is (plain, replayed, retried, hedged). Each test here is a
 //! case where the two copies of a call's life that the channel once had disagreed.
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

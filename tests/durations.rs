@@ -1,7 +1,7 @@
 //! Every duration and factor a setting takes may be as large as its type allows: `build()`
 //! refuses it by name or takes it (a duration as "never"), and nothing panics later, in a call
 //! or in a background task. A test binary of its own: it counts every panic of the process.
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::net::SocketAddr;
 use std::pin::Pin;

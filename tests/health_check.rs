@@ -1,6 +1,6 @@
 //! Active health checks (grpc.health.v1) take an instance out and bring it back.
 #![cfg(feature = "health-check")]
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Hedging (gRFC A6's hedging policy), and the server pushback that retries and hedges honour.
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The shapes tonic users move from: `Channel::balance_list`, `Channel::balance_channel` (a
 //! sender of `tower::discover::Change`), any pushed stream of changes, and an insert that
 //! brings new settings for an address already in the set.
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! What the channel tells of itself without a metrics stack: the `tonic_balancer.call` span of
 //! each call, as a subscriber sees it, and the totals of `BalancedChannel::stats`.
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

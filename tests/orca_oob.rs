@@ -4,7 +4,7 @@
 //! instance.
 #![cfg(feature = "orca")]
 
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

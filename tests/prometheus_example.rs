@@ -7,7 +7,7 @@
 //! library is not compiled again): `cargo test` builds the examples already, and then that build
 //! finds nothing to do; `cargo test --test prometheus_example` alone builds it here.
 #![cfg(feature = "metrics")]
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use fleet::prom::Scrape;
 

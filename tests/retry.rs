@@ -1,5 +1,5 @@
 //! The opt-in retry policy and its budget.
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::time::{Duration, Instant};
 

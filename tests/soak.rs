@@ -1,4 +1,4 @@
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 // A soak test of the channel: calls of every kind, with random deadlines and random
 // cancellations, while a chaos task kills, restarts, fails, hangs and slows instances and a

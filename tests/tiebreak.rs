@@ -8,7 +8,7 @@
 //! above the scheduling noise of a loaded machine, and the bounds are loose: an answer slowed
 //! by the machine may gate an instance for a few calls.
 
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::time::Duration;
 

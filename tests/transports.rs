@@ -2,7 +2,7 @@
 //! tonic's `Endpoint` takes them) and connectors of the user's (`Endpoint::connect_with_connector`),
 //! several of which may share one placeholder URI and are known by their names.
 
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 use std::net::SocketAddr;
 use std::time::Duration;

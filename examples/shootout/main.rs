@@ -81,8 +81,7 @@
 //! `svg.rs` (the charts), `live.rs` (the live view), and the scenarios that run on their own:
 //! `streams.rs` (`stream-limit`) and `many_clients.rs` (`many-clients`). This file runs them.
 
-#[path = "../../tests/fleet/mod.rs"]
-mod fleet;
+use tonic_balancer_fleet as fleet;
 
 mod contenders;
 mod live;
