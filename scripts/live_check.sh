@@ -4,6 +4,8 @@
 # then piped.
 #
 #   scripts/live_check.sh            builds the example (release), runs the checks
+#   scripts/live_check.sh --debug    the same with the debug build that `cargo test --all-features`
+#                                    makes (CI: no second build)
 #
 # What it checks:
 #   1. a whole run in a 100x40 terminal: every instance's row shows; the bars move; the killed
@@ -19,8 +21,14 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 command -v tmux >/dev/null || { echo "live_check: needs tmux" >&2; exit 2; }
-nice -n 19 cargo build --release --example shootout
-bin="${CARGO_TARGET_DIR:-$root/target}/release/examples/shootout"
+profile=release
+if [ "${1:-}" = "--debug" ]; then profile=debug; fi
+if [ "$profile" = release ]; then
+  nice -n 19 cargo build --release --example shootout
+else
+  cargo build --all-features --example shootout
+fi
+bin="${CARGO_TARGET_DIR:-$root/target}/$profile/examples/shootout"
 work=$(mktemp -d)
 session="live-check-$$"
 failed=0
