@@ -8,10 +8,12 @@ use crate::BalancedChannel;
 impl Builder {
     /// Builds the channel and opens a connection to each of its instances now, as tonic's
     /// `Endpoint::connect` does for one: returns once they have all answered or failed, with
-    /// the connected ones ready and the others reconnecting in the background ([`Backoff`](crate::Backoff)).
+    /// the connected ones ready and the others reconnecting in the background
+    /// ([`Backoff`](crate::Backoff)).
     /// Fails if none could be reached, naming each instance and why. Each attempt is bounded
     /// by the endpoint's `connect_timeout` (5 s with [`uri`](Builder::uri)) and by
-    /// [`Backoff::min_connect_timeout`](crate::Backoff::min_connect_timeout). With discovery, waits for the source's first answer
+    /// [`Backoff::min_connect_timeout`](crate::Backoff::min_connect_timeout). With discovery,
+    /// waits for the source's first answer
     /// instead (the instances it names connect on their first calls).
     ///
     /// ```no_run

@@ -164,7 +164,8 @@ impl Builder {
 
     /// How a discovered instance's `Endpoint` is made (TLS, timeouts, keep-alive...), from the
     /// URI it gets: with [`dns`](Builder::dns), `scheme://host:port` with the DNS name (the
-    /// connection still goes to the address found; see there); with a [`resolver`](Builder::resolver)
+    /// connection still goes to the address found; see there); with a
+    /// [`resolver`](Builder::resolver)
     /// of your own, `http://address:port`. The default is `Endpoint::from(uri)` with a
     /// [`DEFAULT_CONNECT_TIMEOUT`]. For TLS, set `tls_config` here (tonic's `tls-ring` or
     /// `tls-aws-lc` feature), as for any tonic endpoint.
@@ -205,7 +206,8 @@ impl Builder {
     /// returns the connection's I/O (a Unix socket, an in-memory pipe, a proxy tunnel...). The
     /// endpoint gives the per-connection settings and the URI the requests carry; `name` is what
     /// the instance is known by (in [`EndpointStats`](crate::EndpointStats),
-    /// [`ServedBy`](crate::ServedBy) and [`BalancedChannel::remove`](crate::BalancedChannel::remove)), since connector-reached
+    /// [`ServedBy`](crate::ServedBy) and
+    /// [`BalancedChannel::remove`](crate::BalancedChannel::remove)), since connector-reached
     /// instances often share one placeholder URI. The connector is cloned for each connection.
     ///
     /// ```no_run

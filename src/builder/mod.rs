@@ -1,4 +1,5 @@
-//! [`Builder`]: the instances and the settings of a [`BalancedChannel`](crate::BalancedChannel), checked in
+//! [`Builder`]: the instances and the settings of a [`BalancedChannel`](crate::BalancedChannel),
+//! checked in
 //! [`Builder::build`]. By role: the instances and how they are discovered (`instances.rs`),
 //! what the channel does with them (`policy.rs`), the checks and the wiring of the parts
 //! (`build.rs`), and a build that opens the connections first (`connect.rs`).
@@ -22,7 +23,8 @@ use crate::retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 use crate::target::Target;
 use crate::Strategy;
 
-/// The connect timeout that [`Builder::uri`] and [`BalancedChannel::from_static`](crate::BalancedChannel::from_static) give each
+/// The connect timeout that [`Builder::uri`] and
+/// [`BalancedChannel::from_static`](crate::BalancedChannel::from_static) give each
 /// instance (tonic has none by default, and a silent address would hold calls for minutes).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 

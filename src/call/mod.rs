@@ -16,7 +16,8 @@
 //! - the caller's own body failing, and the deadline, end the call.
 //!
 //! The pick runs only for an attempt that is sent: whether a retry or a hedge could go anywhere
-//! is asked of the set without moving any pick's state ([`could_take`](crate::pick::dispatch::could_take)).
+//! is asked of the set without moving any pick's state
+//! ([`could_take`](crate::pick::dispatch::could_take)).
 //!
 //! Here: the call's future, its routing and the loop that polls its attempts; in [`plan`],
 //! what a call needs for further attempts; in [`decide`], what each end of an attempt means

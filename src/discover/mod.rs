@@ -166,3 +166,66 @@ pub(crate) async fn run(pool: Weak<Shared>, d: Discovery) {
 pub(crate) fn spawn(pool: &Arc<Shared>, d: Discovery) {
     pool.spawn(run(Arc::downgrade(pool), d));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use tokio::time::Instant;
+
+    /// A source that notes when it is asked, and never answers its third lookup.
+    struct Noting {
+        asked: Arc<Mutex<Vec<Instant>>>,
+    }
+
+    impl Resolve for Noting {
+        fn resolve(
+            &self,
+        ) -> Pin<Box<dyn Future<Output = Result<Vec<SocketAddr>, BoxError>> + Send + '_>> {
+            let n = {
+                let mut asked = crate::lock(&self.asked);
+                asked.push(Instant::now());
+                asked.len()
+            };
+            Box::pin(async move {
+                if n == 3 {
+                    std::future::pending::<()>().await;
+                }
+                Ok(vec![SocketAddr::from(([127, 0, 0, 1], 1))])
+            })
+        }
+
+        fn name(&self) -> String {
+            "noting".into()
+        }
+    }
+
+    /// On tokio's paused clock: the source is asked at once, then every `discovery_interval`
+    /// from the start of the previous lookup; a lookup that does not answer within
+    /// `discovery_timeout` fails (the set stays as it was) and the next one comes on time.
+    #[tokio::test(start_paused = true)]
+    async fn the_source_is_asked_every_interval_and_a_silent_one_times_out() {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let ch = crate::BalancedChannel::builder()
+            .resolver(Noting {
+                asked: asked.clone(),
+            })
+            .discovery_interval(Duration::from_secs(30))
+            .discovery_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(69)).await;
+        assert_eq!(ch.stats().discovery_failures(), 0, "{}", ch.stats());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The third lookup (at 60 s) had no answer by 70 s.
+        assert_eq!(ch.stats().discovery_failures(), 1, "{}", ch.stats());
+        assert_eq!(ch.endpoints().len(), 1, "the set stays as it was");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let at: Vec<u64> = crate::lock(&asked)
+            .iter()
+            .map(|t| t.duration_since(start).as_secs())
+            .collect();
+        assert_eq!(at, [0, 30, 60, 90]);
+    }
+}

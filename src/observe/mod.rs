@@ -1,4 +1,5 @@
-//! What the channel tells of itself: the totals of [`BalancedChannel::stats`](crate::BalancedChannel::stats), the tracing span
+//! What the channel tells of itself: the totals of
+//! [`BalancedChannel::stats`](crate::BalancedChannel::stats), the tracing span
 //! of each call (`tonic_balancer.call`), and the hooks through which the metrics (feature
 //! `metrics`, see [`crate::metrics`]) are recorded.
 //!

@@ -19,7 +19,8 @@ pub enum DiscoveryState {
 }
 
 /// Totals of one channel (and its clones) since it was built, from
-/// [`BalancedChannel::stats`](crate::BalancedChannel::stats): for a look at what the balancer did without a metrics stack.
+/// [`BalancedChannel::stats`](crate::BalancedChannel::stats): for a look at what the balancer did
+/// without a metrics stack.
 ///
 /// The counters are read one by one, not in one atomic step: while calls flow, one total may
 /// include a call that the next does not yet.
@@ -51,7 +52,8 @@ impl ChannelStats {
     }
 
     /// Attempts sent to instances: each call's first one, its retries, its transparent retries
-    /// and its hedges (the sum of [`EndpointStats::started`](crate::EndpointStats::started) over the
+    /// and its hedges (the sum of [`EndpointStats::started`](crate::EndpointStats::started) over
+    /// the
     /// instances, those that have left included).
     pub fn attempts(&self) -> u64 {
         self.attempts

@@ -16,7 +16,8 @@
 //! that keeps the first minimum sends every call to the same instance. Here each instance
 //! keeps a *pass* (a virtual time, as in stride scheduling): among the tied candidates the one
 //! with the lowest pass wins, and its pass then advances by its *stride*. An instance as fast
-//! as the rest has a stride of [`UNIT`](crate::instance::tie::UNIT), so tied equals take turns, more evenly than a random
+//! as the rest has a stride of [`UNIT`](crate::instance::tie::UNIT), so tied equals take turns,
+//! more evenly than a random
 //! draw would spread them; one that answers slower has a longer stride, growing smoothly with
 //! how much slower it is, so it wins fewer ties but keeps winning some (its chance never drops
 //! to zero, and its estimate is re-checked within a bounded share of the calls). An instance

@@ -1,7 +1,8 @@
 //! Weighted round robin from server-reported load, as gRPC specifies it (gRFC A58,
 //! `weighted_round_robin`).
 //!
-//! Each instance's weight comes from its load reports ([`LoadReport`](crate::instance::load::LoadReport)):
+//! Each instance's weight comes from its load reports
+//! ([`LoadReport`](crate::instance::load::LoadReport)):
 //!
 //! ```text
 //! utilization = application_utilization if > 0, else cpu_utilization
