@@ -71,9 +71,10 @@ impl Builder {
     }
 
     /// Slow start (default: off): an instance added after the channel was built, or back
-    /// from failing, ejection or a failed health check, takes part in a share of the picks
-    /// that grows linearly from 5% to all of them over `window`, so that a cold instance is
-    /// not flooded the moment it joins. The instances given to the builder start at full share.
+    /// from failing, ejection or a failed health check, gets a share of what it would get that
+    /// grows linearly from 5% to all of it over `window` (with least pending, a tie won costs
+    /// it 1/share turns; with every strategy, it takes part in that share of the picks), so
+    /// that a cold instance is not flooded the moment it joins. The instances given to the builder start at full share.
     /// Off by default because the least-pending pick already limits a newcomer to its share of
     /// the calls in flight; turn it on for services that need to warm caches or JIT.
     pub fn slow_start(mut self, window: Duration) -> Builder {
@@ -111,7 +112,8 @@ impl Builder {
     ///
     /// A call that the server refuses before processing it (an HTTP/2 REFUSED_STREAM, as a
     /// server whose limit is lower than the client assumed sends) is sent again transparently,
-    /// once, as gRPC's transparent retry does (see [`transparent_retry`](Builder::transparent_retry)):
+    /// once, as gRPC's transparent retry does (see
+    /// [`transparent_retry`](Builder::transparent_retry)):
     /// with it on, request bodies are kept (up to [`max_replay_body`](Builder::max_replay_body))
     /// until the response starts.
     ///
@@ -179,7 +181,8 @@ impl Builder {
     }
 
     /// Asks every instance for out-of-band load reports (ORCA, gRFC A51), one every `interval`
-    /// (off by default): the channel keeps one `xds.service.orca.v3.OpenRcaService/StreamCoreMetrics`
+    /// (off by default): the channel keeps one
+    /// `xds.service.orca.v3.OpenRcaService/StreamCoreMetrics`
     /// stream open on each instance's connection (opening the connection if need be) and takes
     /// each report in as it takes the report on a response (see [`orca`](crate::orca)), so that
     /// [`Strategy::LeastPending`] and [`Strategy::WeightedRoundRobin`] see an instance's load
@@ -187,7 +190,8 @@ impl Builder {
     /// counted, picked or retried.
     ///
     /// The server decides how often it sends (a tonic server with the `orca` feature's
-    /// `orca::OobService`: never more often than its minimum, 30 s by default). With least pending, ask for reports at least as often as
+    /// `orca::OobService`: never more often than its minimum, 30 s by default). With least
+    /// pending, ask for reports at least as often as
     /// [`load_report_max_age`](Builder::load_report_max_age) (1 s by default), or they are stale
     /// before the next one. A broken stream is opened again with the channel's
     /// [`Backoff`]; an instance that does not serve the method (UNIMPLEMENTED)
@@ -238,8 +242,10 @@ impl Builder {
     /// a membership change moves about one instance of the subset at most. Instances outside
     /// the subset get no connection, no health check and no calls; the pick scans the subset
     /// only. Every change of the set (discovery, [`insert`](crate::BalancedChannel::insert),
-    /// [`remove`](crate::BalancedChannel::remove), [`replace_all`](crate::BalancedChannel::replace_all))
-    /// recomputes it; [`endpoints`](crate::BalancedChannel::endpoints) lists the subset. With `size`
+    /// [`remove`](crate::BalancedChannel::remove),
+    /// [`replace_all`](crate::BalancedChannel::replace_all))
+    /// recomputes it; [`endpoints`](crate::BalancedChannel::endpoints) lists the subset. With
+    /// `size`
     /// at or above the number of instances, the subset is all of them. Off by default. See
     /// the README's "Subsetting" for when to turn it on and how to choose `size`; the
     /// algorithm is deterministic aperture (see `src/subset.rs`).

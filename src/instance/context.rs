@@ -59,9 +59,9 @@ impl Context {
 impl Context {
     /// A context with the builder's defaults and nothing observing, for tests of the layers
     /// below the channel. Needs a tokio runtime.
-    pub(crate) fn for_tests() -> Arc<Context> {
+    pub(crate) fn for_tests() -> Context {
         let expiry = Duration::from_secs(5);
-        Arc::new(Context {
+        Context {
             epoch: Instant::now(),
             runtime: tokio::runtime::Handle::current(),
             clock: AtomicU64::new(0),
@@ -79,7 +79,7 @@ impl Context {
             reports: Default::default(),
             reports_fresh: Default::default(),
             events: Arc::new(Unobserved),
-        })
+        }
     }
 }
 

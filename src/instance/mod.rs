@@ -415,3 +415,38 @@ impl std::fmt::Debug for Instance {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The latency estimate that Peak EWMA and power of two choices compare: a slower sample
+    /// replaces it at once, a faster one pulls it down with time, and without a new sample it
+    /// fades linearly to unknown (0) over the expiry, so that an instance that was slow once
+    /// is tried again.
+    #[tokio::test]
+    async fn the_latency_estimate_takes_peaks_and_fades_over_its_expiry() {
+        let ctx = Arc::new(Context::for_tests());
+        let target = Target::uri("http://127.0.0.1:1", Duration::from_secs(1)).unwrap();
+        let inst = Instance::new(target, ctx.clone(), None);
+        let (expiry, inv) = (ctx.latency_expiry_ns, ctx.inv_latency_expiry);
+        let t = 10_000_000_000;
+        let ms = 1e6;
+        inst.observe_latency(10.0 * ms, t, ctx.latency_decay);
+        assert_eq!(inst.latency(t, expiry, inv), 10.0 * ms);
+        inst.observe_latency(40.0 * ms, t, ctx.latency_decay);
+        assert_eq!(
+            inst.latency(t, expiry, inv),
+            40.0 * ms,
+            "a peak replaces it"
+        );
+        // A fast sample one decay (1 s) later moves it half way.
+        let t = t + 1_000_000_000;
+        inst.observe_latency(20.0 * ms, t, ctx.latency_decay);
+        assert_eq!(inst.latency(t, expiry, inv), 30.0 * ms);
+        // Half the expiry (5 s) without a sample: half of it; the whole expiry: unknown.
+        assert!((inst.latency(t + expiry / 2, expiry, inv) - 15.0 * ms).abs() < 1.0);
+        assert_eq!(inst.latency(t + expiry - 1, expiry, inv).round(), 0.0);
+        assert_eq!(inst.latency(t + expiry, expiry, inv), 0.0);
+    }
+}

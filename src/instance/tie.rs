@@ -170,6 +170,30 @@ impl Tie {
         self.pass.store(pass + stride, Ordering::Relaxed);
     }
 
+    /// As [`advance`](Self::advance), by `stretch` times its stride (slow start).
+    pub(crate) fn advance_stretched(&self, floor: u64, stretch: f64) {
+        let pass = self.pass.load(Ordering::Relaxed).max(floor);
+        let stride = self.stretched_stride(stretch);
+        self.pass
+            .store(pass.saturating_add(stride), Ordering::Relaxed);
+    }
+
+    /// As [`advance_dear`](Self::advance_dear), by `stretch` times its stride (slow start).
+    pub(crate) fn advance_dear_stretched(&self, floor: u64, stretch: f64) {
+        let stride = self.stretched_stride(stretch);
+        let dear = self.dear_pass.load(Ordering::Relaxed).max(floor);
+        self.dear_pass
+            .store(dear.saturating_add(stride), Ordering::Relaxed);
+        let pass = self.pass.load(Ordering::Relaxed);
+        self.pass
+            .store(pass.saturating_add(stride), Ordering::Relaxed);
+    }
+
+    fn stretched_stride(&self, stretch: f64) -> u64 {
+        let stride = u64::from(self.stride.load(Ordering::Relaxed));
+        (stride as f64 * stretch) as u64
+    }
+
     /// The instance won a tie for a call to a dear method, `floor` read from the dear passes:
     /// its dear pass advances from at least `floor`, and its pass as for any call (a dear call
     /// is a turn too).

@@ -102,15 +102,11 @@ fn pick_with(
             return false;
         }
         if let Some(g) = gate.as_mut() {
-            // Slow start: a warming instance takes part in a share of the picks that
-            // grows linearly over the window (from 5%).
-            let from = i.warm_from.load(Ordering::Relaxed);
-            let since = now.saturating_sub(from);
-            if from != 0 && since < slow {
-                let ramp = (since as f64 / slow as f64).max(0.05);
-                if g.unit() >= ramp {
-                    return false;
-                }
+            // Slow start: a warming instance takes part in a share of the picks that grows
+            // linearly over the window (from 5%).
+            let ramp = ramp(i, now, slow);
+            if ramp < 1.0 && g.unit() >= ramp {
+                return false;
             }
         }
         true
@@ -139,7 +135,20 @@ fn pick_with(
                 |i| usable(i).then(|| counted(i, tick, true)),
                 |i| i.tie.turn_for(dear, now),
             )
-            .map(|c| took_turn(snap, c, dear))
+            .map(|c| {
+                // Slow start again: a tie won costs a warming instance 1/ramp turns, so that
+                // among ties (at low load) its share of the calls is the ramp times its fair
+                // share. Taking part in a share of the picks is not enough there: an
+                // instance left out of some picks falls behind in turns, then wins every
+                // pick it takes part in (a share of all the calls, the fair share of 20
+                // instances from the start).
+                let stretch = if slow > 0 {
+                    1.0 / ramp(&snap[c.index], now, slow)
+                } else {
+                    1.0
+                };
+                took_turn_stretched(snap, c, dear, stretch)
+            })
         }
         strategy => {
             // Peak EWMA's latency already carries the other clients' load (their calls
@@ -199,6 +208,33 @@ fn tight_least_pending<const REPORTS: bool>(
         |i| i.is_usable().then(|| counted(i, tick, REPORTS)),
         turn,
     )
+}
+
+/// Where `i` is in its slow start at `now` (a window of `slow` ns): from 0.05 when it starts to
+/// 1 at the window's end; 1 when it is not warming up.
+#[inline]
+fn ramp(i: &Instance, now: u64, slow: u64) -> f64 {
+    let from = i.warm_from.load(Ordering::Relaxed);
+    let since = now.saturating_sub(from);
+    if slow == 0 || from == 0 || since >= slow {
+        1.0
+    } else {
+        (since as f64 / slow as f64).max(0.05)
+    }
+}
+
+/// As [`took_turn`], the turn costing `stretch` times the instance's stride.
+fn took_turn_stretched(snap: &[Arc<Instance>], c: Chosen, dear: bool, stretch: f64) -> usize {
+    if stretch > 1.0 {
+        let tie = &snap[c.index].tie;
+        if dear {
+            tie.advance_dear_stretched(c.floor, stretch);
+        } else {
+            tie.advance_stretched(c.floor, stretch);
+        }
+        return c.index;
+    }
+    took_turn(snap, c, dear)
 }
 
 /// The least-pending choice's instance takes its turn (its pass advances; and its dear pass,

@@ -43,7 +43,12 @@ struct Sim {
 
 impl Sim {
     fn new(n: usize) -> Sim {
-        let set = Set::new(Context::for_tests());
+        Sim::with(n, Context::for_tests())
+    }
+
+    /// With the settings of `ctx`.
+    fn with(n: usize, ctx: Context) -> Sim {
+        let set = Set::new(Arc::new(ctx));
         for k in 0..n {
             let uri = format!("http://127.0.0.1:{}", 1 + k);
             set.insert(Target::uri(&uri, Duration::from_secs(1)).unwrap());
@@ -301,4 +306,44 @@ async fn dear_calls_are_shared_like_the_rest() {
         dear.iter().all(|&n| (9..=11).contains(&n)),
         "dear calls: {dear:?}"
     );
+}
+
+/// Slow start: an instance warming up (a 10 s window) takes a share of the calls that grows
+/// with its time in the window, from a twentieth of its fair share to all of it, among 4
+/// instances as among 20. (Taking part in a share of the picks alone gave it a share of all
+/// the calls: its fair share among 20 from the first second, three times it among 4.)
+#[tokio::test]
+async fn slow_start_ramps_an_instance_up_to_its_share() {
+    let window = Duration::from_secs(10);
+    for n in [4usize, 20] {
+        let mut ctx = Context::for_tests();
+        ctx.slow_start_ns = window.as_nanos() as u64;
+        let mut sim = Sim::with(n, ctx);
+        sim.calls(20 * n, |_| MS);
+        let warm = n - 1;
+        sim.instances[warm]
+            .warm_from
+            .store(sim.now, std::sync::atomic::Ordering::Relaxed);
+        // 500 calls a second, one after another (1 ms each, 1 ms apart): its share of each
+        // second of the window, and of the second after it, against its fair share.
+        let mut shares = Vec::new();
+        for _ in 0..11 {
+            let before = sim.served.clone();
+            for _ in 0..500 {
+                sim.call(UNARY, |_| MS);
+                sim.now += 1_000_000;
+            }
+            let got = sim.since(&before);
+            shares.push(got[warm] as f64 * n as f64 / 500.0);
+        }
+        for (k, share) in shares.iter().enumerate() {
+            // Second k of the window: the ramp goes from k/10 to (k+1)/10 (at least 0.05).
+            let (lo, hi) = ((k as f64 / 10.0).min(1.0), ((k + 1) as f64 / 10.0).min(1.0));
+            assert!(
+                *share >= lo - 0.12 && *share <= hi + 0.12,
+                "{n} instances, second {k} of the window: {share:.2} of its fair share \
+                 (the ramp: {lo:.1} to {hi:.1}): {shares:.2?}"
+            );
+        }
+    }
 }
