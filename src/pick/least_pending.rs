@@ -249,6 +249,7 @@ fn many_ties<T>(
 
 #[cfg(test)]
 mod tests {
+    use super::Rng;
     use super::*;
     use crate::instance::tie::UNIT;
     use crate::set::strides_for;

@@ -123,6 +123,7 @@ pub fn round_robin<T>(
 
 #[cfg(test)]
 mod tests {
+    use super::Rng;
     use super::*;
     use proptest::prelude::*;
 
