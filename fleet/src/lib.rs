@@ -181,6 +181,16 @@ impl Drop for Active<'_> {
 }
 
 impl Shared {
+    /// Sets what the instance does with each call from now on.
+    pub fn set(&self, behavior: Behavior) {
+        *self.behavior.lock().unwrap() = behavior;
+    }
+
+    /// Calls that reached its handler.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::SeqCst)
+    }
+
     /// The state of a new instance called `name`.
     pub fn new(name: &str, behavior: Behavior) -> Arc<Shared> {
         Arc::new(Shared {
@@ -830,7 +840,7 @@ impl Instance {
     }
 
     pub fn set(&self, behavior: Behavior) {
-        *self.shared.behavior.lock().unwrap() = behavior;
+        self.shared.set(behavior);
     }
 
     /// Sets what the instance answers to health checks.
@@ -875,7 +885,7 @@ impl Instance {
     }
 
     pub fn served(&self) -> u64 {
-        self.shared.served.load(Ordering::SeqCst)
+        self.shared.served()
     }
 
     pub fn held(&self) -> usize {

@@ -67,12 +67,12 @@ impl MemoryInstance {
 
     /// Sets what it does with each call from now on.
     pub fn set(&self, behavior: Behavior) {
-        *self.shared.behavior.lock().unwrap() = behavior;
+        self.shared.set(behavior);
     }
 
     /// Calls that reached its handler.
     pub fn served(&self) -> u64 {
-        self.shared.served.load(Ordering::SeqCst)
+        self.shared.served()
     }
 
     /// Connections the channel opened to it.

@@ -165,33 +165,7 @@ impl Tie {
     /// lost: harmless, a turn is a share, not a count.
     #[inline]
     pub(crate) fn advance(&self, floor: u64) {
-        let pass = self.pass.load(Ordering::Relaxed).max(floor);
-        let stride = u64::from(self.stride.load(Ordering::Relaxed));
-        self.pass.store(pass + stride, Ordering::Relaxed);
-    }
-
-    /// As [`advance`](Self::advance), by `stretch` times its stride (slow start).
-    pub(crate) fn advance_stretched(&self, floor: u64, stretch: f64) {
-        let pass = self.pass.load(Ordering::Relaxed).max(floor);
-        let stride = self.stretched_stride(stretch);
-        self.pass
-            .store(pass.saturating_add(stride), Ordering::Relaxed);
-    }
-
-    /// As [`advance_dear`](Self::advance_dear), by `stretch` times its stride (slow start).
-    pub(crate) fn advance_dear_stretched(&self, floor: u64, stretch: f64) {
-        let stride = self.stretched_stride(stretch);
-        let dear = self.dear_pass.load(Ordering::Relaxed).max(floor);
-        self.dear_pass
-            .store(dear.saturating_add(stride), Ordering::Relaxed);
-        let pass = self.pass.load(Ordering::Relaxed);
-        self.pass
-            .store(pass.saturating_add(stride), Ordering::Relaxed);
-    }
-
-    fn stretched_stride(&self, stretch: f64) -> u64 {
-        let stride = u64::from(self.stride.load(Ordering::Relaxed));
-        (stride as f64 * stretch) as u64
+        self.step(floor, self.stride());
     }
 
     /// The instance won a tie for a call to a dear method, `floor` read from the dear passes:
@@ -199,7 +173,33 @@ impl Tie {
     /// is a turn too).
     #[inline]
     pub(crate) fn advance_dear(&self, floor: u64) {
-        let stride = u64::from(self.stride.load(Ordering::Relaxed));
+        self.step_dear(floor, self.stride());
+    }
+
+    /// As [`advance`](Self::advance) or [`advance_dear`](Self::advance_dear), by `stretch`
+    /// times its stride (a warming instance in slow start).
+    pub(crate) fn advance_stretched(&self, dear: bool, floor: u64, stretch: f64) {
+        let stride = (self.stride() as f64 * stretch) as u64;
+        if dear {
+            self.step_dear(floor, stride);
+        } else {
+            self.step(floor, stride);
+        }
+    }
+
+    #[inline]
+    fn stride(&self) -> u64 {
+        u64::from(self.stride.load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    fn step(&self, floor: u64, stride: u64) {
+        let pass = self.pass.load(Ordering::Relaxed).max(floor);
+        self.pass.store(pass + stride, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn step_dear(&self, floor: u64, stride: u64) {
         let dear = self.dear_pass.load(Ordering::Relaxed).max(floor);
         self.dear_pass.store(dear + stride, Ordering::Relaxed);
         let pass = self.pass.load(Ordering::Relaxed);

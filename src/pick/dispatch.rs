@@ -226,12 +226,7 @@ fn ramp(i: &Instance, now: u64, slow: u64) -> f64 {
 /// As [`took_turn`], the turn costing `stretch` times the instance's stride.
 fn took_turn_stretched(snap: &[Arc<Instance>], c: Chosen, dear: bool, stretch: f64) -> usize {
     if stretch > 1.0 {
-        let tie = &snap[c.index].tie;
-        if dear {
-            tie.advance_dear_stretched(c.floor, stretch);
-        } else {
-            tie.advance_stretched(c.floor, stretch);
-        }
+        snap[c.index].tie.advance_stretched(dear, c.floor, stretch);
         return c.index;
     }
     took_turn(snap, c, dear)
