@@ -124,6 +124,8 @@ mod metrics;
 mod observe;
 pub mod orca;
 mod pick;
+/// Load probes (Prequal): an instance's requests in flight and latency estimate, on request.
+pub mod probe;
 mod pushback;
 mod retry;
 mod rng;
@@ -149,6 +151,7 @@ pub use instance::conns::{
 };
 pub use instance::State;
 pub use observe::{ChannelStats, DiscoveryState};
+pub use probe::ProbeConfig;
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 pub use stats::{EndpointStats, ServedBy};
 
@@ -164,10 +167,28 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Strategy {
+    /// Fewest calls in flight first, and among near ties the instance expected to answer
+    /// sooner. The default.
+    ///
+    /// Each call in flight counts one, except on an instance that answered markedly slower
+    /// than the rest (more than twice its method's usual time, compared on the same method):
+    /// until it is re-checked, each of its calls counts its slowness, at most 4.5. The lowest
+    /// count, with the call to be sent (calls in flight plus one, weighed so), wins, and equal
+    /// counts take turns as in [`LeastPending`](Strategy::LeastPending). So among equally fast
+    /// instances this is least pending exactly; an instance that has answered twenty times
+    /// slower with one, two or three calls fewer than the others loses; and an instance whose
+    /// calls in flight plus one are more than 4.5 times the fewest plus one never wins, however
+    /// slow the one with the fewest has been. A slow instance is re-checked with one call at a
+    /// time, at first after ten times the time its answer was late by and at least a hundred
+    /// times its method's usual time (a second for an answer 100 ms late where 5 ms is usual),
+    /// then twice, four times... as long (at most 10 s) while it stays slow: a bounded number of
+    /// calls per second whatever the rate, not a share of the traffic; its first fast answer
+    /// counts it as one call again.
+    #[default]
+    FewestThenFastest,
     /// The instance with the fewest calls in flight; among those, equally fast instances take
     /// turns, and one that answers slower than the rest wins fewer of the ties, the fewer the
-    /// slower it is, without ever being shut out (see the crate docs). The default.
-    #[default]
+    /// slower it is, without ever being shut out (see the crate docs).
     LeastPending,
     /// The next instance in turn, ignoring load: a baseline for comparisons.
     RoundRobin,
@@ -263,7 +284,7 @@ pub mod __bench {
             inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
             inst.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
             let now = pool.ctx.now_ns();
-            inst.tie.observe(ns, 2e6, now, now);
+            inst.tie.observe_gated(ns, 2e6, now, now, pool.ctx.gate);
             inst.latency_at.store(now, Ordering::Relaxed);
             pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
             inst.set_state(if usable {

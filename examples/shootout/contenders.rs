@@ -1,5 +1,5 @@
 //! The contenders: this crate's strategies, what tonic and tower users have today, a naive
-//! baseline, and LeastPending with hedging; each built afresh over the fleet's addresses and
+//! baseline, and the default (FewestThenFastest) with hedging; each built afresh over the fleet's addresses and
 //! boxed into one service type.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,11 +39,12 @@ pub(crate) enum Contender {
     TowerP2cPending,
     TowerP2cEwma,
     Naive,
-    /// LeastPending with a hedging policy on Unary (stalls).
+    /// The default strategy (FewestThenFastest) with a hedging policy on Unary (stalls).
     Hedging,
 }
 
-pub(crate) const CONTENDERS: [Contender; 9] = [
+pub(crate) const CONTENDERS: [Contender; 10] = [
+    Contender::Ours(Strategy::FewestThenFastest),
     Contender::Ours(Strategy::LeastPending),
     Contender::Ours(Strategy::PeakEwma),
     Contender::Ours(Strategy::PowerOfTwoChoices),
@@ -56,12 +57,15 @@ pub(crate) const CONTENDERS: [Contender; 9] = [
 ];
 
 /// What the stalls scenario compares.
-pub(crate) const STALL_CONTENDERS: [Contender; 2] =
-    [Contender::Ours(Strategy::LeastPending), Contender::Hedging];
+pub(crate) const STALL_CONTENDERS: [Contender; 2] = [
+    Contender::Ours(Strategy::FewestThenFastest),
+    Contender::Hedging,
+];
 
 impl Contender {
     pub(crate) fn name(self) -> &'static str {
         match self {
+            Contender::Ours(Strategy::FewestThenFastest) => "FewestThenFastest",
             Contender::Ours(Strategy::LeastPending) => "LeastPending",
             Contender::Ours(Strategy::PeakEwma) => "PeakEwma",
             Contender::Ours(Strategy::PowerOfTwoChoices) => "PowerOfTwoChoices",
@@ -71,13 +75,14 @@ impl Contender {
             Contender::TowerP2cPending => "tower p2c pending",
             Contender::TowerP2cEwma => "tower p2c PeakEwma",
             Contender::Naive => "naive least-pending",
-            Contender::Hedging => "LeastPending+hedging",
+            Contender::Hedging => "FewestThenFastest+hedging",
         }
     }
 
     /// The command-line name.
     pub(crate) fn key(self) -> &'static str {
         match self {
+            Contender::Ours(Strategy::FewestThenFastest) => "fewest-then-fastest",
             Contender::Ours(Strategy::LeastPending) => "least-pending",
             Contender::Ours(Strategy::PeakEwma) => "peak-ewma",
             Contender::Ours(Strategy::PowerOfTwoChoices) => "p2c",

@@ -84,7 +84,7 @@ pub fn finish_opts(mut o: Opts, duration_set: bool, instances_set: bool) -> Resu
         o.instances = INSTANCES;
     }
     if o.contenders.is_empty() {
-        o.contenders = vec![Contender::Ours(Strategy::LeastPending)];
+        o.contenders = vec![Contender::Ours(Strategy::FewestThenFastest)];
     }
     if let Some(c) = o
         .contenders
@@ -92,7 +92,7 @@ pub fn finish_opts(mut o: Opts, duration_set: bool, instances_set: bool) -> Resu
         .find(|c| !matches!(c, Contender::Ours(_)))
     {
         return Err(format!(
-            "--live shows BalancedChannel's own view of its instances (endpoints()), which {} does not have: use least-pending, peak-ewma, p2c or round-robin",
+            "--live shows BalancedChannel's own view of its instances (endpoints()), which {} does not have: use fewest-then-fastest, least-pending, peak-ewma, p2c or round-robin",
             c.name()
         ));
     }

@@ -9,8 +9,8 @@
 //! ```
 //!
 //! It starts a fleet of tonic servers on 127.0.0.1 (20 by default, each on a runtime of its
-//! own) and, for each scenario, sends calls through each contender in turn: the four
-//! strategies of `BalancedChannel`, tonic's `Channel::balance_list`, tower's p2c over
+//! own) and, for each scenario, sends calls through each contender in turn: the five
+//! strategies of `BalancedChannel` (weighted round robin, which needs load reports, aside), tonic's `Channel::balance_list`, tower's p2c over
 //! `PendingRequests` and over `PeakEwma`, and (with `--contender naive` or `all`) a naive
 //! least-pending baseline. Between two contenders the fleet is reset (behaviours set again,
 //! killed instances restarted, every call of the previous contender over, a cold start armed
@@ -38,7 +38,7 @@
 //!
 //! - `stalls`: every instance answers in 5 ms, but each call stalls for 500 ms with 2%
 //!   probability, on any instance alike (no pick can route around it). It always runs two
-//!   contenders: LeastPending, and LeastPending with hedging (`HedgingPolicy` on Unary, 3
+//!   contenders: FewestThenFastest, and FewestThenFastest with hedging (`HedgingPolicy` on Unary, 3
 //!   attempts at most) whose delay is the p95 of the calls that did not stall in an unmeasured
 //!   run without hedging just before (printed). Its table adds the extra attempts (calls that
 //!   reached the servers beyond one per call, server-side counts) and checks hedging's target:
@@ -265,7 +265,7 @@ fn calibrate_hedging(
 ) -> Duration {
     reset(fleet, setup);
     let label = "stalls / calibration (no hedging)";
-    let plain = Contender::Ours(Strategy::LeastPending);
+    let plain = Contender::Ours(Strategy::FewestThenFastest);
     let run = rt.block_on(run_one(
         plain,
         setup,

@@ -1,18 +1,26 @@
 //! The shootout's `many-clients` scenario: many independent clients, each seeing only
 //! its own slice of every instance's load, and what server-reported load (ORCA) adds.
 //!
-//! 20 instances (tonic servers with `OrcaLayer` and `OobService`), whose service time grows with
-//! the calls they serve (5 ms + 2 ms per other call in flight); 4 of them (i0, i5, i10, i15)
-//! slow down 3x (15 ms + 6 ms per call) for 2 s at random moments, an antagonist on their host
-//! (one episode each per measured window, at times drawn once from a fixed seed, so that every
-//! contender meets the same ones). Each instance reports as utilization its rate times its
-//! current service time over 4 workers, as a CPU gauge would see it.
+//! 20 instances (tonic servers with `OrcaLayer` and `OobService`, each on a runtime and thread
+//! of its own), whose service time grows with the calls they serve (5 ms + 2 ms per other call
+//! in flight). Four of them (i0, i5, i10, i15) misbehave, in one of two cases, each with a
+//! table of its own:
 //!
-//! The load: 2,000 calls/s in all, open loop, each call from one of 50 independent channels
-//! drawn at random (50 clients, each with a connection to every instance, opened before the
-//! run), 1 s deadline;
-//! latency from each call's scheduled start. A contender is a strategy and what its clients do
-//! with reports:
+//! - `antagonist`: they slow down 3x (15 ms + 6 ms per other call in flight) for 2 s at random
+//!   moments, an antagonist on their host (one episode each per measured window, at times
+//!   drawn once from a fixed seed, so that every contender meets the same ones);
+//! - `overload`: they are overloaded throughout: 5 ms + 20 ms per other call in flight (all
+//!   clients' calls), as in the single-client shootout's `overload` scenario.
+//!
+//! Each instance reports as utilization its rate times its current mean service time (its base
+//! plus its per-call time times its mean calls in flight, sampled every 10 ms) over 4 workers,
+//! as a CPU gauge would see it.
+//!
+//! The load: 2,000 calls/s in all, open loop, each call from one of 50 independent clients
+//! drawn at random (50 clients, each with its own balancer over every instance), 1 s deadline;
+//! latency from each call's scheduled start. A contender is a balancer and what its clients do
+//! with reports. `BalancedChannel`'s strategies, each client a channel (connected before the
+//! run):
 //!
 //! - `none`: no reports (the servers' per-call reports taken off, `load_report_max_age(0)`);
 //! - `per-call`: the report on each response (the default);
@@ -24,32 +32,61 @@
 //!   (it sees every call in flight; no reports);
 //!
 //! - `oracle` (least pending only, a contender beyond the usual ones): no reports, but every
-//!   client takes a slowed instance out of its set at the first instant of its slowdown and
-//!   puts it back after: what knowing at once which instances are slow, and nothing of the
-//!   others' calls in flight, can do at best;
+//!   client takes a misbehaving instance out of its set: in `antagonist`, at the first instant
+//!   of its slowdown, putting it back after; in `overload`, before the run. What knowing at
+//!   once which instances are slow, and nothing of the others' calls in flight, can do at best.
 //!
-//! and weighted round robin (blackout 1 s, weights rebuilt every 250 ms) on per-call and on
-//! out-of-band reports. Besides the latencies, the table gives the share of the calls answered
-//! by an instance while it was slowed (`to slowed`; a fair share is 8%) and the p99 of the
-//! calls answered by the others (`p99 elsewhere`): where the p99 comes from. Each contender gets
-//! a fresh set of channels, 1.5 s of warm-up at the same rate, then 5 s measured; the order of
-//! the contenders rotates from one round to the next (`--rounds`, default 1), and with several
-//! rounds each cell is the median of its rounds.
+//! The contenders on `BalancedChannel`: `FewestThenFastest` (the default strategy) with none,
+//! per-call and its reference; `LeastPending` with all of the above; `PeakEwma` with none,
+//! per-call, oob 1s and its reference; `RoundRobin` with none; and weighted round robin
+//! (`WRR`: blackout 1 s, weights rebuilt every 250 ms) on per-call and on oob 1s reports.
+//! And what tower users have: `tower p2c PeakEwma` and `tower p2c pending`, 50 clients each
+//! with its own `tower::balance::p2c::Balance` over `PeakEwma` (1 ms before the first sample,
+//! 1 s decay, as `BalancedChannel`'s estimate) or `PendingRequests` of lazy tonic channels,
+//! one to each instance, in a `tower::buffer::Buffer` (built as in the main shootout,
+//! `contenders.rs`; their connections open during the warm-up; no reports). Every client is
+//! boxed into one service type (`contenders::Svc`), and each call into a boxed future. A
+//! contender without a reference of its own has its p99 compared with the best reference
+//! (`p99/ref`).
+//!
+//! Besides the latencies, the table gives:
+//!
+//! - `to slowed`: in `antagonist`, the share of the calls answered by an instance while it was
+//!   slowed (a fair share is 8%: 4 instances slowed 2 s each, of 20 for 5 s); in `overload`,
+//!   the share of the calls that reached an overloaded instance, failed ones included
+//!   (server-side counts over the measured window; a fair share is 20%); and `p99 elsewhere`,
+//!   the p99 of the calls answered by the others: where the p99 comes from;
+//! - `probes/call`: the probes the clients sent per call (0 for every contender so far: see
+//!   `probes_sent`);
+//! - `CPU client`, `CPU server`: the CPU time (µs per call) that the client side (the client
+//!   runtime's threads, `mc-client`: the clients, their connections, the load generator) and
+//!   the server side (the 20 servers' threads, `fleet-i0`...) spent in the measured window,
+//!   from each thread's `/proc/self/task/<tid>/schedstat` (ns on CPU) at the window's start and
+//!   end, over the calls scheduled in it. The machine's other load is not in it, but contention
+//!   for the cores is (cache misses, preemption).
+//!
+//! Each contender gets a fresh set of clients, 1.5 s of warm-up at the same rate, then 5 s
+//! measured; the order of the contenders rotates from one round to the next (`--rounds`,
+//! default 1), and with several rounds each cell is the median of its rounds.
 //!
 //! Run it alone:
-//! `cargo run --release --features orca --example shootout -- --scenario many-clients`;
-//! `MANY_CLIENTS_ONLY=oracle,LeastPending` runs only the contenders whose name contains one of
-//! those.
+//! `cargo run --release --features orca --example shootout -- --scenario many-clients`
+//! (both cases, `antagonist` then `overload`); `MANY_CLIENTS_CASE=overload` (or `antagonist`)
+//! runs one case only; `MANY_CLIENTS_ONLY=oracle,LeastPending` runs only the contenders whose
+//! name contains one of those.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::contenders::{self, Svc};
 use super::fleet::pb::fleet_client::FleetClient;
-use super::fleet::pb::Req;
+use super::fleet::pb::{Reply, Req};
 use super::fleet::{Behavior, Instance, ServerOptions};
 use tonic_balancer::orca::{OrcaHandle, WrrConfig};
-use tonic_balancer::{BalancedChannel, Strategy};
+use tonic_balancer::{BalancedChannel, ProbeConfig, Strategy};
+use tower::util::BoxCloneService;
 
 /// The scenario's name for `--scenario`.
 pub const KEY: &str = "many-clients";
@@ -60,17 +97,84 @@ const RATE: f64 = 2000.0;
 const WARMUP: Duration = Duration::from_millis(1500);
 const MEASURED: Duration = Duration::from_secs(5);
 const DEADLINE: Duration = Duration::from_secs(1);
-/// The antagonised instances.
+/// The misbehaving instances (antagonised, or overloaded).
 const SLOWED: [usize; 4] = [0, 5, 10, 15];
 const EPISODE: Duration = Duration::from_secs(2);
 const BASE: Duration = Duration::from_millis(5);
 const PER_CALL: Duration = Duration::from_millis(2);
 const SLOWDOWN: u32 = 3;
+/// An overloaded instance's time per other call in flight (the single-client shootout's
+/// `overload`).
+const OVERLOAD_PER_CALL: Duration = Duration::from_millis(20);
 /// The workers a server's utilization is counted over.
 const WORKERS: f64 = 4.0;
 const OOB_INTERVAL: Duration = Duration::from_secs(1);
 const OOB_FAST: Duration = Duration::from_millis(100);
 const SEED: u64 = 0x5eed_0012;
+/// The names of the client runtime's threads (the servers' are `fleet-<instance>`).
+const CLIENT_THREADS: &str = "mc-client";
+const SERVER_THREADS: &str = "fleet-";
+
+/// What misbehaves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Case {
+    /// The 4 instances slow down 3x for 2 s each at random moments.
+    Antagonist,
+    /// The 4 instances take 5 ms + 20 ms per other call in flight, throughout.
+    Overload,
+}
+
+const CASES: [Case; 2] = [Case::Antagonist, Case::Overload];
+
+impl Case {
+    fn key(self) -> &'static str {
+        match self {
+            Case::Antagonist => "antagonist",
+            Case::Overload => "overload",
+        }
+    }
+
+    /// The cases to run: `MANY_CLIENTS_CASE` (`antagonist` or `overload`), else both.
+    fn chosen() -> Vec<Case> {
+        match std::env::var("MANY_CLIENTS_CASE") {
+            Ok(v) if !v.is_empty() && v != "both" && v != "all" => {
+                let cases: Vec<Case> = CASES
+                    .into_iter()
+                    .filter(|c| v.split(',').any(|k| k.trim() == c.key()))
+                    .collect();
+                if cases.is_empty() {
+                    eprintln!("MANY_CLIENTS_CASE={v:?}: not antagonist or overload");
+                    std::process::exit(2);
+                }
+                cases
+            }
+            _ => CASES.to_vec(),
+        }
+    }
+
+    /// What misbehaves, for the table's heading.
+    fn describe(self) -> String {
+        match self {
+            Case::Antagonist => "i0, i5, i10, i15 3x slower (15 ms + 6 ms per other call in flight) for 2 s each at random moments".to_owned(),
+            Case::Overload => format!(
+                "i0, i5, i10, i15 overloaded throughout ({} ms + {} ms per other call in flight, all clients' calls)",
+                BASE.as_millis(),
+                OVERLOAD_PER_CALL.as_millis()
+            ),
+        }
+    }
+
+    /// The fair share of `to slowed`.
+    fn fair_share(self) -> f64 {
+        match self {
+            Case::Antagonist => {
+                (SLOWED.len() as f64 * EPISODE.as_secs_f64())
+                    / (INSTANCES as f64 * MEASURED.as_secs_f64())
+            }
+            Case::Overload => SLOWED.len() as f64 / INSTANCES as f64,
+        }
+    }
+}
 
 /// What a contender's clients do with load reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,82 +187,95 @@ enum Reports {
     OobFast,
     /// One channel for all the calls (reports ignored).
     Reference,
-    /// No reports, but every client takes a slowed instance out of its set for the whole of
-    /// its slowdown, at its first instant, and puts it back after (a contender beyond the
-    /// usual ones, knowing what no client can): the best that spreading the calls without
-    /// knowing each instance's calls in flight can do.
+    /// No reports, but every client takes a misbehaving instance out of its set (for the
+    /// whole of its slowdown, at its first instant, and puts it back after; an overloaded one
+    /// before the run): a contender beyond the usual ones, knowing what no client can, the
+    /// best that spreading the calls without knowing each instance's calls in flight can do.
     Oracle,
+    /// No reports; probes (`Builder::probes`), this many per call at most (Prequal's
+    /// defaults otherwise).
+    Probes(u8),
+}
+
+/// Each client's balancer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Balancer {
+    /// A `BalancedChannel` with this strategy.
+    Ours(Strategy),
+    /// tower's p2c over `PeakEwma` (`contenders::Contender::TowerP2cEwma`).
+    TowerP2cEwma,
+    /// tower's p2c over `PendingRequests` (`contenders::Contender::TowerP2cPending`).
+    TowerP2cPending,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Contender {
-    strategy: Strategy,
+    balancer: Balancer,
     reports: Reports,
 }
 
-const CONTENDERS: [Contender; 13] = [
+const fn ours(strategy: Strategy, reports: Reports) -> Contender {
     Contender {
-        strategy: Strategy::LeastPending,
+        balancer: Balancer::Ours(strategy),
+        reports,
+    }
+}
+
+/// The new default strategy's contenders: no reports, per-call reports, probes at 1, 2 and 3
+/// per call, and the 1-channel reference.
+const FEWEST_THEN_FASTEST: [Contender; 6] = [
+    ours(Strategy::FewestThenFastest, Reports::None),
+    ours(Strategy::FewestThenFastest, Reports::PerCall),
+    ours(Strategy::FewestThenFastest, Reports::Probes(1)),
+    ours(Strategy::FewestThenFastest, Reports::Probes(2)),
+    ours(Strategy::FewestThenFastest, Reports::Probes(3)),
+    ours(Strategy::FewestThenFastest, Reports::Reference),
+];
+
+const CONTENDERS: [Contender; 15] = [
+    ours(Strategy::LeastPending, Reports::None),
+    ours(Strategy::LeastPending, Reports::PerCall),
+    ours(Strategy::LeastPending, Reports::Oob),
+    ours(Strategy::LeastPending, Reports::OobFast),
+    ours(Strategy::LeastPending, Reports::Reference),
+    ours(Strategy::LeastPending, Reports::Oracle),
+    ours(Strategy::PeakEwma, Reports::None),
+    ours(Strategy::PeakEwma, Reports::PerCall),
+    ours(Strategy::PeakEwma, Reports::Oob),
+    ours(Strategy::PeakEwma, Reports::Reference),
+    ours(Strategy::RoundRobin, Reports::None),
+    ours(Strategy::WeightedRoundRobin, Reports::PerCall),
+    ours(Strategy::WeightedRoundRobin, Reports::Oob),
+    Contender {
+        balancer: Balancer::TowerP2cEwma,
         reports: Reports::None,
     },
     Contender {
-        strategy: Strategy::LeastPending,
-        reports: Reports::PerCall,
-    },
-    Contender {
-        strategy: Strategy::LeastPending,
-        reports: Reports::Oob,
-    },
-    Contender {
-        strategy: Strategy::LeastPending,
-        reports: Reports::OobFast,
-    },
-    Contender {
-        strategy: Strategy::LeastPending,
-        reports: Reports::Reference,
-    },
-    Contender {
-        strategy: Strategy::LeastPending,
-        reports: Reports::Oracle,
-    },
-    Contender {
-        strategy: Strategy::PeakEwma,
+        balancer: Balancer::TowerP2cPending,
         reports: Reports::None,
-    },
-    Contender {
-        strategy: Strategy::PeakEwma,
-        reports: Reports::PerCall,
-    },
-    Contender {
-        strategy: Strategy::PeakEwma,
-        reports: Reports::Oob,
-    },
-    Contender {
-        strategy: Strategy::PeakEwma,
-        reports: Reports::Reference,
-    },
-    Contender {
-        strategy: Strategy::RoundRobin,
-        reports: Reports::None,
-    },
-    Contender {
-        strategy: Strategy::WeightedRoundRobin,
-        reports: Reports::PerCall,
-    },
-    Contender {
-        strategy: Strategy::WeightedRoundRobin,
-        reports: Reports::Oob,
     },
 ];
 
+/// Every contender, in the table's order: the new default's first.
+fn all_contenders() -> Vec<Contender> {
+    FEWEST_THEN_FASTEST
+        .iter()
+        .chain(CONTENDERS.iter())
+        .copied()
+        .collect()
+}
+
 impl Contender {
     fn name(self) -> String {
-        let s = match self.strategy {
-            Strategy::LeastPending => "LeastPending",
-            Strategy::PeakEwma => "PeakEwma",
-            Strategy::RoundRobin => "RoundRobin",
-            Strategy::WeightedRoundRobin => "WRR",
-            _ => "?",
+        let s = match self.balancer {
+            Balancer::TowerP2cEwma => return "tower p2c PeakEwma".to_owned(),
+            Balancer::TowerP2cPending => return "tower p2c pending".to_owned(),
+            Balancer::Ours(Strategy::FewestThenFastest) => "FewestThenFastest",
+            Balancer::Ours(Strategy::LeastPending) => "LeastPending",
+            Balancer::Ours(Strategy::PeakEwma) => "PeakEwma",
+            Balancer::Ours(Strategy::RoundRobin) => "RoundRobin",
+            Balancer::Ours(Strategy::WeightedRoundRobin) => "WRR",
+            Balancer::Ours(_) => "?",
         };
         let r = match self.reports {
             Reports::None => "none",
@@ -167,21 +284,34 @@ impl Contender {
             Reports::OobFast => "oob 100ms",
             Reports::Reference => "ref 1 channel",
             Reports::Oracle => "oracle",
+            Reports::Probes(n) => return format!("{s}, probes {n}/call"),
         };
         format!("{s}, {r}")
     }
 
-    /// Its channels (connected). Within the client runtime.
-    async fn channels(self, uris: &[String]) -> Vec<BalancedChannel> {
+    /// Its clients, boxed, and the `BalancedChannel`s among them (the oracle takes instances
+    /// out of them; the probes are counted on them). Within the client runtime.
+    async fn clients(self, uris: &[String]) -> (Vec<Svc>, Vec<BalancedChannel>) {
         let n = if self.reports == Reports::Reference {
             1
         } else {
             CLIENTS
         };
-        let mut out = Vec::with_capacity(n);
+        let strategy = match self.balancer {
+            Balancer::Ours(s) => s,
+            Balancer::TowerP2cEwma => {
+                let c = contenders::Contender::TowerP2cEwma;
+                return ((0..n).map(|_| c.build(uris)).collect(), Vec::new());
+            }
+            Balancer::TowerP2cPending => {
+                let c = contenders::Contender::TowerP2cPending;
+                return ((0..n).map(|_| c.build(uris)).collect(), Vec::new());
+            }
+        };
+        let mut channels = Vec::with_capacity(n);
         for _ in 0..n {
             let mut b = BalancedChannel::builder().uris(uris);
-            b = match self.strategy {
+            b = match strategy {
                 Strategy::WeightedRoundRobin => b.weighted_round_robin(
                     WrrConfig::default()
                         .blackout_period(Duration::from_secs(1))
@@ -200,11 +330,24 @@ impl Contender {
                 Reports::OobFast => b
                     .load_reports_out_of_band(OOB_FAST)
                     .load_report_max_age(2 * OOB_FAST),
+                Reports::Probes(n) => b
+                    .load_report_max_age(Duration::ZERO)
+                    .probes(ProbeConfig::default().per_call(f64::from(n))),
             };
-            out.push(b.connect().await.expect("the fleet answers"));
+            channels.push(b.connect().await.expect("the fleet answers"));
         }
-        out
+        let boxed = channels
+            .iter()
+            .map(|c| BoxCloneService::new(c.clone()))
+            .collect();
+        (boxed, channels)
     }
+}
+
+/// The probes these clients have sent so far (the tower contenders have no channels here and
+/// send none).
+fn probes_sent(channels: &[BalancedChannel]) -> u64 {
+    channels.iter().map(|c| c.stats().probes_sent()).sum()
 }
 
 /// splitmix64: the antagonist's draws.
@@ -229,37 +372,39 @@ fn episodes() -> Vec<(usize, Duration)> {
         .collect()
 }
 
-fn normal() -> Behavior {
-    Behavior::Overload {
-        base: BASE,
-        per_call: PER_CALL,
-    }
+/// Service times: the base, and the time per other call in flight.
+fn normal() -> (Duration, Duration) {
+    (BASE, PER_CALL)
 }
 
-fn slowed() -> Behavior {
-    Behavior::Overload {
-        base: BASE * SLOWDOWN,
-        per_call: PER_CALL * SLOWDOWN,
-    }
+fn slowed() -> (Duration, Duration) {
+    (BASE * SLOWDOWN, PER_CALL * SLOWDOWN)
 }
 
-/// The fleet: instances with their load handles, and each one's current service time (µs).
+fn overloaded() -> (Duration, Duration) {
+    (BASE, OVERLOAD_PER_CALL)
+}
+
+/// The fleet: instances with their load handles, and each one's current service times (µs:
+/// base, per other call in flight).
 struct Servers {
     instances: Vec<Instance>,
     handles: Vec<OrcaHandle>,
     base_us: Vec<AtomicU64>,
+    per_call_us: Vec<AtomicU64>,
 }
 
 impl Servers {
     fn start() -> Servers {
         let mut instances = Vec::new();
         let mut handles = Vec::new();
+        let (base, per_call) = normal();
         for i in 0..INSTANCES {
             let handle = OrcaHandle::new();
             instances.push(Instance::start_with(
                 &format!("i{i}"),
                 "127.0.0.1:0".parse().unwrap(),
-                normal(),
+                Behavior::Overload { base, per_call },
                 ServerOptions {
                     orca: Some(handle.clone()),
                     orca_oob: Some(OOB_FAST),
@@ -268,24 +413,36 @@ impl Servers {
             ));
             handles.push(handle);
         }
-        let base_us = (0..INSTANCES)
-            .map(|_| AtomicU64::new(BASE.as_micros() as u64))
-            .collect();
+        let us = |d: Duration| {
+            (0..INSTANCES)
+                .map(|_| AtomicU64::new(d.as_micros() as u64))
+                .collect()
+        };
         Servers {
             instances,
             handles,
-            base_us,
+            base_us: us(base),
+            per_call_us: us(per_call),
+        }
+    }
+
+    /// Instance `i` answers in `base + per_call × other calls in flight` from now on.
+    fn set(&self, i: usize, (base, per_call): (Duration, Duration)) {
+        self.instances[i].set(Behavior::Overload { base, per_call });
+        self.base_us[i].store(base.as_micros() as u64, Ordering::Relaxed);
+        self.per_call_us[i].store(per_call.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Every instance as the case has them outside of an episode.
+    fn reset(&self, case: Case) {
+        for i in 0..INSTANCES {
+            let overload = case == Case::Overload && SLOWED.contains(&i);
+            self.set(i, if overload { overloaded() } else { normal() });
         }
     }
 
     fn slow(&self, i: usize, on: bool) {
-        let (b, base) = if on {
-            (slowed(), BASE * SLOWDOWN)
-        } else {
-            (normal(), BASE)
-        };
-        self.instances[i].set(b);
-        self.base_us[i].store(base.as_micros() as u64, Ordering::Relaxed);
+        self.set(i, if on { slowed() } else { normal() });
     }
 
     fn per_call_reports(&self, on: bool) {
@@ -294,15 +451,118 @@ impl Servers {
         }
     }
 
-    /// Utilization as a CPU gauge would see it: the rate times the service time, over the
-    /// workers.
-    fn update_utilization(&self) {
+    /// Utilization as a CPU gauge would see it: the rate times the mean service time (with
+    /// `in_flight`, each instance's mean calls in flight), over the workers.
+    fn update_utilization(&self, in_flight: &[f64]) {
         for (i, h) in self.handles.iter().enumerate() {
             let rps = h.report().rps_fractional;
             let base = self.base_us[i].load(Ordering::Relaxed) as f64 * 1e-6;
-            h.set_application_utilization((rps * base / WORKERS).max(0.001));
+            let per_call = self.per_call_us[i].load(Ordering::Relaxed) as f64 * 1e-6;
+            let service = base + per_call * in_flight[i];
+            h.set_application_utilization((rps * service / WORKERS).max(0.001));
         }
     }
+
+    /// The gauge: samples each instance's calls in flight every 10 ms and sets the
+    /// utilizations every 100 ms, on a thread of its own (counted on neither side), until
+    /// `stop`.
+    fn gauge(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+        let servers = self.clone();
+        std::thread::Builder::new()
+            .name("mc-gauge".to_owned())
+            .spawn(move || {
+                let mut sum = [0usize; INSTANCES];
+                let mut samples = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10));
+                    for (s, inst) in sum.iter_mut().zip(&servers.instances) {
+                        *s += inst.shared.active.load(Ordering::Relaxed);
+                    }
+                    samples += 1;
+                    if samples == 10 {
+                        let mean: Vec<f64> =
+                            sum.iter().map(|&s| s as f64 / samples as f64).collect();
+                        servers.update_utilization(&mean);
+                        sum.fill(0);
+                        samples = 0;
+                    }
+                }
+            })
+            .expect("the gauge's thread")
+    }
+}
+
+/// Which side a thread of the process works for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Side {
+    Client,
+    Server,
+    Other,
+}
+
+/// The CPU time (ns) each thread of the process has had so far, by thread id, with its side
+/// (from its name): `/proc/self/task/<tid>/schedstat`'s first field, or where that is missing,
+/// `stat`'s utime + stime (clock ticks of 10 ms).
+fn thread_cpu() -> HashMap<u32, (Side, u64)> {
+    let mut out = HashMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let dir = task.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        let side = if comm.starts_with(CLIENT_THREADS) {
+            Side::Client
+        } else if comm.starts_with(SERVER_THREADS) {
+            Side::Server
+        } else {
+            Side::Other
+        };
+        let ns = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .or_else(|| {
+                // The fields after the command's name (which may hold spaces), in `)`.
+                let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+                let rest = &stat[stat.rfind(')')? + 2..];
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                // utime and stime: fields 14 and 15, the 12th and 13th after the name.
+                let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+                Some(ticks * 10_000_000)
+            });
+        if let Some(ns) = ns {
+            out.insert(tid, (side, ns));
+        }
+    }
+    out
+}
+
+/// The CPU time (ns) of each side between two snapshots of `thread_cpu` (a thread that started
+/// in between counts from 0; one that ended in between is lost).
+fn cpu_between(
+    from: &HashMap<u32, (Side, u64)>,
+    to: &HashMap<u32, (Side, u64)>,
+) -> HashMap<&'static str, u64> {
+    let mut out = HashMap::new();
+    for (tid, &(side, ns)) in to {
+        let before = from.get(tid).map_or(0, |&(_, b)| b);
+        let key = match side {
+            Side::Client => "client",
+            Side::Server => "server",
+            Side::Other => "other",
+        };
+        *out.entry(key).or_insert(0) += ns.saturating_sub(before);
+    }
+    out
 }
 
 /// One measured call.
@@ -316,23 +576,53 @@ struct Call {
 }
 
 impl Call {
-    /// Whether it was answered by an instance while that instance was slowed.
-    fn on_slowed(&self, episodes: &[(usize, Duration)]) -> bool {
-        episodes
-            .iter()
-            .any(|&(i, from)| self.by == Some(i) && self.at >= from && self.at < from + EPISODE)
+    /// Whether it was answered by a misbehaving instance (in `antagonist`, while it was
+    /// slowed).
+    fn on_slowed(&self, case: Case, episodes: &[(usize, Duration)]) -> bool {
+        match case {
+            Case::Antagonist => episodes.iter().any(|&(i, from)| {
+                self.by == Some(i) && self.at >= from && self.at < from + EPISODE
+            }),
+            Case::Overload => self.by.is_some_and(|i| SLOWED.contains(&i)),
+        }
     }
 }
 
-/// One contender's measured calls.
-async fn run_one(servers: &Arc<Servers>, uris: &[String], contender: Contender) -> Vec<Call> {
+/// What the measured window cost, per call scheduled in it, and where the calls went.
+#[derive(Clone, Copy, Default)]
+struct Window {
+    /// CPU µs per call, client side and server side.
+    client_us: f64,
+    server_us: f64,
+    /// Threads of neither side (the main thread, the gauge): a check that the split holds.
+    other_us: f64,
+    /// Probes sent per call.
+    probes: f64,
+    /// The share of the calls that reached the misbehaving instances (server-side counts,
+    /// failed calls included).
+    reached_slowed: f64,
+}
+
+/// One contender's measured calls, and what the measured window cost.
+async fn run_one(
+    servers: Arc<Servers>,
+    uris: Vec<String>,
+    contender: Contender,
+    case: Case,
+) -> (Vec<Call>, Window) {
+    servers.reset(case);
     // Without reports, the servers send none: what a user who does not turn them on has.
     servers.per_call_reports(contender.reports == Reports::PerCall);
-    let channels = contender.channels(uris).await;
-    let clients: Vec<_> = channels
-        .iter()
-        .map(|c| FleetClient::new(c.clone()))
-        .collect();
+    let (boxed, channels) = contender.clients(&uris).await;
+    let oracle = contender.reports == Reports::Oracle;
+    if oracle && case == Case::Overload {
+        for c in &channels {
+            for &i in &SLOWED {
+                c.remove(&uris[i]).expect("a valid URI");
+            }
+        }
+    }
+    let clients: Vec<FleetClient<Svc>> = boxed.into_iter().map(FleetClient::new).collect();
     let warm = (RATE * WARMUP.as_secs_f64()) as usize;
     let total = warm + (RATE * MEASURED.as_secs_f64()) as usize;
     let start = Instant::now() + Duration::from_millis(20);
@@ -340,10 +630,14 @@ async fn run_one(servers: &Arc<Servers>, uris: &[String], contender: Contender) 
     // The antagonist, on the measured window's clock.
     let antagonist = {
         let servers = servers.clone();
-        let oracle =
-            (contender.reports == Reports::Oracle).then(|| (channels.clone(), uris.to_vec()));
+        let oracle = oracle.then(|| (channels.clone(), uris.clone()));
+        let episodes = if case == Case::Antagonist {
+            episodes()
+        } else {
+            Vec::new()
+        };
         tokio::spawn(async move {
-            let mut events: Vec<(Instant, usize, bool)> = episodes()
+            let mut events: Vec<(Instant, usize, bool)> = episodes
                 .into_iter()
                 .flat_map(|(i, at)| {
                     [
@@ -370,6 +664,34 @@ async fn run_one(servers: &Arc<Servers>, uris: &[String], contender: Contender) 
             }
         })
     };
+    // The meter: each side's CPU time and the probes over the measured window (the calls of
+    // the warm-up still finishing at its start are, in the steady state, as many as those of
+    // the window still running at its end).
+    let meter = {
+        let channels = channels.clone();
+        let servers = servers.clone();
+        tokio::spawn(async move {
+            let served = || -> Vec<u64> { servers.instances.iter().map(|i| i.served()).collect() };
+            tokio::time::sleep_until(measured_from.into()).await;
+            let (t0, cpu0, probes0) = (Instant::now(), thread_cpu(), probes_sent(&channels));
+            let served0 = served();
+            tokio::time::sleep_until((measured_from + MEASURED).into()).await;
+            let (t1, cpu1, probes1) = (Instant::now(), thread_cpu(), probes_sent(&channels));
+            let served1 = served();
+            let calls = RATE * (t1 - t0).as_secs_f64();
+            let cpu = cpu_between(&cpu0, &cpu1);
+            let us = |side| cpu.get(side).copied().unwrap_or(0) as f64 * 1e-3 / calls;
+            let reached: Vec<u64> = served1.iter().zip(&served0).map(|(b, a)| b - a).collect();
+            let to_slowed: u64 = SLOWED.iter().map(|&i| reached[i]).sum();
+            Window {
+                client_us: us("client"),
+                server_us: us("server"),
+                other_us: us("other"),
+                probes: probes1.saturating_sub(probes0) as f64 / calls,
+                reached_slowed: to_slowed as f64 / reached.iter().sum::<u64>().max(1) as f64,
+            }
+        })
+    };
     let mut tasks = Vec::with_capacity(total);
     // Each call from a client drawn at random (the same draws for every contender): clients
     // that took their calls in strict turn would move in lockstep (their round robins would
@@ -386,11 +708,13 @@ async fn run_one(servers: &Arc<Servers>, uris: &[String], contender: Contender) 
                 ..Default::default()
             });
             req.set_timeout(DEADLINE);
-            let reply =
-                tokio::time::timeout(DEADLINE + Duration::from_millis(100), client.unary(req))
-                    .await
-                    .ok()
-                    .and_then(|r| r.ok());
+            let reply = tokio::time::timeout(
+                DEADLINE + Duration::from_millis(100),
+                unary(&mut client, req),
+            )
+            .await
+            .ok()
+            .and_then(|r| r.ok());
             let latency = reply.is_some().then(|| at.elapsed());
             Call {
                 at: at.saturating_duration_since(measured_from),
@@ -407,12 +731,20 @@ async fn run_one(servers: &Arc<Servers>, uris: &[String], contender: Contender) 
         }
     }
     let _ = antagonist.await;
-    for &i in &SLOWED {
-        servers.slow(i, false);
-    }
+    let window = meter.await.expect("the meter");
+    servers.reset(case);
     drop(clients);
     drop(channels);
-    calls
+    (calls, window)
+}
+
+/// One unary call, boxed as a `Send` future (as in `load.rs`): spawning the generated client's
+/// future directly trips a rustc limitation on higher-ranked lifetimes.
+fn unary(
+    client: &mut FleetClient<Svc>,
+    req: tonic::Request<Req>,
+) -> futures::future::BoxFuture<'_, Result<tonic::Response<Reply>, tonic::Status>> {
+    Box::pin(client.unary(req))
 }
 
 /// What a contender's run measured.
@@ -422,11 +754,12 @@ struct Summary {
     q: [Option<Duration>; 3],
     /// The share of the calls that succeeded.
     ok: f64,
-    /// The share of the calls answered by an instance while it was slowed (its fair share is
-    /// 8%: 4 instances slowed 2 s each, of 20 instances for 5 s).
+    /// The share of the calls answered by an instance while it was slowed (`antagonist`), or
+    /// that reached an overloaded one (`overload`, failed calls included).
     to_slowed: f64,
-    /// The p99 of the calls answered by an instance that was not slowed.
+    /// The p99 of the calls answered by the other instances.
     p99_elsewhere: Option<Duration>,
+    window: Window,
 }
 
 /// p50, p99, p99.9 of `lat` (failures ranked above every success).
@@ -441,22 +774,27 @@ fn quantiles(mut lat: Vec<Option<Duration>>) -> [Option<Duration>; 3] {
     [q(0.5), q(0.99), q(0.999)]
 }
 
-fn summary(calls: &[Call]) -> Summary {
+fn summary(calls: &[Call], window: Window, case: Case) -> Summary {
     let n = calls.len().max(1) as f64;
     let eps = episodes();
-    let slowed = calls.iter().filter(|c| c.on_slowed(&eps)).count() as f64;
-    // Answered by an instance that was not slowed (a failed call's instance is not known:
-    // failures show in `ok`).
+    let slowed = calls.iter().filter(|c| c.on_slowed(case, &eps)).count() as f64;
+    // Answered by an instance that was not misbehaving (a failed call's instance is not
+    // known: failures show in `ok`).
     let elsewhere = calls
         .iter()
-        .filter(|c| c.by.is_some() && !c.on_slowed(&eps))
+        .filter(|c| c.by.is_some() && !c.on_slowed(case, &eps))
         .map(|c| c.latency)
         .collect();
     Summary {
         q: quantiles(calls.iter().map(|c| c.latency).collect()),
         ok: calls.iter().filter(|c| c.latency.is_some()).count() as f64 / n,
-        to_slowed: slowed / n,
+        to_slowed: match case {
+            Case::Antagonist => slowed / n,
+            // Failed calls included: the share that reached them.
+            Case::Overload => window.reached_slowed,
+        },
         p99_elsewhere: quantiles(elsewhere)[1],
+        window,
     }
 }
 
@@ -479,65 +817,95 @@ fn median_latency(v: Vec<Option<Duration>>) -> Option<Duration> {
     })
 }
 
-/// Runs the scenario (`rounds` times every contender) and prints its table.
+/// Runs the scenario (each case chosen, `rounds` times every contender) and prints a table per
+/// case.
 pub fn run(rounds: usize) {
     let servers = Arc::new(Servers::start());
     let uris: Vec<String> = servers.instances.iter().map(|i| i.uri()).collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_name(CLIENT_THREADS)
         .build()
         .expect("client runtime");
-    let updater = {
-        let servers = servers.clone();
-        rt.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(100));
-            loop {
-                tick.tick().await;
-                servers.update_utilization();
-            }
-        })
-    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let gauge = servers.gauge(stop.clone());
+    for case in Case::chosen() {
+        run_case(&rt, &servers, &uris, case, rounds);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = gauge.join();
+}
+
+/// One case: every contender `rounds` times, and its table.
+fn run_case(
+    rt: &tokio::runtime::Runtime,
+    servers: &Arc<Servers>,
+    uris: &[String],
+    case: Case,
+    rounds: usize,
+) {
+    let contenders = all_contenders();
     println!();
     println!(
-        "{KEY}: {CLIENTS} clients (independent channels), {RATE:.0} calls/s in all, open loop, {INSTANCES} instances of 5 ms + 2 ms per other call in flight; i0, i5, i10, i15 3x slower for 2 s each at random moments; {:.1} s measured (+{:.1} s warm-up) per contender, {rounds} round(s), deadline 1 s; latency in ms from the scheduled start, 'fail' = the percentile falls on failed calls",
+        "{KEY} ({}): {CLIENTS} clients (independent balancers), {RATE:.0} calls/s in all, open loop, {INSTANCES} instances of 5 ms + 2 ms per other call in flight; {}; {:.1} s measured (+{:.1} s warm-up) per contender, {rounds} round(s), deadline 1 s; latency in ms from the scheduled start, 'fail' = the percentile falls on failed calls",
+        case.key(),
+        case.describe(),
         MEASURED.as_secs_f64(),
         WARMUP.as_secs_f64()
     );
-    let episodes: Vec<String> = episodes()
-        .iter()
-        .map(|(i, at)| format!("i{i} at {:.2} s", at.as_secs_f64()))
-        .collect();
-    println!(
-        "slow episodes (from the start of the measured window): {}",
-        episodes.join(", ")
-    );
-    let mut results: Vec<Vec<Summary>> = vec![Vec::new(); CONTENDERS.len()];
+    match case {
+        Case::Antagonist => {
+            let episodes: Vec<String> = episodes()
+                .iter()
+                .map(|(i, at)| format!("i{i} at {:.2} s", at.as_secs_f64()))
+                .collect();
+            println!(
+                "slow episodes (from the start of the measured window): {}; 'to slowed': calls answered by an instance while it was slowed (fair share {:.0}%)",
+                episodes.join(", "),
+                case.fair_share() * 100.0
+            );
+        }
+        Case::Overload => println!(
+            "'to slowed': calls that reached i0, i5, i10, i15, failed ones included (server-side counts over the measured window; fair share {:.0}%); 'p99 elsewhere': of the calls answered by the others",
+            case.fair_share() * 100.0
+        ),
+    }
+    println!("probes/call: probes sent per call; CPU client/server: µs of CPU time per call of the client runtime's threads / the 20 servers' threads over the measured window");
+    let mut results: Vec<Vec<Summary>> = vec![Vec::new(); contenders.len()];
     // MANY_CLIENTS_ONLY=a,b: only the contenders whose name contains one of these.
     let only: Vec<String> = std::env::var("MANY_CLIENTS_ONLY")
         .map(|v| v.split(',').map(str::to_owned).collect())
         .unwrap_or_default();
     for round in 0..rounds {
-        for j in 0..CONTENDERS.len() {
-            let c = (j + round * 3) % CONTENDERS.len();
-            let name = CONTENDERS[c].name();
+        for j in 0..contenders.len() {
+            let c = (j + round * 3) % contenders.len();
+            let contender = contenders[c];
+            let name = contender.name();
             if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
                 continue;
             }
-            let calls = rt.block_on(run_one(&servers, &uris, CONTENDERS[c]));
-            let s = summary(&calls);
+            // On the client runtime's threads (not this one), so that all of the client side
+            // is counted there.
+            let (calls, window) = rt
+                .block_on(rt.spawn(run_one(servers.clone(), uris.to_vec(), contender, case)))
+                .expect("a contender's run");
+            let s = summary(&calls, window, case);
             eprintln!(
-                "  round {} {:<26} p50 {:>7} p99 {:>7}  to slowed {:>5.2}%  p99 elsewhere {:>7}",
+                "  {} round {} {:<32} p50 {:>7} p99 {:>7}  to slowed {:>5.2}%  p99 elsewhere {:>7}  CPU client {:>5.0} server {:>5.0} other {:>4.0} µs/call",
+                case.key(),
                 round + 1,
-                CONTENDERS[c].name(),
+                name,
                 cell(s.q[0]),
                 cell(s.q[1]),
                 s.to_slowed * 100.0,
                 cell(s.p99_elsewhere),
+                window.client_us,
+                window.server_us,
+                window.other_us,
             );
             results[c].push(s);
         }
     }
-    updater.abort();
     // Each contender's rounds: the median of each figure (the mean of the share that
     // succeeded).
     let med: Vec<Option<Summary>> = results
@@ -547,22 +915,41 @@ pub fn run(rounds: usize) {
                 return None;
             }
             let q = |k: usize| median_latency(r.iter().map(|s| s.q[k]).collect());
+            let m = |f: fn(&Summary) -> f64| median(r.iter().map(f).collect(), f64::total_cmp);
             Some(Summary {
                 q: [q(0), q(1), q(2)],
                 ok: r.iter().map(|s| s.ok).sum::<f64>() / r.len() as f64,
-                to_slowed: median(r.iter().map(|s| s.to_slowed).collect(), f64::total_cmp),
+                to_slowed: m(|s| s.to_slowed),
                 p99_elsewhere: median_latency(r.iter().map(|s| s.p99_elsewhere).collect()),
+                window: Window {
+                    client_us: m(|s| s.window.client_us),
+                    server_us: m(|s| s.window.server_us),
+                    other_us: m(|s| s.window.other_us),
+                    probes: m(|s| s.window.probes),
+                    reached_slowed: m(|s| s.window.reached_slowed),
+                },
             })
         })
         .collect();
-    let p99 = |strategy: Strategy, reports: Reports| {
-        CONTENDERS
+    let p99 = |balancer: Balancer, reports: Reports| {
+        contenders
             .iter()
-            .position(|c| c.strategy == strategy && c.reports == reports)
+            .position(|c| c.balancer == balancer && c.reports == reports)
             .and_then(|k| med[k].and_then(|m| m.q[1]))
     };
+    let has_ref = |balancer: Balancer| {
+        contenders
+            .iter()
+            .any(|c| c.balancer == balancer && c.reports == Reports::Reference)
+    };
+    // The best reference, for the contenders without one of their own.
+    let best_ref = contenders
+        .iter()
+        .filter(|c| c.reports == Reports::Reference)
+        .filter_map(|c| p99(c.balancer, Reports::Reference))
+        .min();
     println!(
-        "{:<28} {:>8} {:>9} {:>9} {:>9} {:>14} {:>10} {:>10} {:>14}",
+        "{:<32} {:>8} {:>9} {:>9} {:>9} {:>14} {:>10} {:>10} {:>14} {:>11} {:>10} {:>10}",
         "contender",
         "ok",
         "p50",
@@ -571,14 +958,18 @@ pub fn run(rounds: usize) {
         "p99/no reports",
         "p99/ref",
         "to slowed",
-        "p99 elsewhere"
+        "p99 elsewhere",
+        "probes/call",
+        "CPU client",
+        "CPU server"
     );
-    for (k, c) in CONTENDERS.iter().enumerate() {
+    for (k, c) in contenders.iter().enumerate() {
         let Some(Summary {
             q: [p50, p99c, p999],
             ok,
             to_slowed,
             p99_elsewhere,
+            window,
         }) = med[k]
         else {
             continue;
@@ -587,30 +978,23 @@ pub fn run(rounds: usize) {
             (Some(a), Some(b)) => format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64()),
             _ => "-".to_owned(),
         };
-        let vs_none = match c.reports {
-            Reports::PerCall | Reports::Oob | Reports::OobFast => ratio(match c.strategy {
-                // WRR without reports is round robin.
-                Strategy::WeightedRoundRobin => p99(Strategy::RoundRobin, Reports::None),
-                s => p99(s, Reports::None),
-            }),
+        let vs_none = match (c.balancer, c.reports) {
+            // WRR without reports is round robin.
+            (
+                Balancer::Ours(Strategy::WeightedRoundRobin),
+                Reports::PerCall | Reports::Oob | Reports::OobFast,
+            ) => ratio(p99(Balancer::Ours(Strategy::RoundRobin), Reports::None)),
+            (b, Reports::PerCall | Reports::Oob | Reports::OobFast) => ratio(p99(b, Reports::None)),
             _ => "-".to_owned(),
         };
         let vs_ref = match c.reports {
             Reports::Reference => "-".to_owned(),
-            _ => ratio(match c.strategy {
-                Strategy::LeastPending | Strategy::PeakEwma => p99(c.strategy, Reports::Reference),
-                // No reference of their own: the best reference.
-                _ => [
-                    p99(Strategy::LeastPending, Reports::Reference),
-                    p99(Strategy::PeakEwma, Reports::Reference),
-                ]
-                .into_iter()
-                .flatten()
-                .min(),
-            }),
+            // Its own strategy's reference if it has one, else the best reference.
+            _ if has_ref(c.balancer) => ratio(p99(c.balancer, Reports::Reference)),
+            _ => ratio(best_ref),
         };
         println!(
-            "{:<28} {:>7.2}% {:>9} {:>9} {:>9} {:>14} {:>10} {:>9.2}% {:>14}",
+            "{:<32} {:>7.2}% {:>9} {:>9} {:>9} {:>14} {:>10} {:>9.2}% {:>14} {:>11.2} {:>10.1} {:>10.1}",
             c.name(),
             ok * 100.0,
             cell(p50),
@@ -619,7 +1003,10 @@ pub fn run(rounds: usize) {
             vs_none,
             vs_ref,
             to_slowed * 100.0,
-            cell(p99_elsewhere)
+            cell(p99_elsewhere),
+            window.probes,
+            window.client_us,
+            window.server_us
         );
     }
 }

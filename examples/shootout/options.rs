@@ -75,10 +75,10 @@ struct Args {
     #[arg(long, value_name = "NAME", value_parser = scenario_list, verbatim_doc_comment)]
     scenario: Vec<List<Named>>,
 
-    /// least-pending, peak-ewma, p2c, round-robin, tonic, tower-pending,
-    /// tower-ewma, naive, hedging, or all; repeatable or a comma list
+    /// fewest-then-fastest, least-pending, peak-ewma, p2c, round-robin, tonic,
+    /// tower-pending, tower-ewma, naive, hedging, or all; repeatable or a comma list
     /// (default: all but naive and hedging; stalls always runs
-    /// least-pending and hedging)
+    /// fewest-then-fastest and hedging)
     #[arg(long, value_name = "NAME", value_parser = contender_list, verbatim_doc_comment)]
     contender: Vec<List<Contender>>,
 
@@ -131,7 +131,7 @@ struct Args {
 
     /// a live view of each instance instead, redrawn while the run goes on:
     /// without --scenario, an instance is killed and one hangs; with it, the
-    /// scenarios named. Our strategies only (default least-pending); --duration
+    /// scenarios named. Our strategies only (default fewest-then-fastest); --duration
     /// per run (default 14), --instances (default 8), --rate, --deadline-ms apply;
     /// no warm-up (the view shows the opening too)
     #[arg(long, verbatim_doc_comment)]

@@ -233,7 +233,7 @@ fn print_stalls_table(rows: &[Row]) {
     }
     let find = |c: Contender| rows.iter().find(|r| r.contender == c);
     if let (Some(plain), Some(hedged)) = (
-        find(Contender::Ours(Strategy::LeastPending)),
+        find(Contender::Ours(Strategy::FewestThenFastest)),
         find(Contender::Hedging),
     ) {
         if let (Some(p), Some(h)) = (plain.pcts[1], hedged.pcts[1]) {

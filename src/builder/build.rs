@@ -100,6 +100,13 @@ impl Builder {
             methods: crate::instance::tie::Methods::new(),
             default_latency_ns: 1_000_000.0,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
+            gate: if self.strategy == Strategy::FewestThenFastest {
+                crate::instance::tie::GateRule::FEWEST_THEN_FASTEST
+            } else {
+                crate::instance::tie::GateRule::LEAST_PENDING
+            },
+            probes: self.probes,
+            probes_sent: AtomicU64::new(0),
             backoff: self.backoff,
             discovery_wake: std::sync::OnceLock::new(),
             ejected: AtomicUsize::new(0),
@@ -204,6 +211,9 @@ impl Builder {
         }
         self.conns.validate()?;
         self.wrr.validate()?;
+        if let Some(p) = &self.probes {
+            p.validate()?;
+        }
         Checks::of("max_replay_body").that(
             self.max_replay_body <= MAX_REPLAY_BODY_CAP,
             format_args!("{} bytes is above the 16 MiB cap", self.max_replay_body),

@@ -64,6 +64,7 @@ pub struct Builder {
     transparent_retry: bool,
     retry: Option<RetryPolicy>,
     hedging: Vec<crate::HedgingPolicy>,
+    probes: Option<crate::ProbeConfig>,
     #[cfg(feature = "health-check")]
     health_check: Option<HealthCheck>,
     max_replay_body: usize,
@@ -147,6 +148,7 @@ impl Builder {
             transparent_retry: true,
             retry: None,
             hedging: Vec::new(),
+            probes: None,
             #[cfg(feature = "health-check")]
             health_check: None,
             max_replay_body: DEFAULT_MAX_REPLAY_BODY,

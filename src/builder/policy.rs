@@ -12,9 +12,20 @@ use crate::retry::RetryPolicy;
 use crate::Strategy;
 
 impl Builder {
-    /// The selection strategy (default: [`Strategy::LeastPending`]).
+    /// The selection strategy (default: [`Strategy::FewestThenFastest`]).
     pub fn strategy(mut self, strategy: Strategy) -> Builder {
         self.strategy = strategy;
+        self
+    }
+
+    /// Probes (off by default): for a channel that shares its instances with many other
+    /// clients, it asks instances drawn at random how many calls they serve for every client
+    /// and how long a call takes them now, and picks among the fresh answers (Prequal's
+    /// hot-cold rule); with fewer than two fresh answers, by the strategy. The instances must
+    /// answer probes (the `orca` feature's `OrcaLayer` does); those that answer UNIMPLEMENTED
+    /// are left to the strategy. See [`ProbeConfig`](crate::ProbeConfig).
+    pub fn probes(mut self, config: crate::ProbeConfig) -> Builder {
+        self.probes = Some(config);
         self
     }
 

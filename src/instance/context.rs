@@ -29,6 +29,8 @@ pub(crate) struct Context {
     pub(crate) methods: super::tie::Methods,
     /// Slow start window in nanoseconds (0: off).
     pub(crate) slow_start_ns: u64,
+    /// How long the tie-break gates a markedly slow instance for (`tie::GateRule`).
+    pub(crate) gate: super::tie::GateRule,
     /// Peak EWMA: the latency of an instance with no estimate yet.
     pub(crate) default_latency_ns: f64,
     pub(crate) backoff: Backoff,
@@ -46,6 +48,10 @@ pub(crate) struct Context {
     pub(crate) reports_fresh: super::load::Fresh,
     /// Where the instances and the set tell what happens to them (see [`Events`]).
     pub(crate) events: Arc<dyn Events>,
+    /// Probes (`Builder::probes`), if the channel sends them.
+    pub(crate) probes: Option<crate::probe::ProbeConfig>,
+    /// Probes sent so far.
+    pub(crate) probes_sent: AtomicU64,
 }
 
 impl Context {
@@ -70,6 +76,7 @@ impl Context {
             latency_decay: Duration::from_secs(1),
             methods: super::tie::Methods::new(),
             slow_start_ns: 0,
+            gate: super::tie::GateRule::LEAST_PENDING,
             default_latency_ns: 1_000_000.0,
             backoff: Backoff::default(),
             discovery_wake: std::sync::OnceLock::new(),
@@ -79,6 +86,8 @@ impl Context {
             reports: Default::default(),
             reports_fresh: Default::default(),
             events: Arc::new(Unobserved),
+            probes: None,
+            probes_sent: AtomicU64::new(0),
         }
     }
 }

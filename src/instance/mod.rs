@@ -144,6 +144,8 @@ pub(crate) struct Instance {
     pub(crate) window_err: AtomicU64,
     /// Notified when its connection cannot be opened: calls waiting for it move on.
     pub(crate) unreachable: Arc<tokio::sync::Notify>,
+    /// Its latest probe answer (`Builder::probes`).
+    pub(crate) probe: crate::probe::Record,
     /// Dropped with the instance: its background tasks (reconnect probes, readmission
     /// timer, health checks) end at once rather than when their timers next fire.
     pub(crate) closed: crate::shutdown::Closed,
@@ -202,6 +204,7 @@ impl Instance {
             window_ok: AtomicU64::new(0),
             window_err: AtomicU64::new(0),
             unreachable: Arc::new(tokio::sync::Notify::new()),
+            probe: Default::default(),
             closed: crate::shutdown::Closed::new(),
         }
     }
@@ -331,7 +334,8 @@ impl Instance {
         let sample = sample.as_nanos() as u64 as f64;
         self.observe_latency(sample, now, ctx.latency_decay);
         let reference = ctx.methods.reference(method, sample);
-        self.tie.observe(sample, reference, sent, now);
+        self.tie
+            .observe_gated(sample, reference, sent, now, ctx.gate);
         ctx.clock.fetch_max(now, Ordering::Relaxed);
     }
 
@@ -339,6 +343,8 @@ impl Instance {
     #[inline]
     pub(crate) fn connected(&self) {
         if self.state() == State::Connecting && self.transition(State::Connecting, State::Ready) {
+            // A new connection may answer probes that the old one did not.
+            self.probe.reconnected();
             self.ctx.events.connected(self);
         }
     }

@@ -78,6 +78,43 @@ pub(crate) const GATE_FACTOR: f64 = 4.0;
 pub(crate) const MAX_GATE: f64 = 10e9;
 /// ...or until the others have taken this many turns (doubled likewise), if that comes first.
 pub(crate) const GATE_TURNS: u64 = 32;
+/// One call in flight in [`Tie::weight`]'s units.
+pub(crate) const WEIGHT_ONE: u64 = 16;
+/// The most one call in flight on a gated instance weighs, in calls: an instance whose calls
+/// in flight plus one are more than 4.5 times the fewest plus one never wins, however slow the
+/// one with the fewest has been (with none on it: one with four calls or more loses to it).
+pub(crate) const MAX_WEIGHT: f32 = 4.5;
+/// How long a slow answer gates an instance: `factor` times the answer's excess over
+/// [`GATE_AT`] times its method's reference, at least `min_refs` times that reference, doubled
+/// for each slow answer in a row to a re-check, at most [`MAX_GATE`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct GateRule {
+    pub(crate) factor: f64,
+    pub(crate) min_refs: f64,
+}
+
+impl GateRule {
+    /// Least pending's: [`GATE_FACTOR`] times the excess.
+    pub(crate) const LEAST_PENDING: GateRule = GateRule {
+        factor: GATE_FACTOR,
+        min_refs: 0.0,
+    };
+
+    /// [`Strategy::FewestThenFastest`](crate::Strategy::FewestThenFastest)'s: ten times the
+    /// excess, at least a hundred times the method's usual time (about a second for an answer
+    /// 100 ms late where 5 ms is usual; half a second after any slow answer there). A slow
+    /// instance is re-checked one call at a time, at most about once per hundred usual call
+    /// times at first, then ever more rarely while it stays slow: a bounded number of calls
+    /// per second whatever the rate, rather than a share of the traffic (least pending's gates
+    /// re-check a 20 times slower instance every 0.4 s at first, and open by turns as well as
+    /// by time); and an instance whose slowness comes with its load (it answers fast when idle,
+    /// slow with a few calls) is not handed calls again after every fast answer.
+    pub(crate) const FEWEST_THEN_FASTEST: GateRule = GateRule {
+        factor: 10.0,
+        min_refs: 100.0,
+    };
+}
+
 /// Slow answers in a row counted for the doubling.
 const MAX_STRIKES: u32 = 7;
 
@@ -160,6 +197,38 @@ impl Tie {
         }
     }
 
+    /// How much one call in flight on the instance weighs in
+    /// [`Strategy::FewestThenFastest`](crate::Strategy::FewestThenFastest)'s count, in
+    /// [`WEIGHT_ONE`] units: one call while the instance is open; while it is gated (it answered
+    /// markedly slower than the rest), its slowness, at most [`MAX_WEIGHT`].
+    #[inline]
+    pub(crate) fn weight(&self, now_ns: u64) -> u64 {
+        if self.recheck_at.load(Ordering::Relaxed) <= now_ns {
+            return WEIGHT_ONE;
+        }
+        let s = f32::from_bits(self.slowness.load(Ordering::Relaxed));
+        // Slowness is above GATE_AT while gated (a NaN is never stored).
+        let s = if s > 1.0 { s.min(MAX_WEIGHT) } else { 1.0 };
+        (s * WEIGHT_ONE as f32) as u64
+    }
+
+    /// Whether the instance answered markedly slower than the rest last time (a gate was set)
+    /// and its gate is over: the call it is picked for now re-checks it.
+    #[inline]
+    pub(crate) fn is_due_for_recheck(&self, now_ns: u64) -> bool {
+        let at = self.recheck_at.load(Ordering::Relaxed);
+        at != 0 && at <= now_ns
+    }
+
+    /// A re-check was sent at `now_ns`: the instance stays gated for `hold_ns` more, until its
+    /// answer says whether it is fast again (a fast answer opens it at once), so that one
+    /// re-check goes at a time rather than every call while the answer is on its way.
+    #[cold]
+    pub(crate) fn recheck_sent(&self, now_ns: u64, hold_ns: u64) {
+        self.recheck_at
+            .store(now_ns.saturating_add(hold_ns.max(1)), Ordering::Relaxed);
+    }
+
     /// The instance won a tie: its pass advances by its stride, from at least `floor` (see
     /// `pick::Chosen::floor`). Two picks at once may both read the old pass and one advance be
     /// lost: harmless, a turn is a share, not a count.
@@ -222,9 +291,29 @@ impl Tie {
         (s > 0.0).then_some(f64::from(s))
     }
 
-    /// One answer to a call sent at `sent_ns`: it took `sample_ns`, where the method's
-    /// reference is `reference_ns`, at `now_ns` on the channel's clock.
+    /// As [`observe_gated`](Self::observe_gated) with least pending's gates.
+    #[cfg(test)]
     pub(crate) fn observe(&self, sample_ns: f64, reference_ns: f64, sent_ns: u64, now_ns: u64) {
+        self.observe_gated(
+            sample_ns,
+            reference_ns,
+            sent_ns,
+            now_ns,
+            GateRule::LEAST_PENDING,
+        );
+    }
+
+    /// One answer to a call sent at `sent_ns`: it took `sample_ns`, where the method's
+    /// reference is `reference_ns`, at `now_ns` on the channel's clock. A gate it sets lasts as
+    /// `rule` says.
+    pub(crate) fn observe_gated(
+        &self,
+        sample_ns: f64,
+        reference_ns: f64,
+        sent_ns: u64,
+        now_ns: u64,
+        rule: GateRule,
+    ) {
         if !(reference_ns > 0.0 && sample_ns.is_finite()) {
             return;
         }
@@ -252,7 +341,9 @@ impl Tie {
                 strikes
             };
             self.strikes.store(strikes, Ordering::Relaxed);
-            let gate = (GATE_FACTOR * excess * f64::from(1u32 << strikes)).min(MAX_GATE);
+            let gate = ((rule.factor * excess).max(rule.min_refs * reference_ns)
+                * f64::from(1u32 << strikes))
+            .min(MAX_GATE);
             let turns = (GATE_TURNS << strikes) * UNIT;
             let pass = self.pass.load(Ordering::Relaxed);
             self.gate_pass

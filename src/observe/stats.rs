@@ -42,6 +42,7 @@ pub struct ChannelStats {
     discovery_lookups: u64,
     discovery_failures: u64,
     discovery_error: Option<String>,
+    probes_sent: u64,
 }
 
 impl ChannelStats {
@@ -134,6 +135,11 @@ impl ChannelStats {
     pub fn discovery_error(&self) -> Option<&str> {
         self.discovery_error.as_deref()
     }
+
+    /// Probes sent (see [`Builder::probes`](crate::Builder::probes)); 0 without probes.
+    pub fn probes_sent(&self) -> u64 {
+        self.probes_sent
+    }
 }
 
 impl std::fmt::Display for ChannelStats {
@@ -159,6 +165,9 @@ impl std::fmt::Display for ChannelStats {
             if let Some(e) = &self.discovery_error {
                 write!(f, " error={e:?}")?;
             }
+        }
+        if self.probes_sent > 0 {
+            write!(f, " probes={}", self.probes_sent)?;
         }
         Ok(())
     }
@@ -208,6 +217,7 @@ impl ChannelStats {
             discovery_lookups: load(&shared.lookups),
             discovery_failures: load(&shared.lookup_failures),
             discovery_error: error,
+            probes_sent: set.ctx.probes_sent.load(Ordering::Relaxed),
         }
     }
 }

@@ -24,6 +24,18 @@ pub(crate) fn pick_now(
     tried: &[Arc<Instance>],
     method: Method,
 ) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
+    if let (Some(config), true) = (&picker.set.ctx.probes, tried.is_empty()) {
+        return probed(picker, config, method);
+    }
+    pick_now_by_strategy(picker, tried, method)
+}
+
+/// [`pick_now`] by the strategy alone.
+fn pick_now_by_strategy(
+    picker: &Picker,
+    tried: &[Arc<Instance>],
+    method: Method,
+) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
     let mut snap = picker.snapshot();
     // Each round needs a new publication; a few are plenty even under constant churn.
     for _ in 0..4 {
@@ -37,6 +49,30 @@ pub(crate) fn pick_now(
         snap = now;
     }
     (snap, None)
+}
+
+/// A first attempt's pick with probes (see `probed`): the strategy's choice if it is an
+/// instance that does not answer probes, else the probes' if two or more answers are fresh;
+/// then the call's probes.
+fn probed(
+    picker: &Picker,
+    config: &crate::probe::ProbeConfig,
+    method: Method,
+) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
+    let (snap, by_strategy) = pick_now_by_strategy(picker, &[], method);
+    let (by_probes, pooled) = match by_strategy {
+        Some(i) if !snap[i].probe.unanswered() => {
+            super::probed::pick(&snap, &[], config, picker.set.ctx.now_ns())
+        }
+        _ => (
+            None,
+            super::probed::pooled(&snap, config, picker.set.ctx.now_ns()),
+        ),
+    };
+    let mut rng = Rng::thread();
+    super::probed::send(&snap, config, pooled, &mut rng);
+    rng.store();
+    (snap, by_probes.or(by_strategy))
 }
 
 /// Whether some usable instance of the current set is not in `tried`: whether a pick for
@@ -114,28 +150,48 @@ fn pick_with(
     let picked = match picker.strategy {
         // The common case, a first attempt without slow start: nothing to check but the
         // state, so the scan's loop stays tight.
-        Strategy::LeastPending if tried.is_empty() && slow == 0 => {
+        Strategy::FewestThenFastest | Strategy::LeastPending if tried.is_empty() && slow == 0 => {
             let dear = policy.methods.is_dear(method);
             let turn = |i: &Arc<Instance>| i.tie.turn_for(dear, now);
-            let chosen = if policy.reports_fresh.any(tick) {
-                tight_least_pending::<true>(snap, &mut rng, tick, turn)
-            } else {
-                // No instance has a fresh report (every `others` reads 0): the scan
-                // does not read them.
-                tight_least_pending::<false>(snap, &mut rng, tick, turn)
+            let fresh = policy.reports_fresh.any(tick);
+            // No instance has a fresh report (every `others` reads 0): the scan does not read
+            // them.
+            let chosen = match (picker.strategy == Strategy::FewestThenFastest, fresh) {
+                (true, true) => tight::<true, true>(snap, &mut rng, tick, now, turn),
+                (true, false) => tight::<true, false>(snap, &mut rng, tick, now, turn),
+                (false, true) => tight::<false, true>(snap, &mut rng, tick, now, turn),
+                (false, false) => tight::<false, false>(snap, &mut rng, tick, now, turn),
             };
-            chosen.map(|c| took_turn(snap, c, dear))
+            chosen.map(|c| {
+                if picker.strategy == Strategy::FewestThenFastest {
+                    recheck(&snap[c.index], now);
+                }
+                took_turn(snap, c, dear)
+            })
         }
-        Strategy::LeastPending => {
+        Strategy::FewestThenFastest | Strategy::LeastPending => {
             let dear = policy.methods.is_dear(method);
+            let weighted = picker.strategy == Strategy::FewestThenFastest;
             super::least_pending(
                 snap,
                 &mut rng,
                 &snap.strides,
-                |i| usable(i).then(|| counted(i, tick, true)),
+                |i| {
+                    usable(i).then(|| {
+                        let n = counted(i, tick, true);
+                        if weighted {
+                            weighted_count(n, i, now)
+                        } else {
+                            n
+                        }
+                    })
+                },
                 |i| i.tie.turn_for(dear, now),
             )
             .map(|c| {
+                if weighted {
+                    recheck(&snap[c.index], now);
+                }
                 // Slow start again: a tie won costs a warming instance 1/ramp turns, so that
                 // among ties (at low load) its share of the calls is the ramp times its fair
                 // share. Taking part in a share of the picks is not enough there: an
@@ -191,21 +247,52 @@ fn counted(i: &Instance, tick: u64, reports: bool) -> usize {
     i.in_flight.load(Ordering::Relaxed) + if reports { i.others.get(tick) } else { 0 }
 }
 
-/// The least-pending pick of a first attempt without slow start: nothing to check but the
-/// state, so the scan's loop stays tight; the other clients' calls are read only with
-/// `REPORTS` (a loop of its own without them).
+/// The count [`Strategy::FewestThenFastest`] compares for `i` with `n` calls in flight: the
+/// calls it would have with this one, each weighing [`Tie::weight`](crate::instance::tie::Tie)
+/// (one, or the slowness of an instance gated for a slow answer), so that among equally fast
+/// instances the order is least pending's.
+#[inline(always)]
+fn weighted_count(n: usize, i: &Instance, now: u64) -> usize {
+    (n + 1) * i.tie.weight(now) as usize
+}
+
+/// The chosen instance, if its gate for a slow answer is over, is re-checked by this call:
+/// it stays gated until the answer, held for twice its usual latency (at least 1 ms, at most
+/// 10 s), so that one re-check goes at a time.
+#[inline(always)]
+fn recheck(i: &Instance, now: u64) {
+    if i.tie.is_due_for_recheck(now) {
+        let usual = f64::from_bits(i.steady_ns.load(Ordering::Relaxed));
+        let hold = (2.0 * usual).clamp(1e6, 1e10) as u64;
+        i.tie.recheck_sent(now, hold);
+    }
+}
+
+/// The least-pending pick (with `WEIGHTED`, fewest-then-fastest's) of a first attempt without
+/// slow start: nothing to check but the state, so the scan's loop stays tight; the other
+/// clients' calls are read only with `REPORTS` (a loop of its own without them).
 #[inline]
-fn tight_least_pending<const REPORTS: bool>(
+fn tight<const WEIGHTED: bool, const REPORTS: bool>(
     snap: &Members,
     rng: &mut Rng,
     tick: u64,
+    now: u64,
     turn: impl FnMut(&Arc<Instance>) -> Turn,
 ) -> Option<Chosen> {
     super::least_pending(
         snap,
         rng,
         &snap.strides,
-        |i| i.is_usable().then(|| counted(i, tick, REPORTS)),
+        |i| {
+            i.is_usable().then(|| {
+                let n = counted(i, tick, REPORTS);
+                if WEIGHTED {
+                    weighted_count(n, i, now)
+                } else {
+                    n
+                }
+            })
+        },
         turn,
     )
 }

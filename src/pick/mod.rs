@@ -12,7 +12,10 @@
 //! robin's schedule); `scenarios.rs` tests the tie-break over time on a virtual clock.
 
 pub(crate) mod dispatch;
+#[cfg(test)]
+mod fastest_scenarios;
 pub(crate) mod least_pending;
+pub(crate) mod probed;
 #[cfg(test)]
 mod scenarios;
 pub(crate) mod simple;

@@ -22,7 +22,7 @@ const UNARY: &str = "/fleet.Fleet/Unary";
 const STREAM: &str = "/fleet.Fleet/ClientStream";
 
 /// A call on its way: it ends at `end` (nanoseconds on the virtual clock).
-struct Pending {
+pub(super) struct Pending {
     end: u64,
     sent: u64,
     instance: usize,
@@ -31,13 +31,13 @@ struct Pending {
 
 /// A channel's pick over `n` instances (never connected: no call is sent), and a virtual
 /// clock.
-struct Sim {
+pub(super) struct Sim {
     picker: Picker,
-    instances: Vec<Arc<Instance>>,
+    pub(super) instances: Vec<Arc<Instance>>,
     /// Now, in nanoseconds since the channel's epoch.
-    now: u64,
+    pub(super) now: u64,
     /// Calls picked for each instance so far.
-    served: Vec<u64>,
+    pub(super) served: Vec<u64>,
     pending: Vec<Pending>,
 }
 
@@ -46,8 +46,16 @@ impl Sim {
         Sim::with(n, Context::for_tests())
     }
 
-    /// With the settings of `ctx`.
+    /// With the settings of `ctx`, and least pending.
     fn with(n: usize, ctx: Context) -> Sim {
+        Sim::with_strategy(n, ctx, Strategy::LeastPending)
+    }
+
+    /// With the settings of `ctx` and `strategy` (least pending or fewest then fastest).
+    pub(super) fn with_strategy(n: usize, mut ctx: Context, strategy: Strategy) -> Sim {
+        if strategy == Strategy::FewestThenFastest {
+            ctx.gate = crate::instance::tie::GateRule::FEWEST_THEN_FASTEST;
+        }
         let set = Set::new(Arc::new(ctx));
         for k in 0..n {
             let uri = format!("http://127.0.0.1:{}", 1 + k);
@@ -55,7 +63,7 @@ impl Sim {
         }
         let instances = set.snapshot().to_vec();
         Sim {
-            picker: Picker::new(set, Strategy::LeastPending),
+            picker: Picker::new(set, strategy),
             instances,
             // Well after the epoch, as on a channel that has run for a while.
             now: 10_000_000_000,
@@ -66,7 +74,7 @@ impl Sim {
 
     /// Picks an instance for a call to `method` and sends it: it will take what `took` says
     /// for the instance picked. Returns which one.
-    fn start(&mut self, method: &str, took: impl FnOnce(usize) -> Duration) -> usize {
+    pub(super) fn start(&mut self, method: &str, took: impl FnOnce(usize) -> Duration) -> usize {
         let method = Method::of(method);
         let (snap, picked) = pick_now(&self.picker, &[], method);
         let chosen = &snap[picked.expect("a usable instance")];
@@ -90,7 +98,7 @@ impl Sim {
 
     /// The first call in flight to end ends: the clock moves to its end and its instance
     /// records the answer. Returns which instance answered.
-    fn finish_next(&mut self) -> usize {
+    pub(super) fn finish_next(&mut self) -> usize {
         let k = (0..self.pending.len())
             .min_by_key(|&k| self.pending[k].end)
             .expect("a call in flight");
@@ -110,7 +118,7 @@ impl Sim {
     }
 
     /// One call, waited for.
-    fn call(&mut self, method: &str, took: impl FnOnce(usize) -> Duration) -> usize {
+    pub(super) fn call(&mut self, method: &str, took: impl FnOnce(usize) -> Duration) -> usize {
         let instance = self.start(method, took);
         self.finish_next();
         instance
@@ -118,7 +126,7 @@ impl Sim {
 
     /// `n` unary calls one after another, each taking what `took` says; the calls each
     /// instance got.
-    fn calls(&mut self, n: usize, mut took: impl FnMut(usize) -> Duration) -> Vec<u64> {
+    pub(super) fn calls(&mut self, n: usize, mut took: impl FnMut(usize) -> Duration) -> Vec<u64> {
         let before = self.served.clone();
         for _ in 0..n {
             self.call(UNARY, &mut took);
@@ -126,7 +134,53 @@ impl Sim {
         self.since(&before)
     }
 
-    fn since(&self, before: &[u64]) -> Vec<u64> {
+    /// Open loop: a call to `method` every `1 / rate` s for `secs` s, each taking what
+    /// `took` says for the instance picked and its calls in flight then (this one not
+    /// counted); the answers that fall due meanwhile arrive in order, and the pick's clock
+    /// moves with the calls. The calls each instance got.
+    pub(super) fn open_loop(
+        &mut self,
+        rate: f64,
+        secs: f64,
+        mut took: impl FnMut(&mut Sim, usize, usize) -> Duration,
+    ) -> Vec<u64> {
+        let before = self.served.clone();
+        let gap = (1e9 / rate) as u64;
+        let calls = (rate * secs) as u64;
+        for _ in 0..calls {
+            let at = self.now + gap;
+            while self.pending.iter().any(|p| p.end <= at) {
+                self.finish_next();
+            }
+            self.now = at;
+            self.picker
+                .set
+                .ctx
+                .clock
+                .fetch_max(at, std::sync::atomic::Ordering::Relaxed);
+            let (snap, picked) = pick_now(&self.picker, &[], Method::of(UNARY));
+            let chosen = &snap[picked.expect("a usable instance")];
+            let instance = self
+                .instances
+                .iter()
+                .position(|i| Arc::ptr_eq(i, chosen))
+                .expect("one of the set");
+            let busy = chosen
+                .in_flight
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.served[instance] += 1;
+            let t = took(self, instance, busy);
+            self.pending.push(Pending {
+                end: self.now + t.as_nanos() as u64,
+                sent: self.now,
+                instance,
+                method: Method::of(UNARY),
+            });
+        }
+        self.since(&before)
+    }
+
+    pub(super) fn since(&self, before: &[u64]) -> Vec<u64> {
         self.served.iter().zip(before).map(|(a, b)| a - b).collect()
     }
 

@@ -1,0 +1,236 @@
+//! [`Strategy::FewestThenFastest`] on constructed fleets, on the virtual clock of
+//! `scenarios.rs`: the same fleets and the same calls through least pending, for the
+//! difference.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::scenarios::Sim;
+use crate::instance::context::Context;
+use crate::Strategy;
+
+const MS: Duration = Duration::from_millis(1);
+const FAST: Duration = Duration::from_millis(5);
+const SLOW: Duration = Duration::from_millis(100);
+
+/// Answer times with the jitter of a real fleet's: `base` plus up to 5 ms more (uniform, from
+/// a fixed seed).
+struct Jitter(u64);
+
+impl Jitter {
+    fn add(&mut self, base: Duration) -> Duration {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        base + Duration::from_nanos(z % 5_000_000)
+    }
+}
+
+fn sim(n: usize, strategy: Strategy) -> Sim {
+    Sim::with_strategy(n, Context::for_tests(), strategy)
+}
+
+/// The share of `got` that went to the instances in `which`.
+fn share(got: &[u64], which: &[usize]) -> f64 {
+    let total: u64 = got.iter().sum();
+    which.iter().map(|&i| got[i]).sum::<u64>() as f64 / total as f64
+}
+
+/// The `q` quantile of `v`.
+fn quantile(v: &mut [Duration], q: f64) -> Duration {
+    v.sort_unstable();
+    v[((v.len() - 1) as f64 * q) as usize]
+}
+
+/// Three instances; the first answered 20 times slower than the others. With one call in
+/// flight on each of the others and none on it, least pending sends it the next call (0 is
+/// fewer than 1); fewest then fastest does not (its one call would count 4.5, theirs two):
+/// a slower instance with one call fewer loses, and so with two or three fewer. With four
+/// calls on each of the others, it wins: an instance whose calls plus one are more than 4.5
+/// times the fewest plus one never wins, however slow the one with the fewest has been.
+#[tokio::test]
+async fn a_slower_instance_with_one_call_fewer_loses() {
+    for (strategy, held, want_slow) in [
+        (Strategy::LeastPending, 1, true),
+        (Strategy::FewestThenFastest, 1, false),
+        (Strategy::FewestThenFastest, 2, false),
+        (Strategy::FewestThenFastest, 3, false),
+        (Strategy::FewestThenFastest, 4, true),
+    ] {
+        let mut sim = sim(3, strategy);
+        // Fast answers set the method's reference; then slow answers from instance 0: its
+        // slowness estimate moves half way to each (one hiccup counts little).
+        sim.calls(30, |_| FAST);
+        while sim.call("/fleet.Fleet/Unary", |i| if i == 0 { SLOW } else { FAST }) != 0 {}
+        let unary = crate::instance::tie::Method::of("/fleet.Fleet/Unary");
+        sim.instances[0].sample(unary, SLOW, sim.now - 100_000_000, sim.now);
+        // Calls held on the others (they answer only after the pick below).
+        for _ in 0..2 * held {
+            sim.start("/fleet.Fleet/Unary", |_| Duration::from_secs(5));
+        }
+        let busy: Vec<usize> = sim
+            .instances
+            .iter()
+            .map(|i| i.in_flight.load(std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        assert_eq!(busy, [0, held, held], "{strategy:?}: the held calls");
+        let picked = sim.start("/fleet.Fleet/Unary", |_| FAST);
+        assert_eq!(
+            picked == 0,
+            want_slow,
+            "{strategy:?} with {held} calls on each of the others picked {picked}"
+        );
+    }
+}
+
+/// 20 instances, 4 of them answering in 100 ms, the others in 5 ms, open loop for 20 s at 500
+/// and at 3,000 calls/s. Least pending sends the slow ones more than 1% of the calls at 3,000
+/// (an instance with no call in flight wins over those with one, however slow), enough to put
+/// 100 ms into the p99; fewest then fastest sends them under 0.3% at both rates (their
+/// re-checks: about one a second each at first, then ever more rarely), and its p99 is the
+/// fast instances'.
+#[tokio::test]
+async fn slow_instances_stay_out_of_the_p99_at_every_rate() {
+    let slow = [0, 5, 10, 15];
+    for rate in [500.0, 3000.0] {
+        for strategy in [Strategy::LeastPending, Strategy::FewestThenFastest] {
+            let mut sim = sim(20, strategy);
+            let mut latencies = Vec::new();
+            let mut jitter = Jitter(7);
+            let got = sim.open_loop(rate, 20.0, |_, i, _| {
+                let t = jitter.add(if slow.contains(&i) { SLOW } else { FAST });
+                latencies.push(t);
+                t
+            });
+            let to_slow = share(&got, &slow);
+            let p99 = quantile(&mut latencies, 0.99);
+            if strategy == Strategy::FewestThenFastest {
+                assert!(
+                    to_slow < 0.003,
+                    "{rate}/s: {:.2}% to the slow ones",
+                    to_slow * 100.0
+                );
+                assert!(p99 < SLOW, "{rate}/s: {p99:?}");
+            } else if rate > 1000.0 {
+                assert!(
+                    to_slow > 0.01,
+                    "{rate}/s: least pending {:.2}%",
+                    to_slow * 100.0
+                );
+                assert!(p99 >= SLOW, "{rate}/s: least pending {p99:?}");
+            }
+        }
+    }
+}
+
+/// 20 instances, 4 of them overloaded (5 ms + 20 ms per call already in flight on them), the
+/// others 5 ms, open loop at 3,000 calls/s: least pending keeps sending the overloaded ones
+/// their share of the ties, and their second and third calls in flight fill the p99; fewest
+/// then fastest sends them a call when they answered fast, and holds off after a slow answer.
+#[tokio::test]
+async fn overloaded_instances_get_what_they_answer_fast() {
+    let over = [0, 5, 10, 15];
+    let mut p99s = Vec::new();
+    for strategy in [Strategy::LeastPending, Strategy::FewestThenFastest] {
+        let mut sim = sim(20, strategy);
+        let mut latencies = Vec::new();
+        let mut jitter = Jitter(11);
+        sim.open_loop(3000.0, 10.0, |_, i, busy| {
+            let t = jitter.add(if over.contains(&i) {
+                FAST + 20 * MS * busy as u32
+            } else {
+                FAST
+            });
+            latencies.push(t);
+            t
+        });
+        p99s.push(quantile(&mut latencies, 0.99));
+    }
+    assert!(p99s[0] >= 25 * MS, "least pending: {:?}", p99s[0]);
+    assert!(
+        p99s[1] < FAST + 5 * MS,
+        "fewest then fastest {:?} (least pending {:?})",
+        p99s[1],
+        p99s[0]
+    );
+}
+
+/// One instance of 10 answers 20 times slower than the rest for 200 s at 200 calls/s, then as
+/// fast as the rest: meanwhile it is re-checked one call at a time, never more than about
+/// 10 s apart (the longest gate, plus the wait for the next call) and rarely (a few dozen
+/// calls in 200 s); once fast again, it gets its share back within the longest gate.
+#[tokio::test]
+async fn a_slow_instance_is_re_checked_now_and_then_and_comes_back() {
+    let mut sim = sim(10, Strategy::FewestThenFastest);
+    let mut sent_slow: Vec<u64> = Vec::new();
+    let start = sim.now;
+    sim.open_loop(200.0, 200.0, |sim, i, busy| {
+        if i == 0 {
+            assert_eq!(busy, 0, "one re-check at a time");
+            sent_slow.push(sim.now);
+            SLOW
+        } else {
+            FAST
+        }
+    });
+    let gaps: Vec<f64> = sent_slow
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as f64 / 1e9)
+        .collect();
+    let longest = gaps.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        (8..=40).contains(&sent_slow.len()),
+        "{} calls to the slow instance: {gaps:?}",
+        sent_slow.len()
+    );
+    assert!(longest <= 10.5, "re-checks {longest} s apart: {gaps:?}");
+    assert!(sent_slow[0] - start < 1_000_000_000, "the first call");
+    // Fast again: within the longest gate (10 s) it is back, and over the next 20 s it gets
+    // most of its fair share (a tenth).
+    let _ = sim.open_loop(200.0, 10.5, |_, _, _| FAST);
+    let got = sim.open_loop(200.0, 20.0, |_, _, _| FAST);
+    let fair = got.iter().sum::<u64>() as f64 / 10.0;
+    assert!(
+        got[0] as f64 > 0.8 * fair,
+        "once fast again it got {} of a fair {fair}",
+        got[0]
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whatever the calls in flight and whichever instances answered slowly: the instance
+    /// picked never has more than 4.5 × (the fewest + 1) − 1 calls in flight (fewest calls first);
+    /// and when no instance is gated, it has the fewest (least pending exactly).
+    #[test]
+    fn fewest_calls_come_first(
+        busy in prop::collection::vec(0usize..12, 2..30),
+        slow in prop::collection::vec(prop::bool::weighted(0.3), 30),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let _in = rt.enter();
+        let n = busy.len();
+        let mut sim = sim(n, Strategy::FewestThenFastest);
+        let mut gated = false;
+        for (k, inst) in sim.instances.iter().enumerate() {
+            inst.sample(crate::instance::tie::Method::of("/fleet.Fleet/Unary"), FAST, sim.now - 10_000_000, sim.now);
+            if slow[k] {
+                inst.sample(crate::instance::tie::Method::of("/fleet.Fleet/Unary"), SLOW, sim.now - 100_000_000, sim.now);
+                gated = true;
+            }
+        }
+        for (inst, &b) in sim.instances.iter().zip(&busy) {
+            inst.in_flight.store(b, std::sync::atomic::Ordering::Relaxed);
+        }
+        let fewest = *busy.iter().min().unwrap();
+        let picked = sim.start("/fleet.Fleet/Unary", |_| FAST);
+        prop_assert!((busy[picked] + 1) as f64 <= 4.5 * (fewest + 1) as f64, "{:?} picked {}", busy, picked);
+        if !gated {
+            prop_assert_eq!(busy[picked], fewest);
+        }
+    }
+}

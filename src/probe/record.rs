@@ -1,0 +1,106 @@
+//! What a channel keeps of an instance's latest probe answer: lock-free, read by the pick.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use super::ProbeAnswer;
+
+/// An instance's latest probe answer, as the pick reads it.
+#[derive(Debug, Default)]
+pub(crate) struct Record {
+    /// Its calls in flight as answered, plus the calls this channel sent it since.
+    rif: AtomicU32,
+    /// Its latency estimate in microseconds (0: none).
+    latency_us: AtomicU32,
+    /// When the answer came, on the channel's clock (0: no answer).
+    at: AtomicU64,
+    /// Calls picked by this answer.
+    uses: AtomicU32,
+    /// A probe is on its way.
+    pub(crate) probing: AtomicBool,
+    /// It answered UNIMPLEMENTED: not probed again until its connection is opened again.
+    pub(crate) unsupported: AtomicBool,
+    /// Its last probe got no answer (timed out, or failed): probed again, and meanwhile left
+    /// to the strategy.
+    pub(crate) silent: AtomicBool,
+}
+
+/// A fresh answer, as the pick compares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fresh {
+    pub(crate) rif: u32,
+    pub(crate) latency_us: u32,
+}
+
+impl Record {
+    /// The answer arrived at `now_ns`.
+    pub(crate) fn store(&self, answer: ProbeAnswer, now_ns: u64) {
+        let rif = answer.requests_in_flight.min(u64::from(u32::MAX / 2)) as u32;
+        let latency = answer
+            .latency
+            .map_or(0, |d| d.as_micros().clamp(1, u128::from(u32::MAX)) as u32);
+        self.rif.store(rif, Ordering::Relaxed);
+        self.latency_us.store(latency, Ordering::Relaxed);
+        self.uses.store(0, Ordering::Relaxed);
+        self.at.store(now_ns.max(1), Ordering::Release);
+        self.silent.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether the instance is left to the strategy: it does not answer probes (UNIMPLEMENTED,
+    /// or its last probe got no answer).
+    #[inline]
+    pub(crate) fn unanswered(&self) -> bool {
+        self.unsupported.load(Ordering::Relaxed) || self.silent.load(Ordering::Relaxed)
+    }
+
+    /// The answer, if it is younger than `max_age_ns` at `now_ns` and picked fewer than `reuse`
+    /// calls.
+    #[inline]
+    pub(crate) fn fresh(&self, now_ns: u64, max_age_ns: u64, reuse: u32) -> Option<Fresh> {
+        let at = self.at.load(Ordering::Acquire);
+        if at == 0 || now_ns.saturating_sub(at) >= max_age_ns {
+            return None;
+        }
+        if self.uses.load(Ordering::Relaxed) >= reuse {
+            return None;
+        }
+        Some(Fresh {
+            rif: self.rif.load(Ordering::Relaxed),
+            latency_us: self.latency_us.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The answer picked a call: it is used once more, and the instance has one call more.
+    #[inline]
+    pub(crate) fn used(&self) {
+        self.uses.fetch_add(1, Ordering::Relaxed);
+        self.rif.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Its connection was opened again: it may answer probes now.
+    pub(crate) fn reconnected(&self) {
+        self.unsupported.store(false, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_answer_is_fresh_for_its_age_and_its_uses() {
+        let r = Record::default();
+        assert_eq!(r.fresh(5, 100, 2), None, "no answer yet");
+        r.store(ProbeAnswer::new(3, Some(Duration::from_millis(7))), 1_000);
+        let want = Fresh {
+            rif: 3,
+            latency_us: 7_000,
+        };
+        assert_eq!(r.fresh(1_099, 100, 2), Some(want));
+        assert_eq!(r.fresh(1_100, 100, 2), None, "too old");
+        r.used();
+        assert_eq!(r.fresh(1_050, 100, 2), Some(Fresh { rif: 4, ..want }));
+        r.used();
+        assert_eq!(r.fresh(1_050, 100, 2), None, "used up");
+    }
+}

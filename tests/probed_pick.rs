@@ -1,0 +1,200 @@
+//! The channel with probes (`Builder::probes`) against real tonic servers on 127.0.0.1: it
+//! steers calls by the instances' answers (feature `orca`, whose `OrcaLayer` answers them),
+//! leaves instances without the probe service to its strategy, and never waits on a probe
+//! that gets no answer.
+
+use std::time::Duration;
+
+use tonic_balancer::{BalancedChannel, ProbeConfig};
+use tonic_balancer_fleet as fleet;
+
+use fleet::pb::fleet_client::FleetClient;
+use fleet::{Behavior, Instance};
+
+/// Generous: the machine may be loaded.
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn channel(uris: &[String], probes: ProbeConfig) -> BalancedChannel {
+    BalancedChannel::builder()
+        .uris(uris.iter().map(String::as_str))
+        .probes(probes)
+        .build()
+        .unwrap()
+}
+
+/// Instances without the probe service answer UNIMPLEMENTED: each is probed about once (a
+/// few more while the first answers are on their way), then left to the strategy; every call
+/// succeeds.
+#[tokio::test]
+async fn instances_without_probes_are_left_to_the_strategy() {
+    let fleet: Vec<Instance> = (0..3)
+        .map(|k| Instance::start(&format!("plain{k}"), Behavior::Ok))
+        .collect();
+    let uris: Vec<String> = fleet.iter().map(Instance::uri).collect();
+    let ch = channel(&uris, ProbeConfig::default());
+    let mut client = FleetClient::new(ch.clone());
+    fleet::calls(&mut client, 50).await;
+    fleet::wait_until("the probes' answers", LIMIT, || {
+        ch.stats().probes_sent() >= 3
+    })
+    .await;
+    // Every probe on its way has come back UNIMPLEMENTED once none is sent any more.
+    let mut sent = ch.stats().probes_sent();
+    loop {
+        fleet::calls(&mut client, 20).await;
+        let now = ch.stats().probes_sent();
+        if now == sent {
+            break;
+        }
+        sent = now;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        sent <= 3 * 20,
+        "{sent} probes for 3 instances that refuse them"
+    );
+    fleet::calls(&mut client, 60).await;
+    assert_eq!(ch.stats().probes_sent(), sent, "no more probes");
+}
+
+#[cfg(feature = "orca")]
+mod orca {
+    use super::*;
+    use fleet::ServerOptions;
+    use tonic_balancer::orca::OrcaHandle;
+
+    /// An instance whose responses carry load reports and which answers probes.
+    fn reporting(name: &str, behavior: Behavior) -> (Instance, OrcaHandle) {
+        let handle = OrcaHandle::new();
+        let inst = Instance::start_with(
+            name,
+            "127.0.0.1:0".parse().unwrap(),
+            behavior,
+            ServerOptions {
+                orca: Some(handle.clone()),
+                ..Default::default()
+            },
+        );
+        (inst, handle)
+    }
+
+    /// Another client's 8 calls are held by instance 0 (which answers the rest in 2 ms, as the
+    /// others do): its probes answer 8 calls in flight, the others 0. A
+    /// channel with probes (and no load reports) sends it hardly any of its calls (only those
+    /// its strategy picks while fewer than two answers are fresh); the same channel without
+    /// probes, which sees only its own calls, sends it its fair share.
+    #[tokio::test]
+    async fn probes_steer_calls_away_from_an_instance_busy_with_other_clients() {
+        let fleet: Vec<(Instance, OrcaHandle)> = (0..4)
+            .map(|k| reporting(&format!("i{k}"), Behavior::Delay(Duration::from_millis(2))))
+            .collect();
+        let uris: Vec<String> = fleet.iter().map(|(i, _)| i.uri()).collect();
+        let busy = &fleet[0];
+        // Another client's 8 calls, held by i0 until the end; then i0 answers in 2 ms again.
+        busy.0.set(Behavior::Hold);
+        let other = tonic::transport::Endpoint::from_shared(busy.0.uri())
+            .unwrap()
+            .connect_lazy();
+        let held: Vec<_> = (0..8)
+            .map(|id| {
+                let mut other = FleetClient::new(other.clone());
+                tokio::spawn(async move { other.unary(fleet::req(id)).await })
+            })
+            .collect();
+        fleet::wait_until("8 calls in flight on i0", LIMIT, || busy.1.in_flight() == 8).await;
+        busy.0.set(Behavior::Delay(Duration::from_millis(2)));
+        let mut shares = Vec::new();
+        for probes in [true, false] {
+            // The per-call load reports off: the probes alone tell of the other client's calls.
+            let mut b = BalancedChannel::builder()
+                .uris(uris.iter().map(String::as_str))
+                .load_report_max_age(Duration::ZERO);
+            if probes {
+                b = b.probes(ProbeConfig::default());
+            }
+            let ch = b.build().unwrap();
+            let mut client = FleetClient::new(ch.clone());
+            let names = fleet::calls(&mut client, 400).await;
+            let to_busy = names.iter().filter(|n| *n == "i0").count();
+            shares.push(to_busy as f64 / names.len() as f64);
+            if probes {
+                let sent = ch.stats().probes_sent();
+                assert!(sent > 0 && sent <= 3 * 400, "{sent} probes for 400 calls");
+            }
+        }
+        assert!(
+            shares[0] < 0.08,
+            "with probes, {:.1}% to the busy one",
+            shares[0] * 100.0
+        );
+        assert!(
+            shares[1] > 0.15,
+            "without, {:.1}% to the busy one",
+            shares[1] * 100.0
+        );
+        busy.0.release(8);
+        for call in held {
+            call.await.unwrap().unwrap();
+        }
+    }
+
+    /// The probe service, served by a server that never answers it.
+    #[derive(Clone)]
+    struct Silent;
+
+    impl tonic::server::NamedService for Silent {
+        const NAME: &'static str = tonic_balancer::probe::SERVICE;
+    }
+
+    impl tower::Service<http::Request<tonic::body::Body>> for Silent {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Pending<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+            std::future::pending()
+        }
+    }
+
+    /// Two instances answer probes, a third never does: calls never wait for a probe (each
+    /// answers within its 2 ms), the silent one's probes time out and it keeps its calls by the
+    /// strategy.
+    #[tokio::test]
+    async fn a_probe_that_gets_no_answer_holds_no_call() {
+        let mut fleet: Vec<Instance> = (0..2)
+            .map(|k| reporting(&format!("i{k}"), Behavior::Delay(Duration::from_millis(2))).0)
+            .collect();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_uri = format!("http://{}", listener.local_addr().unwrap());
+        let shared = fleet::Shared::new("silent", Behavior::Delay(Duration::from_millis(2)));
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(Silent)
+                .add_service(fleet::service(shared.clone()))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let mut uris: Vec<String> = fleet.iter().map(Instance::uri).collect();
+        uris.push(silent_uri);
+        let ch = channel(
+            &uris,
+            ProbeConfig::default().timeout(Duration::from_millis(50)),
+        );
+        let mut client = FleetClient::new(ch.clone());
+        for id in 0..300 {
+            let mut req = tonic::Request::new(fleet::req(id));
+            req.set_timeout(Duration::from_secs(5));
+            client.unary(req).await.unwrap();
+        }
+        assert!(shared.served() > 0, "the silent one still got calls");
+        assert!(ch.stats().probes_sent() > 0);
+        fleet.clear();
+        server.abort();
+    }
+}
