@@ -39,7 +39,8 @@ use tonic_balancer::Strategy;
 
 const SIZES: [usize; 3] = [10, 50, 1000];
 
-const STRATS: [(Strategy, &str); 5] = [
+const STRATS: [(Strategy, &str); 6] = [
+    (Strategy::FewestThenFastest, "fewest_then_fastest"),
     (Strategy::LeastPending, "least_pending"),
     (Strategy::PeakEwma, "peak_ewma"),
     (Strategy::PowerOfTwoChoices, "power_of_two"),

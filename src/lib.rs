@@ -179,8 +179,8 @@ pub enum Strategy {
     /// slower with one, two or three calls fewer than the others loses; and an instance whose
     /// calls in flight plus one are more than 4.5 times the fewest plus one never wins, however
     /// slow the one with the fewest has been. A slow instance is re-checked with one call at a
-    /// time, at first after ten times the time its answer was late by and at least a hundred
-    /// times its method's usual time (a second for an answer 100 ms late where 5 ms is usual),
+    /// time, at first after ten times the time its answer was late by and at least two hundred
+    /// times its method's usual time (a second where 5 ms is usual),
     /// then twice, four times... as long (at most 10 s) while it stays slow: a bounded number of
     /// calls per second whatever the rate, not a share of the traffic; its first fast answer
     /// counts it as one call again.

@@ -101,17 +101,17 @@ impl GateRule {
     };
 
     /// [`Strategy::FewestThenFastest`](crate::Strategy::FewestThenFastest)'s: ten times the
-    /// excess, at least a hundred times the method's usual time (about a second for an answer
-    /// 100 ms late where 5 ms is usual; half a second after any slow answer there). A slow
-    /// instance is re-checked one call at a time, at most about once per hundred usual call
-    /// times at first, then ever more rarely while it stays slow: a bounded number of calls
+    /// excess, at least two hundred times the method's usual time (a second after any slow
+    /// answer where 5 ms is usual). A slow instance is re-checked one call at a time, at most
+    /// about once per two hundred usual call times at first, then ever more rarely while it
+    /// stays slow: a bounded number of calls
     /// per second whatever the rate, rather than a share of the traffic (least pending's gates
     /// re-check a 20 times slower instance every 0.4 s at first, and open by turns as well as
     /// by time); and an instance whose slowness comes with its load (it answers fast when idle,
     /// slow with a few calls) is not handed calls again after every fast answer.
     pub(crate) const FEWEST_THEN_FASTEST: GateRule = GateRule {
         factor: 10.0,
-        min_refs: 100.0,
+        min_refs: 200.0,
     };
 }
 

@@ -60,7 +60,7 @@ pub struct ProbeAnswer {
     /// counted).
     pub requests_in_flight: u64,
     /// How long the instance expects a call it received then to take: its recent latency at
-    /// about its requests in flight. `None` when it has no estimate (`latency_ms` 0, or not a
+    /// about its requests in flight plus one. `None` when it has no estimate (`latency_ms` 0, or not a
     /// finite positive number on the wire).
     pub latency: Option<Duration>,
 }
