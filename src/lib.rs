@@ -25,10 +25,12 @@
 //!
 //! # The routing rule
 //!
-//! Each call goes to the usable instance with the fewest calls in flight ("least pending",
-//! [`Strategy::LeastPending`]). A call counts from the moment it is routed until it is
-//! completely over: for a response stream, until its trailers are read or the stream is
-//! dropped. The count is held by a guard that is released exactly once, whatever ends the call
+//! Each call goes to the usable instance with the fewest calls in flight; among near ties, to
+//! the one expected to answer sooner (the default, [`Strategy::FewestThenFastest`]: a call on
+//! an instance that has just answered markedly slower than the rest counts its slowness, at most
+//! 4.5; [`Strategy::LeastPending`] is the count alone). A call counts from the moment it is
+//! routed until it is completely over: for a response stream, until its trailers are read or
+//! the stream is dropped. The count is held by a guard that is released exactly once, whatever ends the call
 //! (success, error, deadline, the caller dropping the future or the stream at any point).
 //!
 //! Why not at random: a random pick (what tonic's `Channel::balance_list` does, since every
@@ -37,8 +39,13 @@
 //! instance at once: its count rises and it stops winning the pick, with no timer and no
 //! tuning. Ties (frequent at low load) go to the instances in turn, so that calls spread
 //! evenly; an instance that answers slower than the others (compared on the same method) takes
-//! fewer turns, the fewer the slower, and is re-checked within a bounded time and share of the
-//! calls, so that one slow answer never shuts it out; see [`Strategy`].
+//! fewer turns, the fewer the slower, and one markedly slower weighs more, and is re-checked
+//! one call at a time within a bounded time, so that one slow answer never shuts it out; see
+//! [`Strategy`].
+//!
+//! With many independent clients, a channel's own counts say little of an instance's load:
+//! servers can report it (below), and with [`Builder::probes`] the channel asks instances drawn
+//! at random how loaded they are (Prequal's probes) and picks among the fresh answers.
 //!
 //! The pick is a scan over a lock-free snapshot of the instances: atomics only, no lock shared
 //! by the calls, no allocation, about 100 ns for 50 instances on one thread (`benches/pick.rs`).
@@ -284,7 +291,8 @@ pub mod __bench {
             inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
             inst.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
             let now = pool.ctx.now_ns();
-            inst.tie.observe_gated(ns, 2e6, now, now, pool.ctx.gate);
+            let gated = inst.tie.observe_gated(ns, 2e6, now, now, pool.ctx.gate);
+            pool.ctx.gated_until.fetch_max(gated, Ordering::Relaxed);
             inst.latency_at.store(now, Ordering::Relaxed);
             pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
             inst.set_state(if usable {

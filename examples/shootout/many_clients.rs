@@ -56,10 +56,10 @@
 //!   the share of the calls that reached an overloaded instance, failed ones included
 //!   (server-side counts over the measured window; a fair share is 20%); and `p99 elsewhere`,
 //!   the p99 of the calls answered by the others: where the p99 comes from;
-//! - `probes/call`: the probes the clients sent per call (0 for every contender so far: see
-//!   `probes_sent`);
+//! - `probes/call`: the probes the clients sent per call (`ChannelStats::probes_sent`);
 //! - `CPU client`, `CPU server`: the CPU time (µs per call) that the client side (the client
-//!   runtime's threads, `mc-client`: the clients, their connections, the load generator) and
+//!   runtime's threads, `mc-client`: the clients, their calls and connections, probes
+//!   included; the load generator's schedule runs on the main thread, not counted) and
 //!   the server side (the 20 servers' threads, `fleet-i0`...) spent in the measured window,
 //!   from each thread's `/proc/self/task/<tid>/schedstat` (ns on CPU) at the window's start and
 //!   end, over the calls scheduled in it. The machine's other load is not in it, but contention
@@ -884,11 +884,13 @@ fn run_case(
             if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
                 continue;
             }
-            // On the client runtime's threads (not this one), so that all of the client side
-            // is counted there.
-            let (calls, window) = rt
-                .block_on(rt.spawn(run_one(servers.clone(), uris.to_vec(), contender, case)))
-                .expect("a contender's run");
+            // The load generator's schedule runs on this thread (counted as `other`, not as the
+            // client's: it is the bench, not the balancer), the calls on the client runtime's
+            // threads. On a worker thread of its own runtime, the schedule competed with the
+            // calls for the 2 cores: it started calls late, and the one-channel reference's p99
+            // rose from 10 to 18-41 ms.
+            let (calls, window) =
+                rt.block_on(run_one(servers.clone(), uris.to_vec(), contender, case));
             let s = summary(&calls, window, case);
             eprintln!(
                 "  {} round {} {:<32} p50 {:>7} p99 {:>7}  to slowed {:>5.2}%  p99 elsewhere {:>7}  CPU client {:>5.0} server {:>5.0} other {:>4.0} µs/call",

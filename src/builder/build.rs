@@ -105,6 +105,7 @@ impl Builder {
             } else {
                 crate::instance::tie::GateRule::LEAST_PENDING
             },
+            gated_until: AtomicU64::new(0),
             probes: self.probes,
             probes_sent: AtomicU64::new(0),
             backoff: self.backoff,

@@ -31,6 +31,10 @@ pub(crate) struct Context {
     pub(crate) slow_start_ns: u64,
     /// How long the tie-break gates a markedly slow instance for (`tie::GateRule`).
     pub(crate) gate: super::tie::GateRule,
+    /// Until when some instance may be gated (the latest gate's end, on the pick's clock):
+    /// after it, fewest then fastest weighs no call and scans the plain counts, as least
+    /// pending does.
+    pub(crate) gated_until: AtomicU64,
     /// Peak EWMA: the latency of an instance with no estimate yet.
     pub(crate) default_latency_ns: f64,
     pub(crate) backoff: Backoff,
@@ -77,6 +81,7 @@ impl Context {
             methods: super::tie::Methods::new(),
             slow_start_ns: 0,
             gate: super::tie::GateRule::LEAST_PENDING,
+            gated_until: AtomicU64::new(0),
             default_latency_ns: 1_000_000.0,
             backoff: Backoff::default(),
             discovery_wake: std::sync::OnceLock::new(),

@@ -132,6 +132,10 @@ pub(crate) struct Tie {
     stride: AtomicU32,
     /// The slowness estimate (`f32` bits; 0 before the first sample).
     slowness: AtomicU32,
+    /// What each call in flight on it weighs while it is gated, in [`WEIGHT_ONE`] units (its
+    /// slowness, at most [`MAX_WEIGHT`]): computed with the slowness, so the pick reads an
+    /// integer.
+    weight: AtomicU32,
     /// The pass of the ties for calls to dear methods (see [`Methods::is_dear`]): they take
     /// turns of their own, so that the calls that hold an instance longest are shared as evenly
     /// as the rest.
@@ -150,6 +154,7 @@ impl Tie {
             gate_pass: AtomicU64::new(0),
             stride: AtomicU32::new(UNIT as u32),
             slowness: AtomicU32::new(0),
+            weight: AtomicU32::new(WEIGHT_ONE as u32),
             dear_pass: AtomicU64::new(0),
             gated_at: AtomicU64::new(0),
             strikes: AtomicU32::new(0),
@@ -206,10 +211,7 @@ impl Tie {
         if self.recheck_at.load(Ordering::Relaxed) <= now_ns {
             return WEIGHT_ONE;
         }
-        let s = f32::from_bits(self.slowness.load(Ordering::Relaxed));
-        // Slowness is above GATE_AT while gated (a NaN is never stored).
-        let s = if s > 1.0 { s.min(MAX_WEIGHT) } else { 1.0 };
-        (s * WEIGHT_ONE as f32) as u64
+        u64::from(self.weight.load(Ordering::Relaxed))
     }
 
     /// Whether the instance answered markedly slower than the rest last time (a gate was set)
@@ -224,9 +226,10 @@ impl Tie {
     /// answer says whether it is fast again (a fast answer opens it at once), so that one
     /// re-check goes at a time rather than every call while the answer is on its way.
     #[cold]
-    pub(crate) fn recheck_sent(&self, now_ns: u64, hold_ns: u64) {
-        self.recheck_at
-            .store(now_ns.saturating_add(hold_ns.max(1)), Ordering::Relaxed);
+    pub(crate) fn recheck_sent(&self, now_ns: u64, hold_ns: u64) -> u64 {
+        let until = now_ns.saturating_add(hold_ns.max(1));
+        self.recheck_at.store(until, Ordering::Relaxed);
+        until
     }
 
     /// The instance won a tie: its pass advances by its stride, from at least `floor` (see
@@ -305,7 +308,7 @@ impl Tie {
 
     /// One answer to a call sent at `sent_ns`: it took `sample_ns`, where the method's
     /// reference is `reference_ns`, at `now_ns` on the channel's clock. A gate it sets lasts as
-    /// `rule` says.
+    /// `rule` says. Returns when the gate it set ends (0: it set none).
     pub(crate) fn observe_gated(
         &self,
         sample_ns: f64,
@@ -313,9 +316,9 @@ impl Tie {
         sent_ns: u64,
         now_ns: u64,
         rule: GateRule,
-    ) {
+    ) -> u64 {
         if !(reference_ns > 0.0 && sample_ns.is_finite()) {
-            return;
+            return 0;
         }
         let x = sample_ns / reference_ns;
         let prev = f64::from(f32::from_bits(self.slowness.load(Ordering::Relaxed)));
@@ -325,6 +328,8 @@ impl Tie {
             prev + 0.5 * (x.min(4.0 * prev) - prev)
         };
         self.slowness.store((s as f32).to_bits(), Ordering::Relaxed);
+        let weight = s.clamp(1.0, f64::from(MAX_WEIGHT)) * WEIGHT_ONE as f64;
+        self.weight.store(weight as u32, Ordering::Relaxed);
         let turns = (s / KNEE).powi(2).clamp(1.0, MAX_TURNS);
         self.stride
             .store((turns * UNIT as f64) as u32, Ordering::Relaxed);
@@ -348,12 +353,14 @@ impl Tie {
             let pass = self.pass.load(Ordering::Relaxed);
             self.gate_pass
                 .store(pass.saturating_add(turns), Ordering::Relaxed);
-            self.recheck_at
-                .store(now_ns.saturating_add(gate as u64), Ordering::Relaxed);
+            let until = now_ns.saturating_add(gate as u64);
+            self.recheck_at.store(until, Ordering::Relaxed);
             self.gated_at.store(now_ns, Ordering::Relaxed);
+            until
         } else {
             self.strikes.store(0, Ordering::Relaxed);
             self.recheck_at.store(0, Ordering::Relaxed);
+            0
         }
     }
 }

@@ -156,7 +156,10 @@ fn pick_with(
             let fresh = policy.reports_fresh.any(tick);
             // No instance has a fresh report (every `others` reads 0): the scan does not read
             // them.
-            let chosen = match (picker.strategy == Strategy::FewestThenFastest, fresh) {
+            // While no instance is gated, fewest then fastest weighs no call: the plain scan.
+            let weighted = picker.strategy == Strategy::FewestThenFastest
+                && policy.gated_until.load(Ordering::Relaxed) > now;
+            let chosen = match (weighted, fresh) {
                 (true, true) => tight::<true, true>(snap, &mut rng, tick, now, turn),
                 (true, false) => tight::<true, false>(snap, &mut rng, tick, now, turn),
                 (false, true) => tight::<false, true>(snap, &mut rng, tick, now, turn),
@@ -171,7 +174,8 @@ fn pick_with(
         }
         Strategy::FewestThenFastest | Strategy::LeastPending => {
             let dear = policy.methods.is_dear(method);
-            let weighted = picker.strategy == Strategy::FewestThenFastest;
+            let weighted = picker.strategy == Strategy::FewestThenFastest
+                && policy.gated_until.load(Ordering::Relaxed) > now;
             super::least_pending(
                 snap,
                 &mut rng,
@@ -264,7 +268,8 @@ fn recheck(i: &Instance, now: u64) {
     if i.tie.is_due_for_recheck(now) {
         let usual = f64::from_bits(i.steady_ns.load(Ordering::Relaxed));
         let hold = (2.0 * usual).clamp(1e6, 1e10) as u64;
-        i.tie.recheck_sent(now, hold);
+        let until = i.tie.recheck_sent(now, hold);
+        i.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
     }
 }
 
