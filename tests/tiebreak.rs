@@ -1,4 +1,5 @@
-//! The least-pending tie-break with real servers: sequential calls (every instance idle at each
+//! The least-pending tie-break with real servers (`Strategy::LeastPending`, named: the default
+//! runs the same turns but gates a slow instance for longer, see `src/pick/fastest_scenarios.rs`): sequential calls (every instance idle at each
 //! pick, so every pick is a tie) spread evenly, a cold start or a dear method never shuts an
 //! instance out, an instance that stays slow gets few calls but is still re-checked, and one
 //! that joins or comes back takes turns with the rest. What these check is that real answers
@@ -14,9 +15,18 @@ use std::time::Duration;
 
 use fleet::pb::fleet_client::FleetClient;
 use fleet::{req, total_in_flight, Behavior, Fleet};
-use tonic_balancer::BalancedChannel;
+use tonic_balancer::{BalancedChannel, Strategy};
 
 const MS: Duration = Duration::from_millis(1);
+
+/// A least-pending channel over these addresses.
+fn least_pending(uris: Vec<String>) -> BalancedChannel {
+    BalancedChannel::builder()
+        .uris(uris)
+        .strategy(Strategy::LeastPending)
+        .build()
+        .unwrap()
+}
 
 /// Calls served by each instance since `before`.
 fn since(fleet: &Fleet, before: &[u64]) -> Vec<u64> {
@@ -35,7 +45,7 @@ fn since(fleet: &Fleet, before: &[u64]) -> Vec<u64> {
 async fn a_cold_start_does_not_shut_an_instance_out() {
     let fleet = Fleet::start(5, Behavior::Delay(10 * MS));
     fleet.instances[0].cold_start(3, 100 * MS, 10 * MS);
-    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let ch = least_pending(fleet.uris());
     let mut client = FleetClient::new(ch.clone());
     const CALLS: u64 = 150;
     for id in 0..CALLS {
@@ -65,7 +75,7 @@ async fn a_dear_method_does_not_make_an_instance_look_slow() {
             client_stream: 80 * MS,
         },
     );
-    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let ch = least_pending(fleet.uris());
     let mut client = FleetClient::new(ch.clone());
     const CALLS: u64 = 200;
     for id in 0..CALLS {
@@ -98,7 +108,7 @@ async fn a_dear_method_does_not_make_an_instance_look_slow() {
 async fn a_slow_instance_gets_few_calls_but_is_re_checked() {
     let fleet = Fleet::start(4, Behavior::Delay(10 * MS));
     fleet.instances[3].set(Behavior::Delay(250 * MS));
-    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let ch = least_pending(fleet.uris());
     let mut client = FleetClient::new(ch.clone());
     const CALLS: u64 = 200;
     for id in 0..CALLS {
@@ -124,7 +134,7 @@ async fn a_slow_instance_gets_few_calls_but_is_re_checked() {
 async fn a_new_instance_takes_turns_with_the_rest_not_a_burst() {
     let fleet = Fleet::start(5, Behavior::Delay(10 * MS));
     let uris = fleet.uris();
-    let ch = BalancedChannel::from_static(uris[..4].to_vec()).unwrap();
+    let ch = least_pending(uris[..4].to_vec());
     let mut client = FleetClient::new(ch.clone());
     for id in 0..80 {
         client.unary(req(id)).await.unwrap();
@@ -181,7 +191,10 @@ async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst
     let ch = fleet
         .uris()
         .iter()
-        .fold(BalancedChannel::builder(), |b, u| b.uri(u))
+        .fold(
+            BalancedChannel::builder().strategy(Strategy::LeastPending),
+            |b, u| b.uri(u),
+        )
         .ejection(ejection)
         .build()
         .unwrap();
