@@ -96,9 +96,12 @@ async fn a_dear_method_does_not_make_an_instance_look_slow() {
         "served {served:?}, fair {fair} (at least half each): {:?}",
         ch.endpoints()
     );
+    // Compared with its own method, no answer is slow (dear calls compared with the cheap ones
+    // would read 8); below 4, so that one answer slowed by a loaded machine (a 10 ms call taking
+    // 25 ms: 2.2) does not fail the test.
     for e in ch.endpoints() {
         let s = e.slowness().expect("every instance answered");
-        assert!(s < 2.0, "{e:?} looks slow: {s}");
+        assert!(s < 4.0, "{e:?} looks slow: {s}");
     }
 }
 
