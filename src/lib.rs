@@ -133,6 +133,7 @@ pub mod orca;
 mod pick;
 /// Load probes (Prequal): an instance's requests in flight and latency estimate, on request.
 pub mod probe;
+mod protowire;
 mod pushback;
 mod retry;
 mod rng;

@@ -8,28 +8,13 @@ use tonic_balancer_fleet as fleet;
 use std::time::Duration;
 
 use fleet::pb::fleet_client::FleetClient;
-use fleet::{stats, wait_until, Behavior, Instance, ServerOptions};
+use fleet::{stats, wait_until, Behavior, Instance};
 use tonic::Code;
-use tonic_balancer::orca::{OrcaHandle, WrrConfig};
+use tonic_balancer::orca::WrrConfig;
 use tonic_balancer::{BalancedChannel, ServedBy, Strategy};
 
 /// Generous: the machine may be loaded.
 const LIMIT: Duration = Duration::from_secs(30);
-
-/// An instance whose responses carry load reports through the returned handle.
-fn reporting(name: &str, behavior: Behavior) -> (Instance, OrcaHandle) {
-    let handle = OrcaHandle::new();
-    let inst = Instance::start_with(
-        name,
-        "127.0.0.1:0".parse().unwrap(),
-        behavior,
-        ServerOptions {
-            orca: Some(handle.clone()),
-            ..Default::default()
-        },
-    );
-    (inst, handle)
-}
 
 /// One unary call; the URI of the instance that answered it.
 async fn call(ch: &BalancedChannel) -> String {
@@ -54,7 +39,7 @@ fn same_uri(a: &str, b: &str) -> bool {
 /// utilization the application set.
 #[tokio::test]
 async fn the_channel_keeps_the_servers_report() {
-    let (a, handle) = reporting("a", Behavior::Ok);
+    let (a, handle) = Instance::start_reporting("a", Behavior::Ok);
     handle.set_application_utilization(0.3);
     handle.set_cpu_utilization(0.5);
     let ch = BalancedChannel::from_static([a.uri()]).unwrap();
@@ -131,8 +116,8 @@ async fn a_missing_or_malformed_report_changes_nothing() {
 /// reports (the control) still sends some to A.
 #[tokio::test]
 async fn reported_in_flight_steers_the_pick() {
-    let (a, _ha) = reporting("a", Behavior::Hold);
-    let (b, _hb) = reporting("b", Behavior::Ok);
+    let (a, _ha) = Instance::start_reporting("a", Behavior::Hold);
+    let (b, _hb) = Instance::start_reporting("b", Behavior::Ok);
     // The other client: 5 calls held on A.
     let other = BalancedChannel::from_static([a.uri()]).unwrap();
     let held: Vec<_> = (0..5)
@@ -198,8 +183,8 @@ async fn reported_in_flight_steers_the_pick() {
 /// and the instance that reported many calls in flight gets calls again.
 #[tokio::test]
 async fn stale_reports_fall_back_to_the_own_count() {
-    let (a, _ha) = reporting("a", Behavior::Hold);
-    let (b, _hb) = reporting("b", Behavior::Ok);
+    let (a, _ha) = Instance::start_reporting("a", Behavior::Hold);
+    let (b, _hb) = Instance::start_reporting("b", Behavior::Ok);
     let other = BalancedChannel::from_static([a.uri()]).unwrap();
     let held: Vec<_> = (0..5)
         .map(|id| {
@@ -251,8 +236,8 @@ async fn stale_reports_fall_back_to_the_own_count() {
 /// round robin (before the weights) would split them evenly.
 #[tokio::test]
 async fn weighted_round_robin_follows_reported_utilization() {
-    let (a, ha) = reporting("a", Behavior::Ok);
-    let (b, hb) = reporting("b", Behavior::Ok);
+    let (a, ha) = Instance::start_reporting("a", Behavior::Ok);
+    let (b, hb) = Instance::start_reporting("b", Behavior::Ok);
     ha.set_application_utilization(0.2);
     hb.set_application_utilization(0.8);
     let wrr = WrrConfig::default()

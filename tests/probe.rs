@@ -130,25 +130,10 @@ mod served {
     use super::*;
 
     use fleet::pb::fleet_client::FleetClient;
-    use fleet::{wait_until, ServerOptions};
+    use fleet::wait_until;
     use tonic::Code;
     use tonic_balancer::orca::{OrcaHandle, OrcaLayer};
     use tonic_balancer::probe::ProbeAnswer;
-
-    /// An instance on TCP whose responses carry load reports, and which answers probes.
-    fn reporting(name: &str, behavior: Behavior) -> (Instance, OrcaHandle) {
-        let handle = OrcaHandle::new();
-        let inst = Instance::start_with(
-            name,
-            "127.0.0.1:0".parse().unwrap(),
-            behavior,
-            ServerOptions {
-                orca: Some(handle.clone()),
-                ..Default::default()
-            },
-        );
-        (inst, handle)
-    }
 
     /// An instance in memory behind `OrcaLayer`: the channel to it, its state, its handle.
     fn in_memory(behavior: Behavior) -> (Channel, std::sync::Arc<fleet::Shared>, OrcaHandle) {
@@ -187,7 +172,7 @@ mod served {
     /// behind the layer never sees it, and the layer does not count it.
     #[tokio::test]
     async fn answers_calls_in_flight_and_latency_on_tcp() {
-        let (inst, handle) = reporting("orca", Behavior::Delay(20 * MS));
+        let (inst, handle) = Instance::start_reporting("orca", Behavior::Delay(20 * MS));
         let channel = channel_to(inst.uri());
         let first = probe(&channel).await;
         assert_eq!((first.requests_in_flight, first.latency), (0, None));

@@ -60,23 +60,7 @@ async fn instances_without_probes_are_left_to_the_strategy() {
 #[cfg(feature = "orca")]
 mod orca {
     use super::*;
-    use fleet::ServerOptions;
     use tonic_balancer::orca::OrcaHandle;
-
-    /// An instance whose responses carry load reports and which answers probes.
-    fn reporting(name: &str, behavior: Behavior) -> (Instance, OrcaHandle) {
-        let handle = OrcaHandle::new();
-        let inst = Instance::start_with(
-            name,
-            "127.0.0.1:0".parse().unwrap(),
-            behavior,
-            ServerOptions {
-                orca: Some(handle.clone()),
-                ..Default::default()
-            },
-        );
-        (inst, handle)
-    }
 
     /// Another client's 8 calls are held by instance 0 (which answers the rest in 2 ms, as the
     /// others do): its probes answer 8 calls in flight, the others 0. A
@@ -86,7 +70,12 @@ mod orca {
     #[tokio::test]
     async fn probes_steer_calls_away_from_an_instance_busy_with_other_clients() {
         let fleet: Vec<(Instance, OrcaHandle)> = (0..4)
-            .map(|k| reporting(&format!("i{k}"), Behavior::Delay(Duration::from_millis(2))))
+            .map(|k| {
+                Instance::start_reporting(
+                    &format!("i{k}"),
+                    Behavior::Delay(Duration::from_millis(2)),
+                )
+            })
             .collect();
         let uris: Vec<String> = fleet.iter().map(|(i, _)| i.uri()).collect();
         let busy = &fleet[0];
@@ -169,7 +158,13 @@ mod orca {
     #[tokio::test]
     async fn a_probe_that_gets_no_answer_holds_no_call() {
         let mut fleet: Vec<Instance> = (0..2)
-            .map(|k| reporting(&format!("i{k}"), Behavior::Delay(Duration::from_millis(2))).0)
+            .map(|k| {
+                Instance::start_reporting(
+                    &format!("i{k}"),
+                    Behavior::Delay(Duration::from_millis(2)),
+                )
+                .0
+            })
             .collect();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let silent_uri = format!("http://{}", listener.local_addr().unwrap());

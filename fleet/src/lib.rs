@@ -689,6 +689,26 @@ impl Instance {
         Self::start_at(name, "127.0.0.1:0".parse().unwrap(), behavior)
     }
 
+    /// Starts an instance on a free port of 127.0.0.1 whose responses carry load reports
+    /// (`OrcaLayer`, which also answers load probes) through the returned handle.
+    #[cfg(feature = "orca")]
+    pub fn start_reporting(
+        name: &str,
+        behavior: Behavior,
+    ) -> (Instance, tonic_balancer::orca::OrcaHandle) {
+        let handle = tonic_balancer::orca::OrcaHandle::new();
+        let inst = Self::start_with(
+            name,
+            "127.0.0.1:0".parse().unwrap(),
+            behavior,
+            ServerOptions {
+                orca: Some(handle.clone()),
+                ..Default::default()
+            },
+        );
+        (inst, handle)
+    }
+
     /// Starts an instance on this address (any 127.x.y.z works on Linux loopback).
     pub fn start_at(name: &str, at: SocketAddr, behavior: Behavior) -> Instance {
         Self::start_with(name, at, behavior, ServerOptions::default())

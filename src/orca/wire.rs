@@ -19,105 +19,14 @@ use std::collections::BTreeMap;
 
 use super::LoadReport;
 
-const VARINT: u8 = 0;
-const FIXED64: u8 = 1;
-const LEN: u8 = 2;
-const START_GROUP: u8 = 3;
-const END_GROUP: u8 = 4;
-const FIXED32: u8 = 5;
-
-/// Groups nest at most this deep before the report counts as malformed (a bound on the work
-/// garbage can make us do; protobuf's own limit is 100).
-const MAX_DEPTH: u32 = 100;
-
-struct Reader<'a> {
-    buf: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn varint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for i in 0..10 {
-            let (&b, rest) = self.buf.split_first()?;
-            self.buf = rest;
-            v |= u64::from(b & 0x7f) << (7 * i);
-            if b < 0x80 {
-                // The tenth byte may carry one bit only.
-                return (i < 9 || b <= 1).then_some(v);
-            }
-        }
-        None
-    }
-
-    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
-        if n > self.buf.len() {
-            return None;
-        }
-        let (head, rest) = self.buf.split_at(n);
-        self.buf = rest;
-        Some(head)
-    }
-
-    fn double(&mut self) -> Option<f64> {
-        let b = self.bytes(8)?;
-        Some(f64::from_le_bytes(b.try_into().ok()?))
-    }
-
-    fn len_delimited(&mut self) -> Option<&'a [u8]> {
-        let n = usize::try_from(self.varint()?).ok()?;
-        self.bytes(n)
-    }
-
-    /// The next field's number and wire type.
-    fn key(&mut self) -> Option<(u32, u8)> {
-        // A key is a 32-bit value: field numbers end at 2^29 - 1.
-        let k = u32::try_from(self.varint()?).ok()?;
-        let field = k >> 3;
-        if field == 0 {
-            return None;
-        }
-        Some((field, (k & 7) as u8))
-    }
-
-    /// Skips the value of a field of this wire type (a group up to its end).
-    fn skip(&mut self, field: u32, wire: u8, depth: u32) -> Option<()> {
-        match wire {
-            VARINT => {
-                self.varint()?;
-            }
-            FIXED64 => {
-                self.bytes(8)?;
-            }
-            LEN => {
-                self.len_delimited()?;
-            }
-            FIXED32 => {
-                self.bytes(4)?;
-            }
-            START_GROUP => {
-                if depth >= MAX_DEPTH {
-                    return None;
-                }
-                loop {
-                    let (f, w) = self.key()?;
-                    if w == END_GROUP {
-                        return (f == field).then_some(());
-                    }
-                    self.skip(f, w, depth + 1)?;
-                }
-            }
-            _ => return None,
-        }
-        Some(())
-    }
-}
+use crate::protowire::{put_double, put_varint, varint_len, Reader, FIXED64, LEN, VARINT};
 
 /// One `map<string, double>` entry: key 1, value 2.
 fn map_entry(buf: &[u8], into: &mut BTreeMap<String, f64>) -> Option<()> {
-    let mut r = Reader { buf };
+    let mut r = Reader::new(buf);
     let mut key: &[u8] = b"";
     let mut value = 0.0;
-    while !r.buf.is_empty() {
+    while !r.is_empty() {
         match r.key()? {
             (1, LEN) => key = r.len_delimited()?,
             (2, FIXED64) => value = r.double()?,
@@ -131,9 +40,9 @@ fn map_entry(buf: &[u8], into: &mut BTreeMap<String, f64>) -> Option<()> {
 
 /// Decodes a serialised `OrcaLoadReport`; `None` if it is malformed.
 pub(super) fn decode(buf: &[u8]) -> Option<LoadReport> {
-    let mut r = Reader { buf };
+    let mut r = Reader::new(buf);
     let mut report = LoadReport::default();
-    while !r.buf.is_empty() {
+    while !r.is_empty() {
         let (field, wire) = r.key()?;
         let double = match field {
             1 => &mut report.cpu_utilization,
@@ -167,22 +76,6 @@ pub(super) fn decode(buf: &[u8]) -> Option<LoadReport> {
     Some(report)
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn put_double(out: &mut Vec<u8>, field: u32, v: f64) {
-    // proto3: a field at its default is not written.
-    if v != 0.0 {
-        put_varint(out, u64::from(field) << 3 | u64::from(FIXED64));
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-}
-
 fn put_map(out: &mut Vec<u8>, field: u32, map: &BTreeMap<String, f64>) {
     for (k, &v) in map {
         let value_len = if v != 0.0 { 9 } else { 0 };
@@ -200,10 +93,6 @@ fn put_map(out: &mut Vec<u8>, field: u32, map: &BTreeMap<String, f64>) {
         }
         put_double(out, 2, v);
     }
-}
-
-fn varint_len(v: u64) -> usize {
-    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 /// Encodes a report in field order, leaving out fields at their default.
@@ -241,9 +130,9 @@ pub(super) fn encode_request(interval: std::time::Duration, out: &mut Vec<u8>) {
 /// cost names are skipped: the server reports utilization only, as gRFC A51 says of
 /// out-of-band reports.
 pub(super) fn decode_request(buf: &[u8]) -> Result<Option<std::time::Duration>, ()> {
-    let mut r = Reader { buf };
+    let mut r = Reader::new(buf);
     let mut interval = None;
-    while !r.buf.is_empty() {
+    while !r.is_empty() {
         match r.key().ok_or(())? {
             (1, LEN) => interval = duration(r.len_delimited().ok_or(())?)?,
             (2, LEN) => {
@@ -258,9 +147,9 @@ pub(super) fn decode_request(buf: &[u8]) -> Result<Option<std::time::Duration>, 
 
 /// A `google.protobuf.Duration`, if it is above zero.
 fn duration(buf: &[u8]) -> Result<Option<std::time::Duration>, ()> {
-    let mut r = Reader { buf };
+    let mut r = Reader::new(buf);
     let (mut secs, mut nanos) = (0i64, 0i64);
-    while !r.buf.is_empty() {
+    while !r.is_empty() {
         match r.key().ok_or(())? {
             // int64 and int32 are varints of the two's complement (negatives are 10 bytes).
             (1, VARINT) => secs = r.varint().ok_or(())? as i64,
@@ -285,7 +174,7 @@ mod tests {
             let mut out = Vec::new();
             put_varint(&mut out, v);
             assert_eq!(out.len(), varint_len(v), "{v}");
-            assert_eq!(Reader { buf: &out }.varint(), Some(v));
+            assert_eq!(Reader::new(&out).varint(), Some(v));
         }
     }
 
@@ -403,8 +292,8 @@ mod tests {
     fn overlong_varint_is_malformed() {
         let mut ten = vec![0xff; 9];
         ten.push(0x02);
-        assert_eq!(Reader { buf: &ten }.varint(), None);
-        assert_eq!(Reader { buf: &[0x80; 11] }.varint(), None);
+        assert_eq!(Reader::new(&ten).varint(), None);
+        assert_eq!(Reader::new(&[0x80; 11]).varint(), None);
     }
 
     /// The out-of-band request, as bytes written by hand: 1.5 s is `0a 08 08 01 10 80 ca b5 ee 01`

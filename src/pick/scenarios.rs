@@ -75,20 +75,34 @@ impl Sim {
     /// Picks an instance for a call to `method` and sends it: it will take what `took` says
     /// for the instance picked. Returns which one.
     pub(super) fn start(&mut self, method: &str, took: impl FnOnce(usize) -> Duration) -> usize {
+        self.start_with(method, |_, instance, _| took(instance))
+    }
+
+    /// As [`start`](Self::start), `took` told the instance picked and its calls in flight then
+    /// (this one not counted).
+    fn start_with(
+        &mut self,
+        method: &str,
+        took: impl FnOnce(&mut Sim, usize, usize) -> Duration,
+    ) -> usize {
         let method = Method::of(method);
-        let (snap, picked) = pick_now(&self.picker, &[], method);
-        let chosen = &snap[picked.expect("a usable instance")];
-        let instance = self
-            .instances
-            .iter()
-            .position(|i| Arc::ptr_eq(i, chosen))
-            .expect("one of the set");
-        chosen
-            .in_flight
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (instance, busy) = {
+            let (snap, picked) = pick_now(&self.picker, &[], method);
+            let chosen = &snap[picked.expect("a usable instance")];
+            let instance = self
+                .instances
+                .iter()
+                .position(|i| Arc::ptr_eq(i, chosen))
+                .expect("one of the set");
+            let busy = chosen
+                .in_flight
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (instance, busy)
+        };
         self.served[instance] += 1;
+        let t = took(self, instance, busy);
         self.pending.push(Pending {
-            end: self.now + took(instance).as_nanos() as u64,
+            end: self.now + t.as_nanos() as u64,
             sent: self.now,
             instance,
             method,
@@ -158,24 +172,7 @@ impl Sim {
                 .ctx
                 .clock
                 .fetch_max(at, std::sync::atomic::Ordering::Relaxed);
-            let (snap, picked) = pick_now(&self.picker, &[], Method::of(UNARY));
-            let chosen = &snap[picked.expect("a usable instance")];
-            let instance = self
-                .instances
-                .iter()
-                .position(|i| Arc::ptr_eq(i, chosen))
-                .expect("one of the set");
-            let busy = chosen
-                .in_flight
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.served[instance] += 1;
-            let t = took(self, instance, busy);
-            self.pending.push(Pending {
-                end: self.now + t.as_nanos() as u64,
-                sent: self.now,
-                instance,
-                method: Method::of(UNARY),
-            });
+            self.start_with(UNARY, &mut took);
         }
         self.since(&before)
     }

@@ -1,5 +1,6 @@
 //! The protobuf wire format of the probe's two messages (`proto/tonic_balancer/probe/v1/
-//! probe.proto`), encoded and decoded by hand: two scalar fields do not call for `prost`.
+//! probe.proto`), encoded and decoded by hand with `crate::protowire` (as ORCA's reports are):
+//! two scalar fields do not call for `prost`.
 //!
 //! `ProbeResponse`: 1 `requests_in_flight` (`uint64`, a varint), 2 `latency_ms` (`double`,
 //! fixed 64 bits). `ProbeRequest`: no field yet.
@@ -13,104 +14,23 @@
 use std::time::Duration;
 
 use super::ProbeAnswer;
-
-const VARINT: u32 = 0;
-const FIXED64: u32 = 1;
-const LEN: u32 = 2;
-const START_GROUP: u32 = 3;
-const END_GROUP: u32 = 4;
-const FIXED32: u32 = 5;
-
-/// How deep groups may nest in skipped fields before the input counts as malformed (what
-/// garbage can make the decoder do is bounded; protobuf's own limit is 100).
-const MAX_DEPTH: u32 = 100;
+use crate::protowire::{put_double, put_varint, Reader, FIXED64, VARINT};
 
 /// The input does not parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Malformed;
 
-/// Reads a message from the front.
-struct Input<'a>(&'a [u8]);
-
-impl<'a> Input<'a> {
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
-        if n > self.0.len() {
-            return Err(Malformed);
-        }
-        let (head, tail) = self.0.split_at(n);
-        self.0 = tail;
-        Ok(head)
-    }
-
-    /// A varint of at most 64 bits (ten bytes, the last of them 0 or 1).
-    fn varint(&mut self) -> Result<u64, Malformed> {
-        let mut value = 0u64;
-        for shift in (0..70).step_by(7) {
-            let byte = self.take(1)?[0];
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return if shift < 63 || byte <= 1 {
-                    Ok(value)
-                } else {
-                    Err(Malformed)
-                };
-            }
-        }
-        Err(Malformed)
-    }
-
-    /// A field's key: its number (never 0, at most 2^29 - 1) and wire type.
-    fn key(&mut self) -> Result<(u32, u32), Malformed> {
-        let key = u32::try_from(self.varint()?).map_err(|_| Malformed)?;
-        match key >> 3 {
-            0 => Err(Malformed),
-            field => Ok((field, key & 7)),
-        }
-    }
-
-    fn fixed64(&mut self) -> Result<u64, Malformed> {
-        let bytes = self.take(8)?;
-        Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| Malformed)?))
-    }
-
-    /// Passes over the value of a field this decoder does not know; a group up to its end,
-    /// which must name the same field.
-    fn skip(&mut self, field: u32, wire: u32, depth: u32) -> Result<(), Malformed> {
-        match wire {
-            VARINT => self.varint().map(drop),
-            FIXED64 => self.take(8).map(drop),
-            LEN => {
-                let n = usize::try_from(self.varint()?).map_err(|_| Malformed)?;
-                self.take(n).map(drop)
-            }
-            FIXED32 => self.take(4).map(drop),
-            START_GROUP if depth < MAX_DEPTH => loop {
-                match self.key()? {
-                    (f, END_GROUP) if f == field => return Ok(()),
-                    (_, END_GROUP) => return Err(Malformed),
-                    (f, w) => self.skip(f, w, depth + 1)?,
-                }
-            },
-            _ => Err(Malformed),
-        }
-    }
-}
-
 /// Decodes a `ProbeResponse`.
 pub(super) fn decode_answer(bytes: &[u8]) -> Result<ProbeAnswer, Malformed> {
-    let mut input = Input(bytes);
+    let mut input = Reader::new(bytes);
     let mut rif = 0u64;
     let mut latency_ms = 0f64;
     while !input.is_empty() {
-        match input.key()? {
-            (1, VARINT) => rif = input.varint()?,
-            (2, FIXED64) => latency_ms = f64::from_bits(input.fixed64()?),
+        match input.key().ok_or(Malformed)? {
+            (1, VARINT) => rif = input.varint().ok_or(Malformed)?,
+            (2, FIXED64) => latency_ms = input.double().ok_or(Malformed)?,
             (1 | 2, _) => return Err(Malformed),
-            (field, wire) => input.skip(field, wire, 0)?,
+            (field, wire) => input.skip(field, wire, 0).ok_or(Malformed)?,
         }
     }
     Ok(ProbeAnswer {
@@ -123,20 +43,12 @@ pub(super) fn decode_answer(bytes: &[u8]) -> Result<ProbeAnswer, Malformed> {
 /// server side, in the `orca` feature, reads requests.)
 #[cfg(any(feature = "orca", test))]
 pub(super) fn decode_request(bytes: &[u8]) -> Result<(), Malformed> {
-    let mut input = Input(bytes);
+    let mut input = Reader::new(bytes);
     while !input.is_empty() {
-        let (field, wire) = input.key()?;
-        input.skip(field, wire, 0)?;
+        let (field, wire) = input.key().ok_or(Malformed)?;
+        input.skip(field, wire, 0).ok_or(Malformed)?;
     }
     Ok(())
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 /// Encodes a `ProbeResponse` in field order, leaving out the fields at their default (proto3):
@@ -146,11 +58,7 @@ pub(super) fn encode_answer(answer: &ProbeAnswer, out: &mut Vec<u8>) {
         put_varint(out, u64::from(1 << 3 | VARINT));
         put_varint(out, answer.requests_in_flight);
     }
-    let ms = latency_to_ms(answer.latency);
-    if ms != 0.0 {
-        put_varint(out, u64::from(2 << 3 | FIXED64));
-        out.extend_from_slice(&ms.to_bits().to_le_bytes());
-    }
+    put_double(out, 2, latency_to_ms(answer.latency));
 }
 
 /// The `latency_ms` of an estimate; 0 for none. Through nanoseconds, so that a duration of
@@ -174,6 +82,7 @@ fn latency_from_ms(ms: f64) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protowire::MAX_DEPTH;
     use prost::Message;
 
     /// `ProbeResponse` as prost derives it from the `.proto`: the reference encoding.
