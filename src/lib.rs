@@ -179,16 +179,18 @@ pub enum Strategy {
     /// sooner. The default.
     ///
     /// Each call in flight counts one, except on an instance that answered markedly slower
-    /// than the rest (more than twice its method's usual time, compared on the same method):
-    /// until it is re-checked, each of its calls counts its slowness, at most 4.5. The lowest
+    /// than the rest twice in a row (more than twice its method's usual time, compared on the
+    /// same method; one slow answer alone is the tail every instance has): until it is
+    /// re-checked, each of its calls counts its slowness, at most 4.5. The lowest
     /// count, with the call to be sent (calls in flight plus one, weighed so), wins, and equal
     /// counts take turns as in [`LeastPending`](Strategy::LeastPending). So among equally fast
     /// instances this is least pending exactly; an instance that has answered twenty times
     /// slower with one, two or three calls fewer than the others loses; and an instance whose
     /// calls in flight plus one are more than 4.5 times the fewest plus one never wins, however
     /// slow the one with the fewest has been. A slow instance is re-checked with one call at a
-    /// time, at first after ten times the time its answer was late by and at least two hundred
-    /// times its method's usual time (a second where 5 ms is usual),
+    /// time, at first after ten times the time its answer was late by; once it is slow again
+    /// (a third slow answer in a row, or a slow re-check), after at least two hundred times its
+    /// method's usual time (a second where 5 ms is usual),
     /// then twice, four times... as long (at most 10 s) while it stays slow: a bounded number of
     /// calls per second whatever the rate, not a share of the traffic; its first fast answer
     /// counts it as one call again.

@@ -34,10 +34,9 @@ pub(crate) struct Opts {
     /// The `stream-limit` scenario (run on its own: see `streams`).
     pub(crate) streams: bool,
     /// The `many-clients` scenario (run on its own, with the `orca` feature: see
-    /// `many_clients`), and its rounds.
+    /// `many_clients`).
     pub(crate) many_clients: bool,
-    // Read by many-clients only, which the orca feature brings.
-    #[cfg_attr(not(feature = "orca"), allow(dead_code))]
+    /// How many times the sweep and many-clients run every contender (each cell the median).
     pub(crate) rounds: usize,
     /// Every instance of the fleet reports its load (ORCA) on every response.
     pub(crate) load_reports: bool,
@@ -124,8 +123,8 @@ struct Args {
     #[arg(long, verbatim_doc_comment)]
     load_reports: bool,
 
-    /// many-clients: every contender N times, in a rotated order each round;
-    /// each cell the median (default 1)
+    /// --sweep and many-clients: every contender N times, in a rotated order
+    /// each round; each cell the median (default 1)
     #[arg(long, value_name = "N", value_parser = rounds, verbatim_doc_comment)]
     rounds: Option<usize>,
 

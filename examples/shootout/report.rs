@@ -309,11 +309,16 @@ fn print_share_table(rows: &[Row], setup: &Setup) {
 pub(crate) fn print_sweep_table(scenario: Scenario, by_rate: &[Vec<Row>], opts: &Opts) {
     println!();
     println!(
-        "== sweep/{}: {} (p99 by rate, {:.1} s per contender and rate, deadline {})",
+        "== sweep/{}: {} (p99 by rate, {:.1} s per contender and rate, deadline {}{})",
         scenario.key(),
         scenario.describe(opts.instances),
         opts.duration.as_secs_f64(),
         ms(opts.deadline),
+        if opts.rounds > 1 {
+            format!("; each cell the median of {} rounds", opts.rounds)
+        } else {
+            String::new()
+        },
     );
     let mut head = format!("{:<20}", "contender");
     for r in &opts.rates {
