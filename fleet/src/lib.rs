@@ -105,12 +105,19 @@ pub struct Shared {
     pub active: AtomicUsize,
     /// Calls waiting in `Hold` now.
     pub held: AtomicUsize,
-    /// What the instance answers to `grpc.health.v1.Health/Check` (true: SERVING).
+    /// What the instance answers to `grpc.health.v1.Health/Check` and `Watch` (true: SERVING,
+    /// false: NOT_SERVING), unless [`Shared::set_health_status`] says otherwise. Set it with
+    /// [`Shared::set_serving`], which open `Watch` streams hear of.
     pub serving: std::sync::atomic::AtomicBool,
-    /// Health checks answered.
+    /// Health answers sent: each `Check` answered, and each message sent on a `Watch` stream.
     pub health_checks: AtomicU64,
-    /// When set, health checks get no answer (the check pends until the caller gives up).
+    /// When set, health checks get no answer: a `Check` pends until the caller gives up, a
+    /// `Watch` stream sends nothing until it is cleared. Set it with
+    /// [`Shared::set_health_hangs`].
     pub health_hang: std::sync::atomic::AtomicBool,
+    /// The health service's script beyond `serving` and `health_hang` (see the `Shared::*health*`
+    /// methods).
+    health: HealthScript,
     /// The `:authority` of the first request it received (set once: no lock per request).
     pub authority: std::sync::OnceLock<String>,
     /// Requests for out-of-band load reports (`OpenRcaService/StreamCoreMetrics`) received,
@@ -135,27 +142,224 @@ pub struct Shared {
     pub turned_away: AtomicUsize,
 }
 
-/// The standard health service, answering from [`Shared::serving`].
+/// What the health service does beyond [`Shared::serving`] and [`Shared::health_hang`], and
+/// what it was asked.
+#[derive(Debug)]
+struct HealthScript {
+    /// Signalled on every change of what the service answers: open `Watch` streams look again.
+    changed: tokio::sync::watch::Sender<()>,
+    /// A status answered instead of `serving`'s, as its number; -1 for none.
+    status: std::sync::atomic::AtomicI32,
+    /// A status every new call gets at once instead of an answer (UNIMPLEMENTED: as a server
+    /// without the health service).
+    refusal: Mutex<Option<Code>>,
+    /// How many times the test ended the open `Watch` streams, and with what status the last
+    /// time (`None`: OK, the end of the stream): a stream ends once this count moves past the
+    /// one it started with.
+    ended: Mutex<(u64, Option<Code>)>,
+    /// The calls received, in order: the method (`"Check"` or `"Watch"`) and the service name.
+    asked: Mutex<Vec<(&'static str, String)>>,
+    /// `Watch` streams open now.
+    open: AtomicUsize,
+}
+
+impl Default for HealthScript {
+    fn default() -> Self {
+        HealthScript {
+            changed: tokio::sync::watch::Sender::new(()),
+            status: std::sync::atomic::AtomicI32::new(-1),
+            refusal: Mutex::new(None),
+            ended: Mutex::new((0, None)),
+            asked: Mutex::new(Vec::new()),
+            open: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// The health service's script: what `grpc.health.v1.Health` answers, set while the test runs.
+/// `Check` answers once; `Watch` sends the status at once and again whenever it changes (the
+/// standard protocol), until the test ends it or the client goes away.
+impl Shared {
+    /// Answers SERVING (true) or NOT_SERVING (false) from now on; open `Watch` streams send the
+    /// new status. Clears a status set with [`set_health_status`](Shared::set_health_status).
+    pub fn set_serving(&self, serving: bool) {
+        self.serving.store(serving, Ordering::SeqCst);
+        self.health.status.store(-1, Ordering::SeqCst);
+        self.health.changed.send_replace(());
+    }
+
+    /// Answers this status from now on (UNKNOWN, SERVICE_UNKNOWN, ...), whatever `serving` says;
+    /// open `Watch` streams send it.
+    pub fn set_health_status(
+        &self,
+        status: tonic_health::pb::health_check_response::ServingStatus,
+    ) {
+        self.health.status.store(status as i32, Ordering::SeqCst);
+        self.health.changed.send_replace(());
+    }
+
+    /// Makes health checks hang (no answer, the connection stays up) or answer again: a `Watch`
+    /// stream sends nothing while they hang, and the status when they no longer do (if it is
+    /// not the one it sent last).
+    pub fn set_health_hangs(&self, hang: bool) {
+        self.health_hang.store(hang, Ordering::SeqCst);
+        self.health.changed.send_replace(());
+    }
+
+    /// Makes every health call from now on fail at once with this status (`None`: answer
+    /// again); the `Watch` streams open already go on. UNIMPLEMENTED is what a server without
+    /// the health service answers.
+    pub fn refuse_health(&self, code: Option<Code>) {
+        *self.health.refusal.lock().unwrap() = code;
+    }
+
+    /// Ends every `Watch` stream open now, with this status (`None`: OK, the stream's end), as
+    /// a server that restarts its health service does; the connection stays up.
+    pub fn end_health_watches(&self, code: Option<Code>) {
+        {
+            let mut ended = self.health.ended.lock().unwrap();
+            ended.0 += 1;
+            ended.1 = code;
+        }
+        self.health.changed.send_replace(());
+    }
+
+    /// The health calls received so far, in order: the method (`"Check"` or `"Watch"`) and the
+    /// service name asked about.
+    pub fn health_asked(&self) -> Vec<(&'static str, String)> {
+        self.health.asked.lock().unwrap().clone()
+    }
+
+    /// Health answers sent so far: `Check`s answered and messages sent on `Watch` streams.
+    pub fn health_checks(&self) -> u64 {
+        self.health_checks.load(Ordering::SeqCst)
+    }
+
+    /// `Watch` calls received so far (refused ones included).
+    pub fn health_watches(&self) -> usize {
+        self.health_calls("Watch")
+    }
+
+    /// `Check` calls received so far (refused ones included).
+    pub fn health_check_calls(&self) -> usize {
+        self.health_calls("Check")
+    }
+
+    /// `Watch` streams open now.
+    pub fn health_watches_open(&self) -> usize {
+        self.health.open.load(Ordering::SeqCst)
+    }
+
+    fn health_calls(&self, method: &str) -> usize {
+        let asked = self.health.asked.lock().unwrap();
+        asked.iter().filter(|(m, _)| *m == method).count()
+    }
+
+    /// Records a health call, and refuses it if the test said so.
+    fn health_call(&self, method: &'static str, service: &str) -> Result<(), Status> {
+        let mut asked = self.health.asked.lock().unwrap();
+        asked.push((method, service.to_owned()));
+        drop(asked);
+        match *self.health.refusal.lock().unwrap() {
+            Some(code) => Err(Status::new(code, "refused by the test's script")),
+            None => Ok(()),
+        }
+    }
+
+    /// The status answered now, as its number.
+    fn health_status(&self) -> i32 {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        match self.health.status.load(Ordering::SeqCst) {
+            -1 if self.serving.load(Ordering::SeqCst) => ServingStatus::Serving as i32,
+            -1 => ServingStatus::NotServing as i32,
+            set => set,
+        }
+    }
+}
+
+/// The standard health service, answering as [`Shared`]'s health script says.
 struct HealthSvc(Arc<Shared>);
+
+/// The health service of `shared`, to serve beside [`service`].
+fn health_service(shared: Arc<Shared>) -> tonic_health::pb::health_server::HealthServer<HealthSvc> {
+    tonic_health::pb::health_server::HealthServer::new(HealthSvc(shared))
+}
+
+/// One `Watch` stream of an instance, counted in its open ones while it lives.
+struct OpenWatch {
+    shared: Arc<Shared>,
+    changed: tokio::sync::watch::Receiver<()>,
+    /// The status it sent last.
+    last: Option<i32>,
+    /// The test's count of ended streams when it opened.
+    ended_at: u64,
+    /// It sent its final status.
+    done: bool,
+}
+
+impl OpenWatch {
+    fn new(shared: Arc<Shared>) -> OpenWatch {
+        shared.health.open.fetch_add(1, Ordering::SeqCst);
+        let ended_at = shared.health.ended.lock().unwrap().0;
+        OpenWatch {
+            changed: shared.health.changed.subscribe(),
+            ended_at,
+            shared,
+            last: None,
+            done: false,
+        }
+    }
+
+    /// The stream's next item: the status when it is not the one sent last, the test's end.
+    async fn next(
+        mut self,
+    ) -> Option<(Result<tonic_health::pb::HealthCheckResponse, Status>, Self)> {
+        if self.done {
+            return None;
+        }
+        loop {
+            self.changed.borrow_and_update();
+            let (ended, code) = *self.shared.health.ended.lock().unwrap();
+            if ended != self.ended_at {
+                self.done = true;
+                let code = code?;
+                return Some((Err(Status::new(code, "ended by the test's script")), self));
+            }
+            if !self.shared.health_hang.load(Ordering::SeqCst) {
+                let status = self.shared.health_status();
+                if self.last != Some(status) {
+                    self.last = Some(status);
+                    self.shared.health_checks.fetch_add(1, Ordering::SeqCst);
+                    let answer = tonic_health::pb::HealthCheckResponse { status };
+                    return Some((Ok(answer), self));
+                }
+            }
+            if self.changed.changed().await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.shared.health.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 #[tonic::async_trait]
 impl tonic_health::pb::health_server::Health for HealthSvc {
     async fn check(
         &self,
-        _req: Request<tonic_health::pb::HealthCheckRequest>,
+        req: Request<tonic_health::pb::HealthCheckRequest>,
     ) -> Result<Response<tonic_health::pb::HealthCheckResponse>, Status> {
-        use tonic_health::pb::health_check_response::ServingStatus;
+        self.0.health_call("Check", &req.get_ref().service)?;
         self.0.health_checks.fetch_add(1, Ordering::SeqCst);
         if self.0.health_hang.load(Ordering::SeqCst) {
             return std::future::pending().await;
         }
-        let status = if self.0.serving.load(Ordering::SeqCst) {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
         Ok(Response::new(tonic_health::pb::HealthCheckResponse {
-            status: status as i32,
+            status: self.0.health_status(),
         }))
     }
 
@@ -164,9 +368,14 @@ impl tonic_health::pb::health_server::Health for HealthSvc {
 
     async fn watch(
         &self,
-        _req: Request<tonic_health::pb::HealthCheckRequest>,
+        req: Request<tonic_health::pb::HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("watch"))
+        self.0.health_call("Watch", &req.get_ref().service)?;
+        let open = OpenWatch::new(self.0.clone());
+        Ok(Response::new(Box::pin(futures::stream::unfold(
+            open,
+            OpenWatch::next,
+        ))))
     }
 }
 
@@ -203,6 +412,7 @@ impl Shared {
             serving: std::sync::atomic::AtomicBool::new(true),
             health_checks: AtomicU64::new(0),
             health_hang: std::sync::atomic::AtomicBool::new(false),
+            health: HealthScript::default(),
             authority: std::sync::OnceLock::new(),
             oob_requests: AtomicU64::new(0),
             oob_open: AtomicUsize::new(0),
@@ -833,9 +1043,7 @@ impl Instance {
                         ))
                         .layer(orca)
                         .add_service(FleetServer::new(Svc(shared.clone())))
-                        .add_service(tonic_health::pb::health_server::HealthServer::new(
-                            HealthSvc(shared),
-                        ))
+                        .add_service(health_service(shared))
                         .add_optional_service(oob)
                         .serve_with_incoming(incoming);
                     tokio::select! {
@@ -863,14 +1071,15 @@ impl Instance {
         self.shared.set(behavior);
     }
 
-    /// Sets what the instance answers to health checks.
+    /// Sets what the instance answers to health checks (see [`Shared::set_serving`]).
     pub fn set_serving(&self, serving: bool) {
-        self.shared.serving.store(serving, Ordering::SeqCst);
+        self.shared.set_serving(serving);
     }
 
-    /// Makes health checks hang (no answer, the connection stays up) or answer again.
+    /// Makes health checks hang (no answer, the connection stays up) or answer again (see
+    /// [`Shared::set_health_hangs`]).
     pub fn set_health_hangs(&self, hang: bool) {
-        self.shared.health_hang.store(hang, Ordering::SeqCst);
+        self.shared.set_health_hangs(hang);
     }
 
     pub fn health_checks(&self) -> u64 {

@@ -12,7 +12,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::DuplexStream;
 use tokio::sync::mpsc;
 
-use super::{service, Behavior, Shared};
+use super::{health_service, service, Behavior, Shared};
 
 /// One instance in memory. Its server runs on the runtime it was started in; dropped, it
 /// accepts no new connection.
@@ -27,14 +27,47 @@ pub struct MemoryInstance {
 }
 
 impl MemoryInstance {
-    /// Starts an instance called `name` on the current runtime.
+    /// Starts an instance called `name` on the current runtime. It serves the fleet's service
+    /// only: a health call gets UNIMPLEMENTED, as from any server without the health service.
     pub fn start(name: &str, behavior: Behavior) -> MemoryInstance {
         let shared = Shared::new(name, behavior);
+        let router = tonic::transport::Server::builder().add_service(service(shared.clone()));
+        Self::serve(shared, router)
+    }
+
+    /// Starts an instance called `name` on the current runtime that also serves the standard
+    /// health service, scripted as a TCP [`Instance`](crate::Instance)'s is (the `Shared`
+    /// health methods, such as [`Shared::set_serving`]).
+    pub fn start_with_health(name: &str, behavior: Behavior) -> MemoryInstance {
+        let shared = Shared::new(name, behavior);
+        let router = tonic::transport::Server::builder()
+            .add_service(service(shared.clone()))
+            .add_service(health_service(shared.clone()));
+        Self::serve(shared, router)
+    }
+
+    /// Starts an instance called `name` on the current runtime that also serves `health`, a
+    /// health service of the test's own (tonic-health's `health_reporter()`, say).
+    pub fn start_with_health_service<H>(
+        name: &str,
+        behavior: Behavior,
+        health: tonic_health::pb::health_server::HealthServer<H>,
+    ) -> MemoryInstance
+    where
+        H: tonic_health::pb::health_server::Health,
+    {
+        let shared = Shared::new(name, behavior);
+        let router = tonic::transport::Server::builder()
+            .add_service(service(shared.clone()))
+            .add_service(health);
+        Self::serve(shared, router)
+    }
+
+    /// Serves `router` on the connections the channel opens to the instance.
+    fn serve(shared: Arc<Shared>, router: tonic::transport::server::Router) -> MemoryInstance {
         let (conns, incoming) = mpsc::unbounded_channel();
         let incoming = tokio_stream::wrappers::UnboundedReceiverStream::new(incoming);
-        let server = tonic::transport::Server::builder()
-            .add_service(service(shared.clone()))
-            .serve_with_incoming(incoming);
+        let server = router.serve_with_incoming(incoming);
         let server = tokio::spawn(async move {
             let _ = server.await;
         });

@@ -7,6 +7,8 @@
 //!   Ready      --------------> Failing
 //!   Ready --(N failures in a row, or low success rate)--> Ejected --(time)--> Ready (probation)
 //!   Ready (probation) --(one failure)--> Ejected (for twice as long)
+//!   Connecting, Ready --(health check: not SERVING, stream ended, no first answer)--> Unhealthy
+//!   Unhealthy --(health check: SERVING, or no health service)--> Ready
 //!   any --(removed)--> Draining
 //! ```
 //!
@@ -16,7 +18,10 @@
 //!   exponential backoff and marks it ready when a connection opens;
 //! - statuses UNAVAILABLE, RESOURCE_EXHAUSTED, a transport error, or a deadline that expires
 //!   while the instance holds the call count as failures of the instance; application statuses
-//!   (NOT_FOUND, INVALID_ARGUMENT, ...) are the service's answers and count as successes here.
+//!   (NOT_FOUND, INVALID_ARGUMENT, ...) are the service's answers and count as successes here;
+//! - with health checks on (feature `health-check`), a `grpc.health.v1.Health/Watch` stream per
+//!   instance keeps it in service only while its last status is SERVING (gRFC A17, see
+//!   `HealthCheck`).
 
 #[cfg(feature = "health-check")]
 pub(crate) mod check;
@@ -67,7 +72,7 @@ pub(crate) fn record(health: &Health, inst: &Arc<Instance>, outcome: Outcome) {
             }
             if inst.probation.load(Ordering::Relaxed) {
                 inst.probation.store(false, Ordering::Relaxed);
-                tracing::debug!(addr = %inst.target.name, "instance passed probation");
+                tracing::debug!(server.address = %inst.target.name, "instance passed probation");
             }
             // A streak of ejections ends after 100 successes in a row.
             if inst.ejection_streak.load(Ordering::Relaxed) > 0
@@ -121,7 +126,7 @@ pub(crate) fn connect_failed(health: &Health, inst: &Arc<Instance>, error: &dyn 
         return;
     }
     crate::metrics::connection_failed(health.labels(), inst);
-    tracing::warn!(addr = %inst.target.name, error = %error, "cannot connect to instance; reconnecting with backoff");
+    tracing::warn!(server.address = %inst.target.name, error = %error, "cannot connect to instance; reconnecting with backoff");
     // Calls waiting for this connection move on now rather than each waiting for its own
     // connect attempt in the connection's queue.
     inst.unreachable.notify_waiters();
@@ -154,17 +159,17 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff, labels: Labels) {
                 if inst.transition(State::Failing, State::Connecting) {
                     inst.consecutive_failures.store(0, Ordering::Relaxed);
                     inst.warm_up();
-                    tracing::info!(addr = %name, attempt, "instance reachable again");
+                    tracing::info!(server.address = %name, attempt, "instance reachable again");
                 }
                 return;
             }
             Ok(Err(e)) => {
                 crate::metrics::connection_failed(&labels, &inst);
-                tracing::debug!(addr = %name, attempt, error = %e, "reconnect failed");
+                tracing::debug!(server.address = %name, attempt, error = %e, "reconnect failed");
             }
             Err(_) => {
                 crate::metrics::connection_failed(&labels, &inst);
-                tracing::debug!(addr = %name, attempt, "reconnect timed out");
+                tracing::debug!(server.address = %name, attempt, "reconnect timed out");
             }
         }
         attempt = attempt.saturating_add(1);

@@ -35,8 +35,8 @@ pub enum State {
     Failing,
     /// Its calls failed too often: no calls until the ejection ends.
     Ejected,
-    /// Taken out by a health check (`NOT_SERVING` or no answer): no calls until it answers
-    /// `SERVING`.
+    /// Taken out by its health check (its last status is not `SERVING`, its Watch stream
+    /// ended, or its first answer is late): no calls until it says `SERVING`.
     Unhealthy,
     /// Removed from the set: no new calls; it finishes the calls it has, then closes.
     Draining,
