@@ -1,11 +1,18 @@
 //! A balanced channel over a local fleet under load, with its metrics served for Prometheus on
 //! loopback: gRPC's standard client metrics (`grpc_client_attempt_duration_seconds`, ...) and
-//! the balancer's own per-instance gauges.
+//! the balancer's own gauges.
 //!
 //! ```text
-//! cargo run --release --example prometheus --features metrics -- [--port 9184] [--seconds 0] [--phase 10]
+//! cargo run --release --example prometheus --features metrics -- [--port 9184] [--seconds 0] [--phase 10] [--per-instance]
 //! curl -s http://127.0.0.1:9184/metrics
 //! ```
+//!
+//! The labels are the defaults: `grpc_method` for each method called (the example calls one),
+//! `grpc_target` named with `metrics_target`, and the per-instance instruments per target, so
+//! that the series stay as many however many addresses come and go. `--per-instance` labels
+//! them with each instance's URI too (`tonic_balancer_instance`). The exporter forgets series
+//! that nothing wrote for 10 minutes (its idle timeout), so that an instance or a channel gone
+//! leaves no series behind for good.
 //!
 //! The fleet: four instances answering after 1 to 4 ms, `flaky` and `restarts` after 2 ms,
 //! found through a registry (a discovery source the example answers itself). 16 calls are kept
@@ -38,6 +45,7 @@ use std::time::{Duration, Instant};
 use fleet::pb::fleet_client::FleetClient;
 use fleet::{Behavior, Instance};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+use metrics_util::MetricKindMask;
 use tonic::Code;
 use tonic_balancer::metrics::{
     CALL_RETRIES, CALL_RETRY_DELAY, CALL_TRANSPARENT_RETRIES, COUNT_BUCKETS, LATENCY_BUCKETS,
@@ -85,6 +93,10 @@ fn serve_metrics(port: u16) -> Result<SocketAddr, Box<dyn std::error::Error>> {
                 Matcher::Full(CALL_TRANSPARENT_RETRIES.into()),
                 COUNT_BUCKETS,
             )?
+            // Series nothing wrote for 10 minutes are forgotten: those of an instance that left
+            // (with `--per-instance`) or of a channel dropped. A live channel writes its gauges
+            // twice a second; a counter forgotten while idle starts again at its next increment.
+            .idle_timeout(MetricKindMask::ALL, Some(Duration::from_secs(600)))
             .build();
         match built {
             Ok((recorder, exporter)) => {
@@ -142,6 +154,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port = arg("--port").unwrap_or(9184.0) as u16;
     let seconds = arg("--seconds").unwrap_or(0.0);
     let phase = Duration::from_secs_f64(arg("--phase").unwrap_or(10.0).max(0.2));
+    let per_instance = std::env::args().any(|a| a == "--per-instance");
 
     let addr = serve_metrics(port)?;
 
@@ -169,8 +182,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .initial((phase / 10).min(Duration::from_secs(1)))
                 .max(phase.min(Duration::from_secs(10))),
         )
-        .metrics_all_methods(true)
         .metrics_target("fleet.example")
+        .metrics_per_instance(per_instance)
         .build()?;
 
     println!("serving metrics on http://{addr}/metrics");

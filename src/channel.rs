@@ -81,15 +81,17 @@ impl BalancedChannel {
     }
 
     /// A channel whose instances come and go through the returned sender: the shape of tonic's
-    /// `Channel::balance_channel`. Send `Change::Insert(key, endpoint)` to add an instance
-    /// (replacing one of the same URI) and `Change::Remove(key)` to drain it; see
+    /// `Channel::balance_channel`, with the same sender type (tonic's own
+    /// [`Change`](crate::Change), re-exported as `tonic_balancer::Change`), so a tonic user's
+    /// code that sends changes compiles unchanged. Send `Change::Insert(key, endpoint)` to add
+    /// an instance (replacing one of the same URI) and `Change::Remove(key)` to drain it; see
     /// [`Builder::discover`](crate::Builder::discover). Calls made before the first insert
     /// wait for it (at most 10 s, the default
     /// [`discovery_timeout`](crate::Builder::discovery_timeout)).
     ///
     /// ```no_run
+    /// use tonic::transport::channel::Change; // or tonic_balancer::Change: the same type
     /// use tonic::transport::Endpoint;
-    /// use tower::discover::Change;
     /// use tonic_balancer::BalancedChannel;
     ///
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -105,7 +107,7 @@ impl BalancedChannel {
     ) -> Result<
         (
             BalancedChannel,
-            tokio::sync::mpsc::Sender<tower::discover::Change<K, tonic::transport::Endpoint>>,
+            tokio::sync::mpsc::Sender<crate::Change<K, tonic::transport::Endpoint>>,
         ),
         crate::Error,
     >
@@ -118,10 +120,14 @@ impl BalancedChannel {
                 reason: "the capacity must be above zero".into(),
             });
         }
-        let (tx, mut rx) = tokio::sync::mpsc::channel(capacity);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<crate::Change<K, _>>(capacity);
         let channel = BalancedChannel::builder()
             .push(
-                Box::new(move |cx| rx.poll_recv(cx).map(|c| c.map(Ok))),
+                Box::new(move |cx| {
+                    rx.poll_recv(cx)
+                        .map(|c| c.map(|c| Ok(crate::discover::IntoChange::into_change(c))))
+                }),
+                "balance_channel",
                 "balance_channel",
             )
             .build()?;
@@ -162,9 +168,17 @@ impl BalancedChannel {
     /// Removes the instance with this URI (or, for an instance added with a connector, this
     /// name): it gets no new calls from now on, finishes the calls it has (it shows as
     /// [`State::Draining`](crate::State::Draining) meanwhile), then its connection closes.
-    /// Returns `Ok(false)` if there is no such instance.
+    /// Returns `Ok(false)` if there is no such instance, and
+    /// [`Error::InvalidUri`](crate::Error::InvalidUri) for an address without its scheme
+    /// (`127.0.0.1:50051`, which [`Builder::uri`](crate::Builder::uri) refuses alike) that
+    /// names no connector instance in the set.
     pub fn remove(&self, uri: &str) -> Result<bool, crate::Error> {
-        Ok(self.shared.set().remove(&crate::target::key_of(uri)?))
+        let (key, not_a_uri) = crate::target::key_of(uri)?;
+        let removed = self.shared.set().remove(&key);
+        match not_a_uri {
+            Some(e) if !removed => Err(e),
+            _ => Ok(removed),
+        }
     }
 
     /// Makes the set exactly these instances: adds the new ones, removes (drains) the ones

@@ -39,6 +39,7 @@ pub enum Error {
         source: Option<Arc<dyn std::error::Error + Send + Sync>>,
     },
     /// The same address was given twice.
+    #[non_exhaustive]
     DuplicateUri {
         /// The address as given.
         uri: String,
@@ -46,7 +47,8 @@ pub enum Error {
     /// `build()` was called outside a tokio runtime: the channel's connections and timers
     /// run on the runtime it is built in.
     NoRuntime,
-    /// A setting whose value is out of its range.
+    /// A setting whose value is out of its range, or settings that contradict each other.
+    #[non_exhaustive]
     InvalidSetting {
         /// The builder method that took the value, such as `max_replay_body`.
         name: &'static str,
@@ -55,6 +57,7 @@ pub enum Error {
     },
     /// A call found no instance to go to: none in the set, none usable, or none left that it
     /// had not tried. The call was not sent. (Status UNAVAILABLE.)
+    #[non_exhaustive]
     NoUsableInstance {
         /// Why, with the count of instances per state.
         reason: String,
@@ -65,12 +68,15 @@ pub enum Error {
     /// The connection to an instance failed under a call (it could not be opened, broke, or
     /// was closed before the call was written), and the call could not be sent elsewhere.
     /// (Status UNAVAILABLE.)
+    #[non_exhaustive]
     Unavailable {
         /// The instance.
         uri: String,
         /// What happened.
         reason: String,
-        /// The transport's error, if there was one.
+        /// The transport's error, if there was one (also
+        /// [`source()`](std::error::Error::source)): the error itself, so that its chain
+        /// (tonic's status, hyper's error, h2's or the socket's) can be walked and downcast.
         source: Option<Arc<dyn std::error::Error + Send + Sync>>,
     },
 }
@@ -236,19 +242,21 @@ pub(crate) fn is_transport(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// UNAVAILABLE for a connection that broke under a call (reset, broken pipe), as gRPC names it;
-/// tonic reports it as UNKNOWN "transport error". `None` if `e` is not a transport error.
+/// tonic reports it as UNKNOWN "transport error". The status tonic gave is kept as the error's
+/// source (its own source is hyper's error, and so on down to the socket's). `Err(status)`, as
+/// given, if its source is not a transport error.
 pub(crate) fn broken_connection(
     addr: &str,
-    e: &(dyn std::error::Error + 'static),
-) -> Option<tonic::Status> {
+    status: tonic::Status,
+) -> Result<tonic::Status, tonic::Status> {
+    let Some(e) = std::error::Error::source(&status) else {
+        return Err(status);
+    };
     if !is_transport(e) {
-        return None;
+        return Err(status);
     }
-    Some(unavailable(
-        addr,
-        format!("connection to {addr} broke during the call: {}", chain(e)),
-        Some(Arc::new(Message(chain(e)))),
-    ))
+    let reason = format!("connection to {addr} broke during the call: {}", chain(e));
+    Ok(unavailable(addr, reason, Some(Arc::new(status))))
 }
 
 /// An error's text, standing for an error that cannot be kept itself (it is borrowed).
@@ -288,6 +296,7 @@ pub(crate) fn check_endpoint(display: &str, uri: &http::Uri) -> Result<(), Error
 }
 
 /// The name of a status code, as gRPC writes it (`OK`, `UNAVAILABLE`, ...).
+#[cfg(feature = "metrics")]
 pub(crate) fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code::*;
     match code {

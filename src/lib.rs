@@ -102,14 +102,20 @@
 //! instance that served it; a status the channel makes itself (no usable instance, the
 //! deadline, a connection that failed) has an [`Error`] as its `source()`, so that it can be
 //! told from an instance's answer. Each call is a `tracing` span, `tonic_balancer.call` at
-//! DEBUG level, with the fields `method`, `instance` (the one that served it), `attempt` and
-//! `outcome` (the status code's name), recorded as they become known. State changes,
-//! membership changes and ejections are `tracing` events with an `addr` field, and each routed
-//! call is a `trace` event. With the `metrics` feature, the channel records gRPC's standard
-//! client metrics through the `metrics` facade (see the `metrics` module).
+//! DEBUG level, with OpenTelemetry's field names: `rpc.method` (`pkg.Service/Method`),
+//! `server.address` (the instance that served it), `attempt` and `rpc.grpc.status_code` (the
+//! status code's number), recorded as they become known. State changes (`state`,
+//! `previous.state`), membership changes and ejections are `tracing` events with a
+//! `server.address` field (a call sent again elsewhere names the instance it leaves
+//! `previous.server.address`), and each routed call is a `trace` event. With the `metrics`
+//! feature, the channel records gRPC's standard client metrics through the `metrics` facade,
+//! bounded by default: methods label themselves up to 64, and no instance label unless asked
+//! (see the `metrics` module).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`, nightly): each item that a feature brings says which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
 mod call;
@@ -137,6 +143,8 @@ mod protowire;
 mod pushback;
 mod retry;
 mod rng;
+#[cfg(feature = "service-config")]
+mod service_config;
 mod set;
 mod shutdown;
 mod stats;
@@ -161,7 +169,14 @@ pub use instance::State;
 pub use observe::{ChannelStats, DiscoveryState};
 pub use probe::ProbeConfig;
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
+#[cfg(feature = "service-config")]
+pub use service_config::ServiceConfig;
 pub use stats::{EndpointStats, ServedBy};
+/// A change of the instances, as tonic's own `Channel::balance_channel` takes it: what
+/// [`BalancedChannel::balance_channel`]'s sender takes, and one of the two shapes
+/// [`Builder::discover`] follows. tonic's type, re-exported: a tonic user's
+/// `tonic::transport::channel::Change` is this very type.
+pub use tonic::transport::channel::Change;
 
 /// Locks a mutex of the channel's rare paths (membership, discovery, replay), going on past a
 /// panic in another holder: what they guard stays consistent at every step.
@@ -387,3 +402,32 @@ pub mod __bench {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// A builder or a settings value whose result is dropped is a warning (`#[must_use]`; denied
+/// in these tests), where a setter called for nothing would silently do nothing:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// fn set_up(builder: tonic_balancer::Builder) {
+///     builder.uri("http://10.0.0.7:50051"); // dropped
+/// }
+/// ```
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// fn set_up(backoff: tonic_balancer::Backoff) {
+///     backoff.multiplier(2.0); // dropped
+/// }
+/// ```
+///
+/// The same code, its results kept, compiles:
+///
+/// ```
+/// #![deny(unused_must_use)]
+/// fn set_up(builder: tonic_balancer::Builder, backoff: tonic_balancer::Backoff) {
+///     let _ = builder.uri("http://10.0.0.7:50051");
+///     let _ = backoff.multiplier(2.0);
+/// }
+/// ```
+#[cfg(doctest)]
+pub struct MustUseDoctests;

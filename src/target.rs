@@ -12,7 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tonic::transport::{Channel, Endpoint};
 use tower::{BoxError, Service};
 
-use crate::error::{check_endpoint, parse_uri, Error};
+use crate::error::{check_endpoint, check_uri, parse_uri, Error};
 
 /// What identifies an instance in the set: two targets with the same key are the same
 /// instance (a second insert replaces the first).
@@ -40,7 +40,9 @@ pub(crate) enum Dial {
 /// An instance to add: its name, its settings and how it is reached.
 #[derive(Clone)]
 pub(crate) struct Target {
-    /// Its name in logs, errors, `EndpointStats` and `ServedBy`: the URI as given.
+    /// Its name in logs, errors, metrics, `EndpointStats` and `ServedBy`: for a URI,
+    /// `scheme://host:port` whichever way it came in (see [`name_of`]); a `unix:` URI as given;
+    /// a connector instance's name.
     pub(crate) name: Arc<str>,
     pub(crate) key: Key,
     pub(crate) endpoint: Endpoint,
@@ -50,7 +52,7 @@ pub(crate) struct Target {
 impl Target {
     /// An instance given as a tonic `Endpoint`.
     pub(crate) fn endpoint(endpoint: Endpoint) -> Result<Target, Error> {
-        let name = endpoint.uri().to_string();
+        let name = name_of(endpoint.uri());
         check_endpoint(&name, endpoint.uri())?;
         Ok(Target {
             key: Key::Uri(endpoint.uri().clone()),
@@ -86,7 +88,7 @@ impl Target {
         }
         let parsed = parse_uri(uri)?;
         Ok(Target {
-            name: uri.into(),
+            name: name_of(&parsed).into(),
             key: Key::Uri(parsed.clone()),
             endpoint: Endpoint::from(parsed).connect_timeout(connect_timeout),
             dial: Dial::Endpoint,
@@ -149,16 +151,37 @@ impl Target {
     }
 }
 
+/// The name of an instance at `uri`: `scheme://authority`, so that `http://a:1` given as a
+/// string, `Endpoint::from_static("http://a:1")` (whose URI prints as `http://a:1/`) and an
+/// address found by discovery all read the same in `endpoints()`, `ServedBy`, metrics and logs.
+pub(crate) fn name_of(uri: &http::Uri) -> String {
+    match (uri.scheme_str(), uri.authority()) {
+        (Some(scheme), Some(authority)) => match uri.path_and_query().map(|p| p.as_str()) {
+            None | Some("") | Some("/") => format!("{scheme}://{authority}"),
+            Some(rest) => format!("{scheme}://{authority}{rest}"),
+        },
+        _ => uri.to_string(),
+    }
+}
+
 /// The key that [`BalancedChannel::remove`](crate::BalancedChannel::remove) looks for: a
 /// `unix:` socket's, else a URI's, else a connector instance's name.
-pub(crate) fn key_of(s: &str) -> Result<Key, Error> {
+/// A string that is not a URI may be a connector instance's name; one that reads as an address
+/// without its scheme (`host:port`) brings the URI's error along, for a caller that finds no
+/// instance of that name to report.
+pub(crate) fn key_of(s: &str) -> Result<(Key, Option<Error>), Error> {
     if let Some(path) = unix_path(s) {
-        return Ok(Key::Name(format!("unix:{path}").into()));
+        return Ok((Key::Name(format!("unix:{path}").into()), None));
     }
     match parse_uri(s) {
-        Ok(uri) => Ok(Key::Uri(uri)),
+        Ok(uri) => Ok((Key::Uri(uri), None)),
         Err(e) if s.contains("://") || s.is_empty() => Err(e),
-        Err(_) => Ok(Key::Name(s.into())),
+        Err(e) => {
+            let address = format!("http://{s}")
+                .parse::<http::Uri>()
+                .is_ok_and(|u| u.port().is_some() && check_uri(&u).is_ok());
+            Ok((Key::Name(s.into()), address.then_some(e)))
+        }
     }
 }
 

@@ -314,7 +314,7 @@ async fn replacing_a_keys_endpoint_never_empties_the_set() {
     let fleet = Fleet::start(2, Behavior::Ok);
     let (ch, tx) = BalancedChannel::balance_channel::<&str>(16).unwrap();
     let endpoint = |i: usize| Endpoint::from_shared(fleet.instances[i].uri()).unwrap();
-    tx.send(tower::discover::Change::Insert("k", endpoint(0)))
+    tx.send(tonic_balancer::Change::Insert("k", endpoint(0)))
         .await
         .unwrap();
     let mut client = FleetClient::new(ch.clone());
@@ -337,7 +337,7 @@ async fn replacing_a_keys_endpoint_never_empties_the_set() {
         })
         .collect();
     for flip in 0..200 {
-        tx.send(tower::discover::Change::Insert(
+        tx.send(tonic_balancer::Change::Insert(
             "k",
             endpoint((flip + 1) % 2),
         ))

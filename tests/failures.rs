@@ -760,3 +760,50 @@ async fn low_success_rate_ejects_without_consecutive_failures() {
     let failed = s.failed() as f64 / bad.served() as f64;
     assert!((0.25..0.4).contains(&failed), "failure share {failed}");
 }
+
+/// A connection that breaks under a call: the status is UNAVAILABLE, its source is the
+/// channel's `Error::Unavailable` naming the instance, and the cause is kept as itself, not as
+/// text: the chain below it reaches the transport's own error (hyper's, h2's or the socket's),
+/// which a caller can downcast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_connection_keeps_its_cause_as_a_typed_source() {
+    let mut fleet = Fleet::start(1, Behavior::Hold);
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let mut stream = client
+        .server_stream(fleet::pb::Req {
+            id: 1,
+            count: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..2 {
+        stream.message().await.unwrap().expect("2 replies");
+    }
+    fleet::wait_until("the server holds the call", LIMIT, || fleet.held() == 1).await;
+    fleet.instances[0].stop();
+    let status = stream.message().await.expect_err("the connection broke");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let mut chain = Vec::new();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&status);
+    while let Some(e) = next {
+        chain.push(e);
+        next = e.source();
+    }
+    let ours = chain
+        .iter()
+        .find_map(|e| e.downcast_ref::<tonic_balancer::Error>())
+        .unwrap_or_else(|| panic!("no tonic_balancer::Error in {chain:?}"));
+    assert!(
+        matches!(ours, tonic_balancer::Error::Unavailable { uri, .. } if *uri == fleet.uris()[0]),
+        "{ours:?}"
+    );
+    assert!(
+        chain
+            .iter()
+            .any(|e| e.is::<hyper::Error>() || e.is::<h2::Error>() || e.is::<std::io::Error>()),
+        "the transport's error is not in the chain: {chain:?}"
+    );
+}

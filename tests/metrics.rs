@@ -1,5 +1,5 @@
 //! The metrics of the `metrics` feature, as a Prometheus scrape shows them: gRPC's standard
-//! names (A66, A94, A91, A96) with their units and labels, and values that match the calls
+//! names (A66, A78, A94, A91, A96) with their units and labels, and values that match the calls
 //! made through a real fleet.
 #![cfg(feature = "metrics")]
 use tonic_balancer_fleet as fleet;
@@ -14,9 +14,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tonic::Code;
 use tonic_balancer::metrics::{
     CALL_HEDGES, CALL_RETRIES, CALL_RETRY_DELAY, CALL_TRANSPARENT_RETRIES, COUNT_BUCKETS,
-    LATENCY_BUCKETS, SIZE_BUCKETS,
+    LATENCY_BUCKETS, METHOD_LIMIT, SIZE_BUCKETS, WEIGHT_BUCKETS, WRR_ENDPOINT_WEIGHTS,
 };
-use tonic_balancer::{BalancedChannel, Ejection, HedgingPolicy, RetryPolicy};
+use tonic_balancer::{BalancedChannel, Ejection, HedgingPolicy, RetryPolicy, State};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -42,6 +42,8 @@ fn recorder() -> &'static PrometheusHandle {
             .unwrap()
             .set_buckets_for_metric(Matcher::Full(CALL_HEDGES.into()), COUNT_BUCKETS)
             .unwrap()
+            .set_buckets_for_metric(Matcher::Full(WRR_ENDPOINT_WEIGHTS.into()), WEIGHT_BUCKETS)
+            .unwrap()
             .install_recorder()
             .expect("the only recorder of this process")
     })
@@ -56,8 +58,8 @@ const UNARY: &str = "fleet.v1.Fleet/Unary";
 /// Calls of a registered method and of another: each instrument of A66 and A96 is there with
 /// its unit (seconds for durations), its labels (`grpc_method`, `grpc_target`, `grpc_status`)
 /// and A66's buckets; the counts match the calls made; the method not registered is `other`.
-/// The per-instance gauges show every instance ready with nothing in flight once the calls are
-/// over, and a connection opened to each.
+/// The per-instance gauges (asked for) show every instance ready with nothing in flight once the
+/// calls are over, and a connection opened to each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_and_instance_metrics_match_the_calls_made() {
     recorder();
@@ -67,6 +69,7 @@ async fn call_and_instance_metrics_match_the_calls_made() {
         .uris(fleet.uris())
         .metrics_target(target)
         .metrics_methods([UNARY])
+        .metrics_per_instance(true)
         .build()
         .unwrap();
     let mut client = FleetClient::new(ch.clone());
@@ -211,6 +214,7 @@ async fn retries_and_ejections_are_counted() {
         .ejection(Ejection::default().consecutive_failures(2))
         .metrics_target(target)
         .metrics_all_methods(true)
+        .metrics_per_instance(true)
         .build()
         .unwrap();
     let mut client = FleetClient::new(ch.clone());
@@ -294,7 +298,8 @@ async fn retries_and_ejections_are_counted() {
 }
 
 /// An instance that cannot be reached: its failed connection is counted, and the call that
-/// then finds nothing usable is counted as refused, with UNAVAILABLE.
+/// then finds nothing usable is counted as refused, with UNAVAILABLE (its method labelled with
+/// no setting).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_failures_and_refusals_are_counted() {
     recorder();
@@ -303,6 +308,7 @@ async fn connection_failures_and_refusals_are_counted() {
     let ch = BalancedChannel::builder()
         .uri(&uri)
         .metrics_target(target)
+        .metrics_per_instance(true)
         .build()
         .unwrap();
     let mut client = FleetClient::new(ch.clone());
@@ -321,17 +327,17 @@ async fn connection_failures_and_refusals_are_counted() {
         "{}",
         s.text
     );
-    let other = [("grpc_method", "other"), t];
+    let unary = [("grpc_method", UNARY), t];
     assert_eq!(
-        s.sum("tonic_balancer_client_call_refused_total", &other),
+        s.sum("tonic_balancer_client_call_refused_total", &unary),
         1.0
     );
-    let unavailable = [("grpc_method", "other"), t, ("grpc_status", "UNAVAILABLE")];
+    let unavailable = [("grpc_method", UNARY), t, ("grpc_status", "UNAVAILABLE")];
     assert_eq!(
         s.sum("grpc_client_call_duration_seconds_count", &unavailable),
         2.0
     );
-    assert_eq!(s.sum("grpc_client_attempt_started_total", &other), 1.0);
+    assert_eq!(s.sum("grpc_client_attempt_started_total", &unary), 1.0);
     // The attempt that never reached its instance sent no byte of its request.
     let sent = "grpc_client_attempt_sent_total_compressed_message_size_bytes";
     assert_eq!(s.sum(&format!("{sent}_count"), &unavailable), 1.0);
@@ -351,6 +357,7 @@ async fn a_dropped_call_is_cancelled_and_leaves_nothing_in_flight() {
         .uris(fleet.uris())
         .metrics_target(target)
         .metrics_all_methods(true)
+        .metrics_per_instance(true)
         .build()
         .unwrap();
     let mut client = FleetClient::new(ch.clone());
@@ -459,6 +466,7 @@ async fn disconnections_spent_budget_and_removals_are_counted() {
         .uris(fleet.uris())
         .retry(policy)
         .metrics_target(target)
+        .metrics_per_instance(true)
         .build()
         .unwrap();
     let mut client = FleetClient::new(ch.clone());
@@ -626,6 +634,7 @@ async fn open_connections_count_the_instance_and_its_extra_connections() {
         .max_streams_per_connection(1)
         .connection_idle_timeout(Duration::from_millis(200))
         .metrics_target(target)
+        .metrics_per_instance(true)
         .build()
         .unwrap();
     let name = fleet::stats(&ch, &fleet.uris()[0]).uri().to_owned();
@@ -734,4 +743,300 @@ async fn hedges_are_attempts_of_one_call() {
     );
     assert_eq!(ch.stats().calls(), 5);
     assert_eq!(ch.stats().hedges(), 5);
+}
+
+/// One unary call of `path` (any method name) through the channel; its status.
+async fn call_path(ch: &BalancedChannel, path: &str, id: u64) -> Code {
+    let mut grpc = tonic::client::Grpc::new(ch.clone());
+    grpc.ready().await.expect("the channel is ready");
+    let path = http::uri::PathAndQuery::try_from(path).expect("a path");
+    let codec = tonic_prost::ProstCodec::<fleet::pb::Req, fleet::pb::Req>::default();
+    match grpc
+        .unary(tonic::Request::new(fleet::req(id)), path, codec)
+        .await
+    {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+/// With no setting, the methods a channel calls label its metrics with their own names, up to
+/// `METHOD_LIMIT` distinct ones: the first `METHOD_LIMIT` methods called (a real one and the
+/// rest unknown to the server, which answers UNIMPLEMENTED) each have their series, the next
+/// one and a path that is not `pkg.Service/Method` are `other`, and a method labelled before
+/// keeps its label after the limit is reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn methods_label_themselves_up_to_the_limit() {
+    recorder();
+    let target = "test.methods";
+    let fleet = Fleet::start(1, Behavior::Ok);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .metrics_target(target)
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    client.unary(fleet::req(0)).await.unwrap();
+    let names: Vec<String> = (1..METHOD_LIMIT)
+        .map(|i| format!("test.Bounded/Method{i}"))
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        let code = call_path(&ch, &format!("/{name}"), i as u64).await;
+        assert_eq!(code, Code::Unimplemented, "{name}");
+    }
+    // Past the limit: a new method, then a path that is not a method's full name.
+    let code = call_path(&ch, "/test.Bounded/OneTooMany", 100).await;
+    assert_eq!(code, Code::Unimplemented);
+    let code = call_path(&ch, "/not-a-method", 101).await;
+    assert_ne!(code, Code::Ok);
+    // The method labelled first still is.
+    client.unary(fleet::req(1)).await.unwrap();
+    let t = ("grpc_target", target);
+    let calls = "grpc_client_call_duration_seconds_count";
+    fleet::wait_until("every call recorded", LIMIT, || {
+        scrape().sum(calls, &[t]) == (METHOD_LIMIT + 3) as f64
+    })
+    .await;
+    let s = scrape();
+    let mut methods: Vec<String> = s
+        .matching(calls, &[t])
+        .map(|(l, _)| l["grpc_method"].clone())
+        .collect();
+    methods.sort();
+    methods.dedup();
+    assert_eq!(methods.len(), METHOD_LIMIT + 1, "{methods:?}");
+    assert_eq!(
+        s.sum(calls, &[("grpc_method", UNARY), t]),
+        2.0,
+        "{}",
+        s.text
+    );
+    for name in &names {
+        assert_eq!(s.sum(calls, &[("grpc_method", name), t]), 1.0, "{name}");
+    }
+    assert_eq!(s.sum(calls, &[("grpc_method", "other"), t]), 2.0);
+    assert_eq!(
+        s.sum(calls, &[("grpc_method", "test.Bounded/OneTooMany"), t]),
+        0.0
+    );
+}
+
+/// The per-instance label is there only when asked for: by default every per-instance
+/// instrument is per target (calls in flight and open connections summed over the instances,
+/// the state gauge counting the instances in each state, no latency gauge), and no series of
+/// the channel names an instance; with `metrics_per_instance(true)`, each instance has its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_instance_label_unless_asked() {
+    recorder();
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let mut labelled = Vec::new();
+    for (target, per_instance) in [("test.per_target", false), ("test.per_instance", true)] {
+        let ch = BalancedChannel::builder()
+            .uris(fleet.uris())
+            .metrics_target(target)
+            .metrics_per_instance(per_instance)
+            .build()
+            .unwrap();
+        make_ready(&ch, &fleet.uris()).await;
+        let t = ("grpc_target", target);
+        let ready = [t, ("tonic_balancer_state", "ready")];
+        let latencies = if per_instance { 2 } else { 0 };
+        fleet::wait_until("both instances shown ready", LIMIT, || {
+            let s = scrape();
+            s.sum("tonic_balancer_instance_state", &ready) == 2.0
+                && s.sum("grpc_subchannel_open_connections", &[t]) == 2.0
+                && s.matching("tonic_balancer_instance_latency_seconds", &[t])
+                    .count()
+                    == latencies
+        })
+        .await;
+        let s = scrape();
+        let with_instance: Vec<&str> = s
+            .text
+            .lines()
+            .filter(|l| l.contains(&format!("grpc_target=\"{target}\"")))
+            .filter(|l| l.contains("tonic_balancer_instance="))
+            .collect();
+        if per_instance {
+            for uri in fleet.uris() {
+                let name = fleet::stats(&ch, &uri).uri().to_owned();
+                let inst = [t, ("tonic_balancer_instance", name.as_str())];
+                assert_eq!(
+                    s.sum("grpc_subchannel_connection_attempts_succeeded_total", &inst),
+                    1.0,
+                    "{}",
+                    s.text
+                );
+                assert_eq!(s.sum("tonic_balancer_instance_state", &inst), 1.0);
+                assert!(s.sum("tonic_balancer_instance_latency_seconds", &inst) > 0.0);
+            }
+            labelled = with_instance.iter().map(|l| l.to_string()).collect();
+        } else {
+            assert!(with_instance.is_empty(), "{with_instance:#?}");
+            assert_eq!(
+                s.sum("grpc_subchannel_connection_attempts_succeeded_total", &[t]),
+                2.0,
+                "{}",
+                s.text
+            );
+            assert_eq!(
+                s.matching("tonic_balancer_instance_calls_in_flight", &[t])
+                    .count(),
+                1
+            );
+            assert_eq!(s.sum("tonic_balancer_instance_calls_in_flight", &[t]), 0.0);
+            assert_eq!(s.matching("tonic_balancer_instance_state", &[t]).count(), 6);
+            assert_eq!(s.sum("tonic_balancer_instance_state", &[t]), 2.0);
+        }
+    }
+    assert!(!labelled.is_empty());
+}
+
+/// Calls through `ch` until each of `uris` is ready in it, with a latency estimate.
+async fn make_ready(ch: &BalancedChannel, uris: &[String]) {
+    let mut client = FleetClient::new(ch.clone());
+    let mut id = 0;
+    while uris.iter().any(|u| {
+        let e = fleet::stats(ch, u);
+        e.state() != State::Ready || e.latency().is_none()
+    }) {
+        assert!(id < 500, "an instance never got ready:{}", fleet::dump(ch));
+        client.unary(fleet::req(id)).await.unwrap();
+        id += 1;
+    }
+}
+
+/// Two channels of one target, one over both instances and one over the first only: the
+/// gauges add up what both see (three instances ready, three connections), and once the first
+/// channel is dropped they show the live one's alone: its one instance ready, one connection,
+/// nothing left of the instance only the dropped channel had. With the instance label and
+/// without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_channel_leaves_no_gauges_beside_a_live_one() {
+    recorder();
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let uris = fleet.uris();
+    for (target, per_instance) in [("test.two", false), ("test.two_instances", true)] {
+        let build = |uris: &[String]| {
+            BalancedChannel::builder()
+                .uris(uris)
+                .metrics_target(target)
+                .metrics_per_instance(per_instance)
+                .build()
+                .unwrap()
+        };
+        let both = build(&uris);
+        let one = build(&uris[..1]);
+        make_ready(&both, &uris).await;
+        make_ready(&one, &uris[..1]).await;
+        let t = ("grpc_target", target);
+        let ready = [t, ("tonic_balancer_state", "ready")];
+        fleet::wait_until("both channels' instances counted", LIMIT, || {
+            let s = scrape();
+            s.sum("tonic_balancer_instance_state", &ready) == 3.0
+                && s.sum("tonic_balancer_instance_state", &[t]) == 3.0
+                && s.sum("grpc_subchannel_open_connections", &[t]) == 3.0
+        })
+        .await;
+        let gone = fleet::stats(&both, &uris[1]).uri().to_owned();
+        drop(both);
+        fleet::wait_until("only the live channel's gauges", LIMIT, || {
+            let s = scrape();
+            s.sum("tonic_balancer_instance_state", &ready) == 1.0
+                && s.sum("tonic_balancer_instance_state", &[t]) == 1.0
+                && s.sum("grpc_subchannel_open_connections", &[t]) == 1.0
+                && s.sum("tonic_balancer_instance_calls_in_flight", &[t]) == 0.0
+        })
+        .await;
+        if per_instance {
+            // The instance only the dropped channel had: its series at 0.
+            let s = scrape();
+            let inst = [t, ("tonic_balancer_instance", gone.as_str())];
+            assert_eq!(
+                s.matching("tonic_balancer_instance_state", &inst).count(),
+                6
+            );
+            assert_eq!(
+                s.sum("tonic_balancer_instance_state", &inst)
+                    + s.sum("grpc_subchannel_open_connections", &inst),
+                0.0,
+                "{}",
+                s.text
+            );
+        }
+        drop(one);
+        fleet::wait_until("nothing left once both are dropped", LIMIT, || {
+            let s = scrape();
+            s.sum("tonic_balancer_instance_state", &[t]) == 0.0
+                && s.sum("grpc_subchannel_open_connections", &[t]) == 0.0
+        })
+        .await;
+    }
+}
+
+/// Weighted round robin's instruments (gRFC A78), at each schedule update: before any load
+/// report, each instance's weight is not yet usable (counted, and recorded as 0) and the
+/// update falls back to round robin (counted); once the reports come, the weights recorded are
+/// the instances' own; once they stop for longer than the expiration period, each instance's
+/// weight is stale (counted).
+#[cfg(feature = "orca")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_round_robin_records_a78_instruments() {
+    use tonic_balancer::orca::WrrConfig;
+    recorder();
+    let target = "test.wrr";
+    let (a, ha) = fleet::Instance::start_reporting("a", Behavior::Ok);
+    let (b, hb) = fleet::Instance::start_reporting("b", Behavior::Ok);
+    ha.set_application_utilization(0.2);
+    hb.set_application_utilization(0.8);
+    let wrr = WrrConfig::default()
+        .blackout_period(Duration::ZERO)
+        .weight_update_period(Duration::from_millis(100))
+        .weight_expiration_period(Duration::from_millis(500));
+    let ch = BalancedChannel::builder()
+        .uris([a.uri(), b.uri()])
+        .weighted_round_robin(wrr)
+        .metrics_target(target)
+        .build()
+        .unwrap();
+    let t = [("grpc_target", target)];
+    let count = |s: &Scrape, name: &str| s.sum(name, &t);
+    let weights = "grpc_lb_wrr_endpoint_weights";
+    // No call yet, so no report: every update falls back to round robin, with both weights not
+    // yet usable, recorded as 0.
+    fleet::wait_until("updates without any weight", LIMIT, || {
+        let s = scrape();
+        count(&s, "grpc_lb_wrr_rr_fallback_total") >= 1.0
+            && count(&s, "grpc_lb_wrr_endpoint_weight_not_yet_usable_total") >= 2.0
+            && count(&s, &format!("{weights}_count")) >= 2.0
+    })
+    .await;
+    let s = scrape();
+    assert_eq!(s.kind(weights), Some("histogram"), "{}", s.text);
+    assert_eq!(s.kind("grpc_lb_wrr_rr_fallback_total"), Some("counter"));
+    assert_eq!(count(&s, "grpc_lb_wrr_endpoint_weight_stale_total"), 0.0);
+    let zero = s
+        .matching(&format!("{weights}_bucket"), &t)
+        .find(|(l, _)| l.get("le").map(String::as_str) == Some("0"))
+        .map(|(_, v)| v);
+    assert!(zero.is_some_and(|z| z >= 2.0), "{}", s.text);
+    // Calls, whose answers carry the reports: the weights count.
+    let mut client = FleetClient::new(ch.clone());
+    let start = std::time::Instant::now();
+    let mut id = 0;
+    while scrape().sum(&format!("{weights}_sum"), &t) == 0.0 {
+        assert!(
+            start.elapsed() < LIMIT,
+            "no weight recorded:{}",
+            fleet::dump(&ch)
+        );
+        client.unary(fleet::req(id)).await.unwrap();
+        id += 1;
+    }
+    // No more calls: no more reports; past the expiration period, both weights are stale.
+    let stale = count(&scrape(), "grpc_lb_wrr_endpoint_weight_stale_total");
+    fleet::wait_until("stale weights counted", LIMIT, || {
+        count(&scrape(), "grpc_lb_wrr_endpoint_weight_stale_total") >= stale + 2.0
+    })
+    .await;
 }

@@ -1,5 +1,5 @@
 //! The shapes tonic users move from: `Channel::balance_list`, `Channel::balance_channel` (a
-//! sender of `tower::discover::Change`), any pushed stream of changes, and an insert that
+//! sender of tonic's own `Change`), any pushed stream of changes (tonic's or tower's), and an insert that
 //! brings new settings for an address already in the set.
 use tonic_balancer_fleet as fleet;
 
@@ -9,7 +9,8 @@ use fleet::pb::{fleet_client::FleetClient, Req};
 use fleet::{Behavior, Fleet, Instance};
 use tonic::transport::Endpoint;
 use tonic_balancer::{BalancedChannel, State};
-use tower::discover::Change;
+// tonic's own `Change`, as a tonic user's code has it (`tonic_balancer::Change` is the same type).
+use tonic::transport::channel::Change;
 
 fn endpoint(uri: &str) -> Endpoint {
     Endpoint::from_shared(uri.to_owned()).unwrap()
@@ -94,10 +95,12 @@ async fn balance_channel_follows_its_changes() {
     assert!(names.iter().all(|n| n == "i2"), "{names:?}");
 }
 
-/// Any stream of changes can drive the set (tower's `Discover` shape); before its first
-/// change, calls wait at most the discovery timeout and then fail with UNAVAILABLE saying why.
+/// Any stream of changes can drive the set (here tower's `Change`, so any tower `Discover`);
+/// before its first change, calls wait at most the discovery timeout and then fail with
+/// UNAVAILABLE saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pushed_stream_of_changes_drives_the_set() {
+    use tower::discover::Change;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Change<u32, Endpoint>, std::io::Error>>(8);
     let ch = BalancedChannel::builder()
         .discover(tokio_stream::wrappers::ReceiverStream::new(rx))

@@ -1,5 +1,6 @@
 //! What the channel tells of itself without a metrics stack: the `tonic_balancer.call` span of
-//! each call, as a subscriber sees it, and the totals of `BalancedChannel::stats`.
+//! each call and the channel's events, as a subscriber sees them (with OpenTelemetry's field
+//! names), and the totals of `BalancedChannel::stats`.
 use tonic_balancer_fleet as fleet;
 
 use std::collections::HashMap;
@@ -12,6 +13,7 @@ use tonic::Code;
 use tonic_balancer::{BalancedChannel, DiscoveryState, Ejection, RetryPolicy, ServedBy};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
+use tracing::Event;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
@@ -20,11 +22,13 @@ const LIMIT: Duration = Duration::from_secs(20);
 /// The fields of one span, as text.
 type Fields = HashMap<String, String>;
 
-/// A subscriber layer that keeps the fields of every closed `tonic_balancer.call` span.
+/// A subscriber layer that keeps the fields of every closed `tonic_balancer.call` span, and of
+/// every event of the crate (its message as the field `message`).
 #[derive(Clone, Default)]
 struct CallSpans {
     open: Arc<Mutex<HashMap<u64, Fields>>>,
     closed: Arc<Mutex<Vec<Fields>>>,
+    events: Arc<Mutex<Vec<Fields>>>,
 }
 
 struct Collect<'a>(&'a mut Fields);
@@ -35,6 +39,10 @@ impl Visit for Collect<'_> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().to_owned(), value.to_string());
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
         self.0.insert(field.name().to_owned(), value.to_string());
     }
 
@@ -59,6 +67,12 @@ impl<S: tracing::Subscriber> Layer<S> for CallSpans {
         }
     }
 
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let mut fields = Fields::new();
+        event.record(&mut Collect(&mut fields));
+        self.events.lock().unwrap().push(fields);
+    }
+
     fn on_close(&self, id: Id, _: Context<'_, S>) {
         if let Some(fields) = self.open.lock().unwrap().remove(&id.into_u64()) {
             self.closed.lock().unwrap().push(fields);
@@ -79,11 +93,24 @@ impl CallSpans {
     fn closed(&self) -> Vec<Fields> {
         self.closed.lock().unwrap().clone()
     }
+
+    fn events(&self) -> Vec<Fields> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// The events whose message is `message`.
+    fn events_named(&self, message: &str) -> Vec<Fields> {
+        self.events()
+            .into_iter()
+            .filter(|f| f.get("message").map(String::as_str) == Some(message))
+            .collect()
+    }
 }
 
 /// Each call is one `tonic_balancer.call` span, closed when the call is over, whose fields
-/// name the method, the instance that served it (the one in the response's `ServedBy`), the
-/// attempt and the outcome.
+/// (OpenTelemetry's names) are the method (`rpc.method`, without its leading slash), the
+/// instance that served it (`server.address`: the one in the response's `ServedBy`), the
+/// attempt and the status code (`rpc.grpc.status_code`, its number).
 #[tokio::test]
 async fn a_call_span_names_the_instance_that_served_it() {
     let spans = CallSpans::default();
@@ -101,25 +128,28 @@ async fn a_call_span_names_the_instance_that_served_it() {
     let closed = spans.closed();
     for (fields, by) in closed.iter().zip(&served) {
         assert_eq!(
-            fields.get("method").map(String::as_str),
-            Some("/fleet.v1.Fleet/Unary"),
+            fields.get("rpc.method").map(String::as_str),
+            Some("fleet.v1.Fleet/Unary"),
             "{fields:?}"
         );
-        assert_eq!(fields.get("instance"), Some(by), "{fields:?}");
+        assert_eq!(fields.get("server.address"), Some(by), "{fields:?}");
         assert_eq!(
             fields.get("attempt").map(String::as_str),
             Some("1"),
             "{fields:?}"
         );
         assert_eq!(
-            fields.get("outcome").map(String::as_str),
-            Some("OK"),
+            fields.get("rpc.grpc.status_code").map(String::as_str),
+            Some("0"),
             "{fields:?}"
         );
+        for old in ["method", "instance", "outcome"] {
+            assert!(!fields.contains_key(old), "{old} in {fields:?}");
+        }
     }
 }
 
-/// An application status is the span's outcome; the span still names the instance.
+/// An application status is the span's status code; the span still names the instance.
 #[tokio::test]
 async fn a_call_span_records_the_status_of_a_failed_call() {
     let spans = CallSpans::default();
@@ -132,13 +162,15 @@ async fn a_call_span_records_the_status_of_a_failed_call() {
     fleet::wait_until("the call span closed", LIMIT, || spans.closed().len() == 1).await;
     let fields = &spans.closed()[0];
     assert_eq!(
-        fields.get("outcome").map(String::as_str),
-        Some("NOT_FOUND"),
-        "{fields:?}"
+        fields.get("rpc.grpc.status_code").map(String::as_str),
+        Some("5"),
+        "NOT_FOUND: {fields:?}"
     );
     let uri = fleet.uris()[0].clone();
     assert_eq!(
-        fields.get("instance").map(|s| s.trim_end_matches('/')),
+        fields
+            .get("server.address")
+            .map(|s| s.trim_end_matches('/')),
         Some(uri.trim_end_matches('/')),
         "{fields:?}"
     );
@@ -184,13 +216,87 @@ async fn a_retried_call_span_names_the_instance_of_its_last_attempt() {
     );
     for fields in &retried {
         assert_eq!(
-            fields.get("instance").map(|s| s.trim_end_matches('/')),
+            fields
+                .get("server.address")
+                .map(|s| s.trim_end_matches('/')),
             Some(good.trim_end_matches('/')),
             "{fields:?}"
         );
-        assert_eq!(fields.get("outcome").map(String::as_str), Some("OK"));
+        assert_eq!(
+            fields.get("rpc.grpc.status_code").map(String::as_str),
+            Some("0")
+        );
     }
     assert_eq!(ch.stats().retries(), fleet.instances[0].served());
+}
+
+/// The channel's events name an instance one way, `server.address`, everywhere (no `addr`,
+/// `to`, `from` or `instance`): an instance added, its state changes (the new one `state`, the
+/// old one `previous.state`), a failed connection; and a call sent again elsewhere because its
+/// instance could not be reached names the instance it goes to `server.address` and the one it
+/// leaves `previous.server.address`.
+#[tokio::test]
+async fn events_name_the_instance_server_address() {
+    let spans = CallSpans::default();
+    let _guard = spans.install();
+    let fleet = Fleet::start(1, Behavior::Ok);
+    let good = fleet.uris()[0].clone();
+    let bad = fleet::unreachable_uri();
+    let ch = BalancedChannel::builder()
+        .uris([good.clone(), bad.clone()])
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let mut id = 0;
+    // Until the unreachable instance was tried: its call goes to the other one.
+    while fleet::stats(&ch, &bad).state() != tonic_balancer::State::Failing {
+        assert!(
+            id < 200,
+            "the unreachable instance never tried:{}",
+            fleet::dump(&ch)
+        );
+        client.unary(fleet::req(id)).await.unwrap();
+        id += 1;
+    }
+    let same = |a: Option<&String>, b: &str| {
+        a.map(|a| a.trim_end_matches('/')) == Some(b.trim_end_matches('/'))
+    };
+    let events = spans.events();
+    assert!(!events.is_empty());
+    for fields in &events {
+        for old in ["addr", "to", "from", "instance", "code"] {
+            assert!(!fields.contains_key(old), "{old} in {fields:?}");
+        }
+    }
+    let added = spans.events_named("instance added");
+    assert_eq!(added.len(), 2, "{events:#?}");
+    for uri in [&good, &bad] {
+        assert!(
+            added.iter().any(|f| same(f.get("server.address"), uri)),
+            "{uri}: {added:#?}"
+        );
+    }
+    let moved = spans.events_named("call sent again: its attempt was not processed");
+    assert!(!moved.is_empty(), "{events:#?}");
+    for fields in &moved {
+        assert!(same(fields.get("server.address"), &good), "{fields:?}");
+        assert!(
+            same(fields.get("previous.server.address"), &bad),
+            "{fields:?}"
+        );
+    }
+    let changes = spans.events_named("instance state changed");
+    let failing = changes
+        .iter()
+        .find(|f| same(f.get("server.address"), &bad))
+        .unwrap_or_else(|| panic!("{changes:#?}"));
+    assert_eq!(failing.get("state").map(String::as_str), Some("failing"));
+    assert!(failing.contains_key("previous.state"), "{failing:?}");
+    let refused = spans.events_named("cannot connect to instance; reconnecting with backoff");
+    assert!(
+        refused.iter().any(|f| same(f.get("server.address"), &bad)),
+        "{events:#?}"
+    );
 }
 
 /// The totals count each call once, each attempt once, and keep the attempts of an instance

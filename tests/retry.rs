@@ -189,3 +189,184 @@ async fn bad_retry_settings_are_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("max_replay_body"), "{err}");
 }
+
+// -------------------------------------------------------------------------------------------
+// Which calls a policy covers: only the methods it names (gRPC's method config rule).
+
+const UNARY: &str = "fleet.v1.Fleet/Unary";
+const CLIENT_STREAM: &str = "/fleet.v1.Fleet/ClientStream";
+const SERVICE: &str = "fleet.v1.Fleet";
+
+/// A channel over `fleet` with these retry policies: short backoffs, a budget that never
+/// stops a retry, no ejection (every attempt reaches a server, so they can be counted).
+fn scoped(fleet: &Fleet, policies: Vec<RetryPolicy>) -> BalancedChannel {
+    let b = policies.into_iter().fold(
+        BalancedChannel::builder()
+            .uris(fleet.uris())
+            .ejection(Ejection::disabled()),
+        |b, p| {
+            b.retry(
+                p.initial_backoff(Duration::from_millis(1))
+                    .max_backoff(Duration::from_millis(1))
+                    .budget_ratio(10.0),
+            )
+        },
+    );
+    b.build().unwrap()
+}
+
+/// The attempts that one unary call and one client-streaming call each made, every instance
+/// answering UNAVAILABLE: (unary, client stream).
+async fn attempts_per_method(fleet: &Fleet, ch: &BalancedChannel) -> (u64, u64) {
+    let mut client = FleetClient::new(ch.clone());
+    let before = fleet.served().iter().sum::<u64>();
+    let err = client.unary(fleet::req(1)).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    let unary = fleet.served().iter().sum::<u64>() - before;
+    let before = fleet.served().iter().sum::<u64>();
+    let err = client
+        .client_stream(futures::stream::iter(vec![fleet::req(2)]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    let stream = fleet.served().iter().sum::<u64>() - before;
+    (unary, stream)
+}
+
+/// A policy that names one method retries that method's calls (3 attempts each, on the 3
+/// instances) and no other: the client-streaming call, not named, is sent once.
+#[tokio::test]
+async fn a_method_not_named_is_not_retried() {
+    let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
+    let ch = scoped(&fleet, vec![RetryPolicy::new([UNARY]).max_attempts(3)]);
+    assert_eq!(attempts_per_method(&fleet, &ch).await, (3, 1));
+    // And the other way round, named with its leading `/`.
+    let ch = scoped(
+        &fleet,
+        vec![RetryPolicy::new([CLIENT_STREAM]).max_attempts(3)],
+    );
+    assert_eq!(attempts_per_method(&fleet, &ch).await, (1, 3));
+}
+
+/// A policy that names a service covers every method of it, and only of it.
+#[tokio::test]
+async fn a_service_wide_policy_covers_its_methods() {
+    let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
+    let ch = scoped(&fleet, vec![RetryPolicy::new([SERVICE]).max_attempts(3)]);
+    assert_eq!(attempts_per_method(&fleet, &ch).await, (3, 3));
+    // Another service (a prefix of this one's name included) covers none of them.
+    for other in ["other.v1.Other", "fleet.v1.Flee", "fleet.v1"] {
+        let ch = scoped(&fleet, vec![RetryPolicy::new([other]).max_attempts(3)]);
+        assert_eq!(attempts_per_method(&fleet, &ch).await, (1, 1), "{other}");
+    }
+}
+
+/// A method's own policy wins over its service's, and a service's over the default (every
+/// method), whichever order they were given in; the others keep theirs.
+#[tokio::test]
+async fn a_methods_own_policy_wins() {
+    let fleet = Fleet::start(3, Behavior::Fail(Code::Unavailable));
+    let service = RetryPolicy::new([SERVICE]).max_attempts(3);
+    let method = RetryPolicy::new([UNARY]).max_attempts(2);
+    for policies in [
+        vec![service.clone(), method.clone()],
+        vec![method.clone(), service.clone()],
+    ] {
+        let ch = scoped(&fleet, policies);
+        assert_eq!(attempts_per_method(&fleet, &ch).await, (2, 3));
+    }
+    // The method's own policy does not retry UNAVAILABLE: its calls are not retried, though
+    // its service's policy would.
+    let own = RetryPolicy::new([UNARY]).codes([Code::ResourceExhausted]);
+    let ch = scoped(&fleet, vec![own, service.clone()]);
+    assert_eq!(attempts_per_method(&fleet, &ch).await, (1, 3));
+    // A method's policy over the default (every method), which covers the other method.
+    let every = RetryPolicy::default().max_attempts(2);
+    let ch = scoped(
+        &fleet,
+        vec![every.clone(), RetryPolicy::new([UNARY]).max_attempts(3)],
+    );
+    assert_eq!(attempts_per_method(&fleet, &ch).await, (3, 2));
+    // A service's policy over the default.
+    let ch = scoped(
+        &fleet,
+        vec![RetryPolicy::new([SERVICE]).max_attempts(3), every],
+    );
+    assert_eq!(attempts_per_method(&fleet, &ch).await, (3, 3));
+    // A hedging policy for the method: hedged (its non-fatal UNAVAILABLE sends the next
+    // attempt at once), and not retried on top.
+    let hedging =
+        tonic_balancer::HedgingPolicy::new([UNARY], Duration::from_secs(600)).max_attempts(2);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .ejection(Ejection::disabled())
+        .retry(service.budget_ratio(10.0))
+        .hedging(hedging.budget_ratio(10.0))
+        .build()
+        .unwrap();
+    assert_eq!(attempts_per_method(&fleet, &ch).await, (2, 3));
+}
+
+/// Contradictory or malformed names are refused by build(), naming the setting and the name.
+#[tokio::test]
+async fn contradictory_or_malformed_names_are_refused() {
+    let hedging = |names: &[&str]| {
+        tonic_balancer::HedgingPolicy::new(names.iter().copied(), Duration::from_millis(10))
+    };
+    let none: [&str; 0] = [];
+    let cases: Vec<(Vec<RetryPolicy>, Vec<tonic_balancer::HedgingPolicy>, &str)> = vec![
+        (
+            vec![
+                RetryPolicy::new([UNARY]),
+                RetryPolicy::new([format!("/{UNARY}")]),
+            ],
+            vec![],
+            "`retry`: \"fleet.v1.Fleet/Unary\" is named twice",
+        ),
+        (
+            vec![RetryPolicy::new([SERVICE])],
+            vec![hedging(&[SERVICE])],
+            "\"fleet.v1.Fleet\" is named twice, by a retry policy and by a hedging policy",
+        ),
+        (
+            vec![
+                RetryPolicy::default(),
+                RetryPolicy::default().max_attempts(4),
+            ],
+            vec![],
+            "every method is named twice",
+        ),
+        (
+            vec![RetryPolicy::new(none)],
+            vec![],
+            "`retry`: the policy names no method",
+        ),
+        (
+            vec![RetryPolicy::new(["fleet.v1.Fleet/Unary/x"])],
+            vec![],
+            "`retry`: method name \"fleet.v1.Fleet/Unary/x\"",
+        ),
+        (
+            vec![RetryPolicy::new(["fleet Fleet"])],
+            vec![],
+            "\"fleet Fleet\"",
+        ),
+        (
+            vec![
+                RetryPolicy::new([UNARY]),
+                RetryPolicy::new([SERVICE]).budget_ratio(0.5),
+            ],
+            vec![],
+            "one budget",
+        ),
+    ];
+    for (retry, hedging, want) in cases {
+        let b = retry.into_iter().fold(
+            BalancedChannel::builder().uri("http://127.0.0.1:1"),
+            |b, p| b.retry(p),
+        );
+        let b = hedging.into_iter().fold(b, |b, p| b.hedging(p));
+        let err = b.build().unwrap_err().to_string();
+        assert!(err.contains(want), "want {want:?} in: {err}");
+    }
+}

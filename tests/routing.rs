@@ -441,7 +441,10 @@ async fn duplicates_are_refused_and_quoted() {
     let a = "http://127.0.0.1:50051";
     let b = "http://127.0.0.1:50052";
     let e = BalancedChannel::from_static([a, b, a]).unwrap_err();
-    assert_eq!(e, Error::DuplicateUri { uri: a.to_owned() });
+    assert!(
+        matches!(&e, Error::DuplicateUri { uri, .. } if uri == a),
+        "{e:?}"
+    );
     assert!(e.to_string().contains(&format!("\"{a}\"")), "{e}");
 
     // The same address given as a URI and as an Endpoint.
@@ -452,6 +455,50 @@ async fn duplicates_are_refused_and_quoted() {
         .unwrap_err();
     assert!(matches!(e, Error::DuplicateUri { .. }), "{e:?}");
     assert!(e.to_string().contains(b), "{e}");
+}
+
+/// One name per instance: an address given as a string, as an `Endpoint` (whose URI prints
+/// with a trailing slash) or inserted later reads the same in `endpoints()`.
+#[tokio::test]
+async fn an_instance_has_one_name_whichever_way_it_came_in() {
+    let ch = BalancedChannel::builder()
+        .uri("http://127.0.0.1:50051")
+        .endpoint(Endpoint::from_static("http://127.0.0.1:50052"))
+        .endpoint(Endpoint::from_static("http://127.0.0.1:50053/"))
+        .build()
+        .unwrap();
+    ch.insert(Endpoint::from_static("http://127.0.0.1:50054"))
+        .unwrap();
+    let mut names: Vec<String> = ch.endpoints().iter().map(|e| e.uri().to_owned()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "http://127.0.0.1:50051",
+            "http://127.0.0.1:50052",
+            "http://127.0.0.1:50053",
+            "http://127.0.0.1:50054"
+        ]
+    );
+    // Removed by either spelling.
+    assert_eq!(ch.remove("http://127.0.0.1:50052/"), Ok(true));
+    assert_eq!(ch.remove("http://127.0.0.1:50053"), Ok(true));
+}
+
+/// `remove` refuses an address without its scheme, as `uri` and `insert` do, instead of
+/// answering that there is no such instance.
+#[tokio::test]
+async fn remove_refuses_an_address_without_its_scheme() {
+    let ch = BalancedChannel::from_static(["http://127.0.0.1:50051"]).unwrap();
+    let e = ch.remove("127.0.0.1:50051").unwrap_err();
+    assert!(matches!(e, Error::InvalidUri { .. }), "{e:?}");
+    assert!(e.to_string().contains("127.0.0.1:50051"), "{e}");
+    assert_eq!(ch.endpoints().len(), 1, "nothing removed");
+    assert_eq!(
+        ch.remove("http://127.0.0.1:50059"),
+        Ok(false),
+        "a valid URI not in the set"
+    );
 }
 
 #[tokio::test]
@@ -517,4 +564,68 @@ async fn bad_settings_are_refused_by_name() {
 fn build_outside_a_runtime_is_refused() {
     let e = BalancedChannel::from_static(["http://127.0.0.1:50051"]).unwrap_err();
     assert_eq!(e, Error::NoRuntime);
+}
+
+/// Settings that contradict each other, or that have no effect in the set-up chosen, are
+/// refused by `build()`, naming the setting and why; none is silently dropped.
+#[tokio::test]
+async fn contradictions_and_settings_without_effect_are_refused() {
+    use tonic_balancer::orca::WrrConfig;
+    use tonic_balancer::Strategy;
+    let base = || BalancedChannel::builder().uri("http://127.0.0.1:50051");
+    let refused = |b: tonic_balancer::Builder| match b.build() {
+        Err(Error::InvalidSetting { name, reason, .. }) => (name, reason),
+        Ok(_) => panic!("built"),
+        Err(e) => panic!("{e:?}"),
+    };
+    // Two strategies.
+    let (name, reason) = refused(
+        base()
+            .weighted_round_robin(WrrConfig::default())
+            .strategy(Strategy::LeastPending),
+    );
+    assert_eq!(name, "strategy");
+    assert!(
+        reason.contains("weighted_round_robin") && reason.contains("LeastPending"),
+        "{reason}"
+    );
+    let (name, _) = refused(
+        base()
+            .strategy(Strategy::RoundRobin)
+            .weighted_round_robin(WrrConfig::default()),
+    );
+    assert_eq!(name, "weighted_round_robin");
+    // The same strategy twice is no contradiction.
+    base()
+        .strategy(Strategy::WeightedRoundRobin)
+        .weighted_round_robin(WrrConfig::default())
+        .build()
+        .unwrap();
+    // Two discovery sources.
+    let (name, reason) = refused(base().dns("localhost:50051").dns("localhost:50052"));
+    assert_eq!(name, "dns");
+    assert!(reason.contains("one source"), "{reason}");
+    let (tx, rx) = tokio::sync::mpsc::channel::<tonic_balancer::Change<u32, Endpoint>>(1);
+    drop(tx);
+    let changes = futures::StreamExt::map(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok::<_, std::io::Error>,
+    );
+    let (name, reason) = refused(base().dns("localhost:50051").discover(changes));
+    assert_eq!(name, "discover");
+    assert!(reason.contains("`dns`"), "{reason}");
+    // Settings without effect here.
+    let (name, _) = refused(base().discovery_interval(Duration::from_secs(5)));
+    assert_eq!(name, "discovery_interval");
+    let (name, _) = refused(base().endpoint_template(Endpoint::from));
+    assert_eq!(name, "endpoint_template");
+    let (name, _) = refused(base().subset_client(0, 3));
+    assert_eq!(name, "subset");
+    // With the source they serve, they build.
+    base()
+        .dns("localhost:50051")
+        .discovery_interval(Duration::from_secs(5))
+        .endpoint_template(Endpoint::from)
+        .build()
+        .unwrap();
 }

@@ -158,7 +158,10 @@ async fn bad_transport_settings_are_refused_by_name() {
         .endpoint_with_connector("same", placeholder(), to.clone())
         .build()
         .unwrap_err();
-    assert_eq!(twice, Error::DuplicateUri { uri: "same".into() });
+    assert!(
+        matches!(&twice, Error::DuplicateUri { uri, .. } if uri == "same"),
+        "{twice:?}"
+    );
 
     let unnamed = BalancedChannel::builder()
         .endpoint_with_connector("", placeholder(), to)
@@ -193,7 +196,7 @@ async fn a_missing_socket_fails_connect_naming_it() {
     .expect("connect returns")
     .unwrap_err();
     assert!(
-        matches!(&err, Error::NoUsableInstance { reason } if reason.contains(&uri)),
+        matches!(&err, Error::NoUsableInstance { reason, .. } if reason.contains(&uri)),
         "{err:?}"
     );
 }

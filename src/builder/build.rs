@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::health::HealthCheck;
 use crate::hooks::Hooks;
 use crate::instance::Context;
-use crate::retry::{Budget, RetryPolicy};
+use crate::retry::RetryPolicy;
 use crate::set::Set;
 use crate::target::Key;
 use crate::{BalancedChannel, Strategy};
@@ -47,11 +47,13 @@ impl Builder {
         self.check()?;
         #[cfg(feature = "metrics")]
         let metrics = (self.metrics.clone(), self.default_target());
-        let hedging = crate::hedge::Hedging::new(
-            self.hedging.clone(),
-            self.retry
-                .as_ref()
-                .map(|r| (r.budget_ratio, r.budget_min_per_sec)),
+        let retry_budget = crate::retry::shared_budget(&self.retry)?;
+        let hedging = crate::hedge::Hedging::new(self.hedging.clone(), retry_budget)?;
+        let methods = crate::retry::MethodPolicies::new(
+            &self.retry,
+            &self.hedging,
+            hedging.as_ref(),
+            &self.method_configs,
         )?;
         let subset = crate::set::subset::Aperture::new(self.subset, self.subset_client)?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -121,12 +123,11 @@ impl Builder {
         set.subset = subset.map(|s| Box::new(crate::set::subset::Subset::new(s)));
         let mut pool = Shared::new(set, self.strategy, totals.clone());
         pool.replay = self.transparent_retry;
-        pool.budget = self.retry.as_ref().map(Budget::new).or_else(|| {
-            let (ratio, min_per_sec) = hedging.as_ref()?.budget();
-            Some(Budget::with(ratio, min_per_sec))
-        });
-        pool.hedging = hedging.map(Box::new);
-        pool.retry = self.retry;
+        pool.budget = methods.budget(
+            retry_budget.or_else(|| Some(hedging.as_ref()?.budget())),
+            self.throttling,
+        );
+        pool.methods = methods;
         pool.max_replay_body = self.max_replay_body;
         let pool = Arc::new(pool);
         let _ = hooks.shared.set(Arc::downgrade(&pool));
@@ -178,10 +179,11 @@ impl Builder {
         if let Some(every) = self.ejection.success_rate_interval {
             pool.spawn(success_rate_task(Arc::downgrade(&pool), health, every));
         }
+        // The metrics first: weighted round robin's first schedule update is recorded.
+        crate::metrics::spawn(&pool, &totals.metrics);
         if self.strategy == Strategy::WeightedRoundRobin {
             pool.spawn(crate::pick::wrr::task(Arc::downgrade(&pool), self.wrr));
         }
-        crate::metrics::spawn(&pool, &totals.metrics);
         Ok(BalancedChannel { shared: pool })
     }
 
@@ -203,7 +205,7 @@ impl Builder {
         #[cfg(feature = "metrics")]
         self.metrics.validate()?;
         self.ejection.validate()?;
-        if let Some(r) = &self.retry {
+        for r in &self.retry {
             r.validate()?;
         }
         #[cfg(feature = "health-check")]
@@ -227,7 +229,30 @@ impl Builder {
             Checks::of("slow_start").above_zero(window)?;
         }
         Checks::of("discovery_interval").above_zero(self.discovery_interval)?;
-        Checks::of("discovery_timeout").above_zero(self.discovery_timeout)
+        Checks::of("discovery_timeout").above_zero(self.discovery_timeout)?;
+        self.check_effect()
+    }
+
+    /// Settings that would have no effect in this set-up are refused, naming why: a user who
+    /// set one expects it to do something. (`subset_client` without `subset` is refused with
+    /// subsetting's own checks.)
+    fn check_effect(&self) -> Result<(), Error> {
+        use crate::checks::Checks;
+        let polled = matches!(
+            self.discovery,
+            Some(DiscoverySource::Dns { .. } | DiscoverySource::Custom(_))
+        );
+        Checks::of("discovery_interval").that(
+            polled || !self.interval_set,
+            "has no effect here: it sets how often `dns` or `resolver` discovery asks again, and \
+             neither is set",
+        )?;
+        Checks::of("endpoint_template").that(
+            polled || self.template.is_none(),
+            "has no effect here: it makes the endpoints of instances found by `dns` or \
+             `resolver`, and neither is \
+             set (give instances' settings on their own `Endpoint`)",
+        )
     }
 
     /// Every duration setting at most 30 years: any duration is accepted (`Duration::MAX` for
@@ -236,7 +261,10 @@ impl Builder {
         use crate::time::cap;
         self.backoff = self.backoff.clone().capped();
         self.ejection = self.ejection.clone().capped();
-        self.retry = self.retry.take().map(RetryPolicy::capped);
+        self.retry = std::mem::take(&mut self.retry)
+            .into_iter()
+            .map(RetryPolicy::capped)
+            .collect();
         #[cfg(feature = "health-check")]
         {
             self.health_check = self.health_check.take().map(HealthCheck::capped);
@@ -262,10 +290,8 @@ impl Builder {
             }
             Some(DiscoverySource::Custom(r)) => r.name(),
             Some(DiscoverySource::Push(_)) => "discovery stream".to_owned(),
-            None => {
-                let names: Vec<&str> = self.endpoints.iter().map(|t| &*t.name).collect();
-                names.join(",")
-            }
+            // A list of URIs has no target of its own (see the metrics module).
+            None => "static".to_owned(),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tonic::transport::Endpoint;
 
 use super::{Builder, DiscoverySource, PushTask, DEFAULT_CONNECT_TIMEOUT};
-use crate::discover::Resolve;
+use crate::discover::{IntoChange as IntoChangeExt, Resolve};
 use crate::error::Error;
 use crate::target::Target;
 
@@ -42,11 +42,14 @@ impl Builder {
     /// # let _ = channel; Ok(()) }
     /// ```
     pub fn dns(mut self, target: &str) -> Builder {
-        self.discovery = Some(DiscoverySource::Dns {
-            target: target.to_owned(),
-            #[cfg(feature = "hickory-dns")]
-            settings: None,
-        });
+        self.choose_discovery(
+            DiscoverySource::Dns {
+                target: target.to_owned(),
+                #[cfg(feature = "hickory-dns")]
+                settings: None,
+            },
+            "dns",
+        );
         self
     }
 
@@ -68,32 +71,35 @@ impl Builder {
     /// ```
     #[cfg(feature = "hickory-dns")]
     pub fn dns_with(mut self, target: &str, settings: crate::DnsSettings) -> Builder {
-        self.discovery = Some(DiscoverySource::Dns {
-            target: target.to_owned(),
-            settings: Some(settings),
-        });
+        self.choose_discovery(
+            DiscoverySource::Dns {
+                target: target.to_owned(),
+                settings: Some(settings),
+            },
+            "dns_with",
+        );
         self
     }
 
     /// Discovers the instances with a source of your own (a registry, a control plane).
     pub fn resolver(mut self, source: impl Resolve) -> Builder {
-        self.discovery = Some(DiscoverySource::Custom(Arc::new(source)));
+        self.choose_discovery(DiscoverySource::Custom(Arc::new(source)), "resolver");
         self
     }
 
-    /// Follows a source that pushes changes (tower's `Discover` shape: any `TryStream` of
-    /// [`Change`](tower::discover::Change)`<K, Endpoint>`), as service registries with watches
-    /// deliver them (Consul, Kubernetes EndpointSlices, etcd): each `Insert(key, endpoint)`
-    /// adds the instance with its own settings (replacing an instance of the same URI, and the
-    /// URI the key had before); each `Remove(key)` drains the key's instance. Until the first
-    /// change arrives, calls wait for it, for at most the
+    /// Follows a source that pushes changes: any stream of `Result<Change<K, Endpoint>, E>`,
+    /// with tonic's [`Change`](crate::Change) (the type `Channel::balance_channel`'s sender
+    /// takes) or tower's [`tower::discover::Change`] (every tower `Discover` is such a stream),
+    /// as service registries with watches deliver them (Consul, Kubernetes EndpointSlices,
+    /// etcd): each `Insert(key, endpoint)` adds the instance with its own settings (replacing
+    /// an instance of the same URI, and the URI the key had before); each `Remove(key)` drains
+    /// the key's instance. Until the first change arrives, calls wait for it, for at most the
     /// [`discovery_timeout`](Builder::discovery_timeout). An error of the source is logged and
     /// the set kept; when the source ends, the set stays as it is.
     ///
     /// ```
     /// use tonic::transport::Endpoint;
-    /// use tower::discover::Change;
-    /// use tonic_balancer::BalancedChannel;
+    /// use tonic_balancer::{BalancedChannel, Change};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tonic_balancer::Error> {
@@ -106,10 +112,11 @@ impl Builder {
     /// tx.send(Change::Insert("pod-a", Endpoint::from_static("http://10.0.0.7:50051"))).await.ok();
     /// # let _ = channel; Ok(()) }
     /// ```
-    pub fn discover<D, K>(self, source: D) -> Builder
+    pub fn discover<S, C, E, K>(self, source: S) -> Builder
     where
-        D: tower::discover::Discover<Key = K, Service = Endpoint> + Send + 'static,
-        D::Error: Into<tower::BoxError>,
+        S: futures_core::Stream<Item = Result<C, E>> + Send + 'static,
+        C: crate::discover::IntoChange<K>,
+        E: Into<tower::BoxError>,
         K: std::hash::Hash + Eq + Clone + Send + 'static,
     {
         let mut source = Box::pin(source);
@@ -117,10 +124,11 @@ impl Builder {
             Box::new(move |cx| {
                 source
                     .as_mut()
-                    .poll_discover(cx)
-                    .map(|item| item.map(|r| r.map_err(Into::into)))
+                    .poll_next(cx)
+                    .map(|item| item.map(|r| r.map(IntoChangeExt::into_change).map_err(Into::into)))
             }),
             "discovery stream",
+            "discover",
         )
     }
 
@@ -129,6 +137,7 @@ impl Builder {
         mut self,
         next: crate::discover::push::Next<K>,
         name: &'static str,
+        by: &'static str,
     ) -> Builder
     where
         K: std::hash::Hash + Eq + Clone + Send + 'static,
@@ -141,9 +150,10 @@ impl Builder {
                 first_within,
             ))
         });
-        self.discovery = Some(DiscoverySource::Push(Arc::new(std::sync::Mutex::new(
-            Some(task),
-        ))));
+        self.choose_discovery(
+            DiscoverySource::Push(Arc::new(std::sync::Mutex::new(Some(task)))),
+            by,
+        );
         self
     }
 
@@ -151,6 +161,7 @@ impl Builder {
     /// second, when an instance cannot be reached).
     pub fn discovery_interval(mut self, every: Duration) -> Builder {
         self.discovery_interval = every;
+        self.interval_set = true;
         self
     }
 

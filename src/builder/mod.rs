@@ -8,6 +8,8 @@ mod build;
 mod connect;
 mod instances;
 mod policy;
+#[cfg(feature = "service-config")]
+mod service_config;
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -55,15 +57,27 @@ pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// # let _ = channel; Ok(()) }
 /// ```
 #[derive(Clone)]
+#[must_use = "a Builder makes no channel until `build()` or `connect()`"]
 pub struct Builder {
     endpoints: Vec<Target>,
     error: Option<Error>,
     strategy: Strategy,
+    /// The setter that chose the strategy, if one did: a second that chooses another is a
+    /// contradiction `build()` refuses.
+    strategy_by: Option<&'static str>,
+    /// The setter that chose the discovery source, likewise.
+    discovery_by: Option<&'static str>,
+    /// Whether `discovery_interval` was set (it has no effect without a polled source).
+    interval_set: bool,
     backoff: Backoff,
     ejection: Ejection,
     transparent_retry: bool,
-    retry: Option<RetryPolicy>,
+    retry: Vec<RetryPolicy>,
     hedging: Vec<crate::HedgingPolicy>,
+    /// The method configs of a service config (feature `service-config`).
+    method_configs: Vec<crate::retry::MethodConfig>,
+    /// gRPC's retry throttling, from a service config, in place of the budget.
+    throttling: Option<crate::retry::Throttling>,
     probes: Option<crate::ProbeConfig>,
     #[cfg(feature = "health-check")]
     health_check: Option<HealthCheck>,
@@ -143,11 +157,16 @@ impl Builder {
             endpoints: Vec::new(),
             error: None,
             strategy: Strategy::default(),
+            strategy_by: None,
+            discovery_by: None,
+            interval_set: false,
             backoff: Backoff::default(),
             ejection: Ejection::default(),
             transparent_retry: true,
-            retry: None,
+            retry: Vec::new(),
             hedging: Vec::new(),
+            method_configs: Vec::new(),
+            throttling: None,
             probes: None,
             #[cfg(feature = "health-check")]
             health_check: None,
@@ -168,5 +187,39 @@ impl Builder {
             #[cfg(feature = "metrics")]
             metrics: Default::default(),
         }
+    }
+}
+
+impl Builder {
+    /// `by` chooses `strategy`: refused at `build()` if another setter chose another one.
+    fn choose_strategy(&mut self, strategy: Strategy, by: &'static str) {
+        if let Some(before) = self.strategy_by {
+            if self.strategy != strategy {
+                self.error.get_or_insert(Error::InvalidSetting {
+                    name: by,
+                    reason: format!(
+                        "`{before}` chose {:?} and `{by}` chose {strategy:?}: choose one",
+                        self.strategy
+                    ),
+                });
+            }
+        }
+        self.strategy = strategy;
+        self.strategy_by = Some(by);
+    }
+
+    /// `by` sets the discovery source: refused at `build()` if another setter set one (the
+    /// channel follows one source).
+    fn choose_discovery(&mut self, source: DiscoverySource, by: &'static str) {
+        if let Some(before) = self.discovery_by {
+            self.error.get_or_insert(Error::InvalidSetting {
+                name: by,
+                reason: format!(
+                    "`{before}` set the discovery source already: a channel follows one source"
+                ),
+            });
+        }
+        self.discovery = Some(source);
+        self.discovery_by = Some(by);
     }
 }

@@ -14,7 +14,7 @@ use crate::Strategy;
 impl Builder {
     /// The selection strategy (default: [`Strategy::FewestThenFastest`]).
     pub fn strategy(mut self, strategy: Strategy) -> Builder {
-        self.strategy = strategy;
+        self.choose_strategy(strategy, "strategy");
         self
     }
 
@@ -49,10 +49,12 @@ impl Builder {
         self
     }
 
-    /// Retries calls that fail with the policy's statuses on other instances (default: off).
-    /// See [`RetryPolicy`].
+    /// Retries the calls of the methods the policy covers that fail with its statuses, on
+    /// other instances (default: off; no method is retried). Call it once per policy, for
+    /// methods that need different settings; the most specific name covering a method wins.
+    /// See [`RetryPolicy`] for which calls are retried.
     pub fn retry(mut self, policy: RetryPolicy) -> Builder {
-        self.retry = Some(policy);
+        self.retry.push(policy);
         self
     }
 
@@ -243,7 +245,7 @@ impl Builder {
     /// ```
     pub fn weighted_round_robin(mut self, config: crate::instance::load::WrrConfig) -> Builder {
         self.wrr = config;
-        self.strategy = Strategy::WeightedRoundRobin;
+        self.choose_strategy(Strategy::WeightedRoundRobin, "weighted_round_robin");
         self
     }
 
@@ -299,19 +301,25 @@ impl Builder {
 
 #[cfg(feature = "metrics")]
 impl Builder {
-    /// The `grpc.target` label of this channel's metrics (feature `metrics`). The default
-    /// is `dns:///host:port` with [`dns`](crate::Builder::dns) discovery, the source's
-    /// name with another one, and the instances' URIs joined by `,` for a fixed set.
+    /// The `grpc.target` label of this channel's metrics (feature `metrics`): name the service
+    /// it calls. The default is gRPC's target where there is one: `dns:///host:port` with
+    /// [`dns`](crate::Builder::dns) discovery, the source's name with another one; a channel
+    /// over a list of URIs has none, and is `static` (the same for every such channel, set at
+    /// build and unchanged by [`insert`](crate::BalancedChannel::insert) and
+    /// [`remove`](crate::BalancedChannel::remove)). An empty target is refused by
+    /// [`build`](crate::Builder::build). See the [`metrics`](crate::metrics#labels) module.
     pub fn metrics_target(mut self, target: impl Into<String>) -> Builder {
         self.metrics.target = Some(target.into());
         self
     }
 
-    /// The methods whose names label the metrics (`grpc.method`; feature `metrics`): each
-    /// `pkg.Service/Method`, or `pkg.Service` for all the methods of a service (those of
-    /// your generated stubs). Other methods are labelled `other`, as gRPC's metrics design
-    /// (A66) asks, so that a caller of arbitrary method names cannot grow the label
-    /// without bound. A malformed name is refused by [`build`](crate::Builder::build).
+    /// Pins the methods whose names label the metrics (`grpc.method`; feature `metrics`): each
+    /// `pkg.Service/Method`, or `pkg.Service` for all the methods of a service; every other
+    /// method is labelled `other`. Without it, the first
+    /// [`METHOD_LIMIT`](crate::metrics::METHOD_LIMIT) (64) methods the channel calls label
+    /// themselves and further ones are `other` (see the [`metrics`](crate::metrics#labels)
+    /// module): pin them to choose which, or to keep the label to an exact set. A malformed
+    /// name is refused by [`build`](crate::Builder::build).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), tonic_balancer::Error> {
@@ -332,11 +340,34 @@ impl Builder {
         self
     }
 
-    /// Labels every method with its own name (feature `metrics`), instead of only the ones
-    /// registered with [`metrics_methods`](crate::Builder::metrics_methods): for a client
-    /// that calls only the methods of its generated stubs (off by default).
+    /// Labels every method with its own name, without the limit of
+    /// [`METHOD_LIMIT`](crate::metrics::METHOD_LIMIT) distinct names (feature `metrics`; off by
+    /// default): only for a channel whose callers cannot send arbitrary method names, since
+    /// each name adds series to every per-call instrument.
     pub fn metrics_all_methods(mut self, on: bool) -> Builder {
         self.metrics.all_methods = on;
+        self
+    }
+
+    /// Labels the per-instance instruments with the instance (`tonic_balancer.instance`, its
+    /// URI; feature `metrics`; off by default): A94's connection counters and gauge, A91's
+    /// ejection counters and the balancer's instance gauges, which are otherwise per target.
+    /// gRPC's own instruments have no per-address label: where instances come and go (pods),
+    /// every address ever seen adds its series, and they stay as long as the exporter keeps
+    /// series that no longer change; turn it on with an exporter that forgets idle series
+    /// (metrics-exporter-prometheus's `idle_timeout`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .uris(["http://10.0.0.7:50051", "http://10.0.0.8:50051"])
+    ///     .metrics_target("inventory")
+    ///     .metrics_per_instance(true)
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn metrics_per_instance(mut self, on: bool) -> Builder {
+        self.metrics.per_instance = on;
         self
     }
 }

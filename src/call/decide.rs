@@ -64,6 +64,7 @@ impl ResponseFuture {
         inst.connected();
         resp.extensions_mut()
             .insert(ServedBy::new(inst.target.name.clone()));
+        let mut error = false;
         if let Some((code, outcome)) = head_status(&resp) {
             // A trailers-only response carries its load report in its head.
             crate::orca::take_report(inst, resp.headers_mut());
@@ -73,6 +74,13 @@ impl ResponseFuture {
                 return None;
             }
             self.obs.head(code);
+            error = code != Code::Ok;
+        }
+        // gRPC's throttle counts an answer that is not an error status as a success.
+        if !error {
+            if let Some(budget) = self.again.as_ref().and_then(|a| a.shared.budget.as_ref()) {
+                budget.succeeded();
+            }
         }
         Some(self.deliver(i, resp))
     }
@@ -86,7 +94,7 @@ impl ResponseFuture {
         if !self.goes_on(&inst, code, pushback) {
             return false;
         }
-        tracing::debug!(?code, addr = %inst.target.name, "attempt answered; the call goes on");
+        tracing::debug!(rpc.grpc.status_code = code as i32, server.address = %inst.target.name, "attempt answered; the call goes on");
         let mut a = self.attempts.remove(i);
         a.obs.ended(code);
         true
@@ -116,7 +124,7 @@ impl ResponseFuture {
         a.obs.ended(crate::observe::code_of(&*status));
         drop(a);
         if end != End::Caller && self.goes_on(&inst, end.code(), None) {
-            tracing::debug!(error = %status, addr = %inst.target.name, "attempt failed; the call goes on");
+            tracing::debug!(error = %status, server.address = %inst.target.name, "attempt failed; the call goes on");
             self.again.as_mut().expect("goes on").next().last = Some(Err(status));
             return None;
         }
@@ -146,6 +154,9 @@ impl ResponseFuture {
                 let policy = next.hedging.as_ref().expect("a hedged call's policy");
                 if !policy.non_fatal.contains(&code) {
                     return false;
+                }
+                if let Some(budget) = &again.shared.budget {
+                    budget.failed();
                 }
                 // A non-fatal answer: the next hedge at once, or when the server says.
                 match pushback {
@@ -213,7 +224,7 @@ impl ResponseFuture {
             Some(idx) => snap[idx].clone(),
             None if same_ok && inst.is_usable() => inst.clone(),
             None => {
-                tracing::debug!(addr = %inst.target.name, reason = %e, "no other instance to send the call to");
+                tracing::debug!(server.address = %inst.target.name, reason = %e, "no other instance to send the call to");
                 return false;
             }
         };
@@ -234,7 +245,7 @@ impl ResponseFuture {
         } else {
             UNCOUNTED
         };
-        tracing::debug!(addr = %to.target.name, from = %inst.target.name, reason = %e, "call sent again: its attempt was not processed");
+        tracing::debug!(server.address = %to.target.name, previous.server.address = %inst.target.name, reason = %e, "call sent again: its attempt was not processed");
         let obs = self
             .obs
             .attempt(&again.shared.totals, &to, Kind::Transparent);
@@ -320,7 +331,7 @@ impl ResponseFuture {
             next.made += 1;
             next.made
         };
-        tracing::debug!(addr = %inst.target.name, attempt = made, "hedged attempt sent");
+        tracing::debug!(server.address = %inst.target.name, attempt = made, "hedged attempt sent");
         let method = again.method;
         let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Hedge);
         obs.count_sent(&mut req);
@@ -344,7 +355,7 @@ impl ResponseFuture {
             // The set changed while the call waited: the caller gets the last answer as it was.
             return Made::Over(self.last_word());
         };
-        tracing::debug!(addr = %inst.target.name, attempt = again.next().made, "call retried");
+        tracing::debug!(server.address = %inst.target.name, attempt = again.next().made, "call retried");
         let method = again.method;
         let watch = again.shared.replay;
         let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Retry);

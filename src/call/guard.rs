@@ -276,21 +276,22 @@ impl HttpBody for GuardedBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(status))) => {
-                let broken = match std::error::Error::source(&status) {
-                    Some(src) if status.code() == tonic::Code::Unknown => {
-                        crate::error::broken_connection(&guard.instance().target.name, src)
+                let (status, broken) = if status.code() == tonic::Code::Unknown {
+                    match crate::error::broken_connection(&guard.instance().target.name, status) {
+                        Ok(unavailable) => (unavailable, true),
+                        Err(status) => (status, false),
                     }
-                    _ => None,
+                } else {
+                    (status, false)
                 };
                 // A broken connection counts once, whatever number of calls it broke.
-                let outcome = if broken.is_some() && !guard.first_to_see_break() {
+                let outcome = if broken && !guard.first_to_see_break() {
                     Outcome::Neutral
                 } else {
                     Outcome::Failure
                 };
-                let code = broken.as_ref().map_or(status.code(), tonic::Status::code);
-                end(&mut this, outcome, code);
-                Poll::Ready(Some(Err(broken.unwrap_or(status))))
+                end(&mut this, outcome, status.code());
+                Poll::Ready(Some(Err(status)))
             }
             Poll::Ready(None) => {
                 // Ended without trailers (a trailers-only response's outcome is set already):

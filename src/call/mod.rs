@@ -95,8 +95,20 @@ impl std::fmt::Debug for ResponseFuture {
 impl ResponseFuture {
     /// A call through the channel whose calls share `shared`.
     #[inline]
-    pub(crate) fn new(shared: &Arc<Shared>, req: http::Request<Body>) -> ResponseFuture {
-        let deadline = crate::deadline::from_headers(req.headers()).map(|d| {
+    pub(crate) fn new(shared: &Arc<Shared>, mut req: http::Request<Body>) -> ResponseFuture {
+        let mut timeout = crate::deadline::from_headers(req.headers());
+        // A method's default deadline (a service config's `timeout`): the earlier of it and
+        // the caller's, sent on to the server as gRPC does.
+        if let Some(t) = shared.methods.timeout(req.uri().path()) {
+            if timeout.is_none_or(|d| t < d) {
+                timeout = Some(t);
+                req.headers_mut().insert(
+                    crate::headers::GRPC_TIMEOUT.clone(),
+                    crate::deadline::encode(t),
+                );
+            }
+        }
+        let deadline = timeout.map(|d| {
             // The timer is made on the channel's runtime: the caller may be on any executor.
             let _rt = shared.ctx.runtime.enter();
             Box::pin(tokio::time::sleep_until(crate::time::after(d)))
@@ -203,17 +215,16 @@ fn route(
         return ResponseFuture::over(no_usable_instance(msg), CallObs::default());
     };
     let inst = &snap[idx];
-    tracing::trace!(addr = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
-    let hedging = shared
-        .hedging
-        .as_ref()
-        .and_then(|h| h.policy(req.uri().path()))
-        .cloned();
-    let plan = match hedging {
-        Some(_) => Some(Plan::Hedge),
-        None if shared.retry.is_some() => Some(Plan::Retry),
-        None if shared.replay => Some(Plan::Replay),
-        None => None,
+    tracing::trace!(server.address = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
+    // The method's policy, looked up once per call (at most one of the two).
+    let policies = shared.methods.get(req.uri().path());
+    let hedging = policies.hedging.clone();
+    let retry = policies.retry.clone();
+    let plan = match (&hedging, &retry) {
+        (Some(_), _) => Some(Plan::Hedge),
+        (None, Some(_)) => Some(Plan::Retry),
+        (None, None) if shared.replay => Some(Plan::Replay),
+        (None, None) => None,
     };
     let Some(plan) = plan else {
         // Nothing will send it again: the request goes as it is.
@@ -251,6 +262,7 @@ fn route(
         method,
         deadline_at: deadline.as_ref().map(|d| d.deadline()),
         plan,
+        retry,
         same_instance: 0,
         refusals: 0,
         tried: Vec::new(),

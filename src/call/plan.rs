@@ -20,6 +20,7 @@ use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::pick::dispatch::could_take;
 use crate::pushback::Pushback;
+use crate::retry::RetryPolicy;
 
 /// At most this many transparent replays of one call on instances it has tried already (a
 /// connection closed before the request was written: the same instance may take the call on a
@@ -45,7 +46,7 @@ pub(super) const RECHECK: Duration = Duration::from_millis(50);
 pub(super) enum Plan {
     /// Transparent replays only.
     Replay,
-    /// The channel's retry policy (and transparent replays).
+    /// The method's retry policy (and transparent replays).
     Retry,
     /// The method's hedging policy (and transparent replays).
     Hedge,
@@ -58,6 +59,8 @@ pub(super) struct Again {
     pub(super) method: Method,
     pub(super) deadline_at: Option<Instant>,
     pub(super) plan: Plan,
+    /// The method's retry policy, for [`Plan::Retry`].
+    pub(super) retry: Option<Arc<RetryPolicy>>,
     /// Transparent replays on instances tried already (see [`MAX_SAME_INSTANCE_REPLAYS`]).
     pub(super) same_instance: u8,
     /// Refused streams sent again (see [`MAX_REFUSED_REPLAYS`]).
@@ -201,9 +204,16 @@ impl Again {
         code: Code,
         pushback: Option<Pushback>,
     ) -> Option<Duration> {
-        let policy = self.shared.retry.as_ref()?;
+        let policy = self.retry.as_deref()?;
+        if !policy.retries(code) {
+            return None;
+        }
+        // gRPC's throttle counts every failure with a retryable status, retried or not.
+        if let Some(budget) = &self.shared.budget {
+            budget.failed();
+        }
         let made = self.next.as_ref().map_or(1, |n| n.made);
-        if !policy.retries(code) || made >= policy.max_attempts {
+        if made >= policy.max_attempts {
             return None;
         }
         if !self.replay.replayable() {
@@ -213,7 +223,10 @@ impl Again {
             None => policy.backoff(made),
             Some(Pushback::After(wait)) => wait,
             Some(Pushback::Stop) => {
-                tracing::debug!(?code, "the server's pushback says not to retry");
+                tracing::debug!(
+                    rpc.grpc.status_code = code as i32,
+                    "the server's pushback says not to retry"
+                );
                 return None;
             }
         };

@@ -1,11 +1,11 @@
 //! What every call of one channel (and of its clones) shares: the pick, and the call path's
-//! own settings (transparent retry, the retry policy and its budget, the hedged methods).
+//! own settings (transparent retry, the retry and hedging policies by method, their budget).
 
 use std::sync::Arc;
 
 use crate::instance::Context;
 use crate::pick::Picker;
-use crate::retry::{Budget, RetryPolicy};
+use crate::retry::{Budget, MethodPolicies};
 use crate::set::{Set, Snapshot};
 
 /// What every call of one channel shares.
@@ -16,12 +16,10 @@ pub(crate) struct Shared {
     pub(crate) ctx: Arc<Context>,
     /// Transparent retry on (see `Builder::transparent_retry`).
     pub(crate) replay: bool,
-    /// The retry policy, if any.
-    pub(crate) retry: Option<RetryPolicy>,
     /// The budget of retries and hedges, if either is on.
     pub(crate) budget: Option<Budget>,
-    /// The hedged methods and their policies, if any.
-    pub(crate) hedging: Option<Box<crate::hedge::Hedging>>,
+    /// What applies to each method: its retry or hedging policy, its default deadline.
+    pub(crate) methods: MethodPolicies,
     /// Cap on the request body kept for another attempt.
     pub(crate) max_replay_body: usize,
     /// The channel's totals and metrics' labels.
@@ -38,9 +36,8 @@ impl Shared {
             ctx: set.ctx.clone(),
             picker: Picker::new(set, strategy),
             replay: true,
-            retry: None,
             budget: None,
-            hedging: None,
+            methods: MethodPolicies::default(),
             max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
             totals,
         }

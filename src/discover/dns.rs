@@ -145,6 +145,7 @@ impl Dns {
 /// [`system`](DnsSettings::system), then its setters.
 #[cfg(feature = "hickory-dns")]
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "settings do nothing until given to the builder"]
 pub struct DnsSettings {
     /// `None`: the system's (`/etc/resolv.conf`).
     servers: Option<Vec<SocketAddr>>,

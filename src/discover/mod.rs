@@ -1,6 +1,7 @@
 //! Membership that changes: a [`Resolve`] source (DNS, or any other) polled in the background,
 //! its answers turned into inserts and removals of instances; or a source that pushes changes
-//! ([`Builder::discover`](crate::Builder::discover), tower's `Discover` shape).
+//! ([`Builder::discover`](crate::Builder::discover): a stream of tonic's
+//! [`Change`](crate::Change)s, or tower's).
 //!
 //! The set follows the source: new addresses are added, vanished ones removed (they drain:
 //! no new calls, the calls they have finish). A lookup that fails, or that returns no address,
@@ -18,6 +19,7 @@ pub(crate) use dns::source as dns_source;
 pub use dns::Dns;
 #[cfg(feature = "hickory-dns")]
 pub use dns::DnsSettings;
+pub use push::IntoChange;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -129,7 +131,7 @@ pub(crate) async fn run(pool: Weak<Shared>, d: Discovery) {
                         Ok(t) if want.iter().any(|w| w.key == t.key) => {}
                         Ok(t) => want.push(t),
                         Err(e) => {
-                            tracing::warn!(source = %name, addr = %a, error = %e, "unusable address")
+                            tracing::warn!(source = %name, server.address = %a, error = %e, "unusable address")
                         }
                     }
                 }

@@ -15,6 +15,37 @@ use tower::BoxError;
 use crate::call::shared::Shared;
 use crate::target::{Key, Target};
 
+/// A change of membership as a pushed source yields it: tonic's own
+/// [`Change`](crate::Change) (what `Channel::balance_channel`'s sender takes, so a tonic user's
+/// code moves unchanged) or tower's [`tower::discover::Change`] (what tower's `Discover`
+/// yields). Sealed: the channel knows these two.
+pub trait IntoChange<K>: sealed::Sealed {
+    /// The change, as the channel applies it.
+    #[doc(hidden)]
+    fn into_change(self) -> Change<K, Endpoint>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<K> Sealed for tonic::transport::channel::Change<K, tonic::transport::Endpoint> {}
+    impl<K> Sealed for tower::discover::Change<K, tonic::transport::Endpoint> {}
+}
+
+impl<K> IntoChange<K> for tonic::transport::channel::Change<K, Endpoint> {
+    fn into_change(self) -> Change<K, Endpoint> {
+        match self {
+            tonic::transport::channel::Change::Insert(k, e) => Change::Insert(k, e),
+            tonic::transport::channel::Change::Remove(k) => Change::Remove(k),
+        }
+    }
+}
+
+impl<K> IntoChange<K> for Change<K, Endpoint> {
+    fn into_change(self) -> Change<K, Endpoint> {
+        self
+    }
+}
+
 /// The next change of a source, polled.
 pub(crate) type Next<K> =
     Box<dyn FnMut(&mut Context<'_>) -> Poll<Option<Result<Change<K, Endpoint>, BoxError>>> + Send>;

@@ -94,6 +94,7 @@ const WATCH: &str = "grpc.health.v1.Health/Watch";
 /// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting),
 /// which names `health_check` and the field.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "settings do nothing until given to the builder"]
 pub struct HealthCheck {
     pub(crate) interval: Duration,
     pub(crate) timeout: Duration,
@@ -117,7 +118,6 @@ impl HealthCheck {
     /// default), up to its `max` (120 s by default) or this interval if it is longer. A stream
     /// that carried an answer is opened again at once. Nothing is polled: a `Watch` stream
     /// carries every change of the status as it happens.
-    #[must_use]
     pub fn interval(mut self, d: Duration) -> Self {
         self.interval = d;
         self
@@ -128,14 +128,12 @@ impl HealthCheck {
     /// is taken out until one says `SERVING`; the stream stays open. Later answers have no
     /// deadline: the server sends one only when the status changes (a server that stops
     /// answering at all is for HTTP/2 keep-alives to find, `Endpoint::http2_keep_alive_interval`).
-    #[must_use]
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = d;
         self
     }
 
     /// The service name to ask about; empty for the server as a whole (the default).
-    #[must_use]
     pub fn service(mut self, name: impl Into<String>) -> Self {
         self.service = name.into();
         self

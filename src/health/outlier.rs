@@ -30,6 +30,7 @@ use crate::instance::{Instance, State};
 /// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
 /// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
 #[derive(Debug, Clone, PartialEq)]
+#[must_use = "settings do nothing until given to the builder"]
 pub struct Ejection {
     pub(crate) consecutive_failures: u32,
     pub(crate) base_time: Duration,
@@ -61,7 +62,6 @@ impl Ejection {
     /// success-rate rule off ([`success_rate_interval`](Self::success_rate_interval) `None`).
     /// Failing instances are still kept out by their connection state and, if enabled, their
     /// health checks.
-    #[must_use]
     pub fn disabled() -> Self {
         Ejection::default()
             .max_ejected_percent(0)
@@ -69,7 +69,6 @@ impl Ejection {
     }
 
     /// Failures in a row that eject an instance: at least 1 (default 5).
-    #[must_use]
     pub fn consecutive_failures(mut self, n: u32) -> Self {
         self.consecutive_failures = n;
         self
@@ -77,14 +76,12 @@ impl Ejection {
 
     /// How long the first ejection lasts: above zero (default 30 s). Each next ejection in a
     /// streak lasts twice as long, up to [`max_time`](Self::max_time).
-    #[must_use]
     pub fn base_time(mut self, d: Duration) -> Self {
         self.base_time = d;
         self
     }
 
     /// Cap on the ejection time: at least [`base_time`](Self::base_time) (default 300 s).
-    #[must_use]
     pub fn max_time(mut self, d: Duration) -> Self {
         self.max_time = d;
         self
@@ -93,7 +90,6 @@ impl Ejection {
     /// At most this share of the instances (in percent, 0 to 100) is ejected at once; 0 turns
     /// ejection off (default 50). Above 0, one instance may always be ejected when there are
     /// two or more, and one is always left in.
-    #[must_use]
     pub fn max_ejected_percent(mut self, percent: u32) -> Self {
         self.max_ejected_percent = percent;
         self
@@ -101,7 +97,6 @@ impl Ejection {
 
     /// Interval of the success-rate rule, above zero; `None` turns the rule off (default
     /// `Some(10 s)`).
-    #[must_use]
     pub fn success_rate_interval(mut self, every: Option<Duration>) -> Self {
         self.success_rate_interval = every;
         self
@@ -109,7 +104,6 @@ impl Ejection {
 
     /// Calls an instance needs in one interval for the success-rate rule to judge it (default
     /// 20).
-    #[must_use]
     pub fn success_rate_min_calls(mut self, n: u64) -> Self {
         self.success_rate_min_calls = n;
         self
@@ -118,7 +112,6 @@ impl Ejection {
     /// An instance more than this many standard deviations below the mean success rate is
     /// ejected (at least 0, default 1.9), provided its success rate is also below
     /// [`success_rate_threshold`](Self::success_rate_threshold).
-    #[must_use]
     pub fn success_rate_stdev_factor(mut self, factor: f64) -> Self {
         self.success_rate_stdev_factor = factor;
         self
@@ -126,7 +119,6 @@ impl Ejection {
 
     /// The success rate (0 to 1) below which an instance far under the mean is ejected
     /// (default 0.95).
-    #[must_use]
     pub fn success_rate_threshold(mut self, rate: f64) -> Self {
         self.success_rate_threshold = rate;
         self
@@ -194,7 +186,7 @@ pub(crate) fn eject(health: &super::Health, inst: &Arc<Instance>, why: &'static 
         })
         .is_ok();
     if !reserved {
-        tracing::debug!(addr = %inst.target.name, cap, "not ejected: ejection cap reached");
+        tracing::debug!(server.address = %inst.target.name, cap, "not ejected: ejection cap reached");
         crate::observe::ejection(&health.totals, inst, why, false);
         return false;
     }
@@ -214,7 +206,7 @@ pub(crate) fn eject(health: &super::Health, inst: &Arc<Instance>, why: &'static 
         .min(cfg.max_time);
     let id = start_ejection(inst, time);
     tracing::warn!(
-        addr = %inst.target.name,
+        server.address = %inst.target.name,
         reason = why,
         failures = inst.consecutive_failures.load(Ordering::Relaxed),
         ejection_secs = time.as_secs_f64(),
@@ -271,7 +263,7 @@ pub(crate) fn resume_ejection(
     }
     let time = std::time::Duration::from_nanos(left);
     let id = start_ejection(inst, time);
-    tracing::info!(addr = %inst.target.name, ejection_secs = time.as_secs_f64(), "instance taken back while ejected: it stays out until its ejection ends");
+    tracing::info!(server.address = %inst.target.name, ejection_secs = time.as_secs_f64(), "instance taken back while ejected: it stays out until its ejection ends");
     let weak = Arc::downgrade(inst);
     inst.spawn(async move {
         tokio::time::sleep(time).await;
@@ -294,7 +286,7 @@ fn readmit(inst: &Instance, id: u32) {
         inst.consecutive_successes.store(0, Ordering::Relaxed);
         inst.probation.store(true, Ordering::Relaxed);
         inst.warm_up();
-        tracing::info!(addr = %inst.target.name, "instance readmitted on probation");
+        tracing::info!(server.address = %inst.target.name, "instance readmitted on probation");
     }
 }
 
@@ -319,7 +311,7 @@ pub(crate) fn success_rate_sweep(health: &super::Health, instances: &[Arc<Instan
     let floor = mean - cfg.success_rate_stdev_factor * var.sqrt();
     for (inst, rate) in rates {
         if rate < floor && rate < cfg.success_rate_threshold {
-            tracing::debug!(addr = %inst.target.name, rate, mean, "success rate far below the others");
+            tracing::debug!(server.address = %inst.target.name, rate, mean, "success rate far below the others");
             eject(health, inst, "low success rate");
         }
     }

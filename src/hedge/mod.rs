@@ -82,6 +82,7 @@ const MAX_ATTEMPTS: u32 = 5;
 /// refuses a policy out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting)
 /// naming `hedging`.
 #[derive(Debug, Clone, PartialEq)]
+#[must_use = "settings do nothing until given to the builder"]
 pub struct HedgingPolicy {
     pub(crate) methods: Vec<String>,
     pub(crate) delay: Duration,
@@ -113,14 +114,12 @@ impl HedgingPolicy {
     }
 
     /// The wait, without a response, before each further attempt.
-    #[must_use]
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
         self
     }
 
     /// Attempts in all, the first included: 2 to 5 (gRFC A6's cap; default 3).
-    #[must_use]
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = n;
         self
@@ -129,7 +128,6 @@ impl HedgingPolicy {
     /// The statuses that do not end the call: an attempt answered with one of them is over,
     /// and the next attempt goes out at once (default UNAVAILABLE; may be empty; not OK). Any
     /// other status is the call's answer. A transport error counts as UNAVAILABLE.
-    #[must_use]
     pub fn non_fatal_codes(mut self, codes: impl IntoIterator<Item = Code>) -> Self {
         self.non_fatal = codes.into_iter().collect();
         self
@@ -139,7 +137,6 @@ impl HedgingPolicy {
     /// of the calls (0 to 10, default 0.2), plus [`budget_min_per_sec`](Self::budget_min_per_sec).
     /// There is one budget per channel: with a [`RetryPolicy`](crate::RetryPolicy) or other
     /// hedging policies, all must say the same.
-    #[must_use]
     pub fn budget_ratio(mut self, ratio: f64) -> Self {
         self.budget_ratio = ratio;
         self
@@ -147,7 +144,6 @@ impl HedgingPolicy {
 
     /// Further attempts allowed per second on top of [`budget_ratio`](Self::budget_ratio)
     /// (default 10).
-    #[must_use]
     pub fn budget_min_per_sec(mut self, n: u32) -> Self {
         self.budget_min_per_sec = n;
         self

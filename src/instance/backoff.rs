@@ -23,6 +23,7 @@ use std::time::Duration;
 /// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
 /// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
 #[derive(Debug, Clone, PartialEq)]
+#[must_use = "settings do nothing until given to the builder"]
 pub struct Backoff {
     pub(crate) initial: Duration,
     pub(crate) multiplier: f64,
@@ -70,35 +71,30 @@ impl Backoff {
     }
 
     /// Delay before the first reconnect attempt: above zero (default 1 s).
-    #[must_use]
     pub fn initial(mut self, d: Duration) -> Self {
         self.initial = d;
         self
     }
 
     /// Growth of the delay per failed attempt: a finite number of at least 1 (default 1.6).
-    #[must_use]
     pub fn multiplier(mut self, m: f64) -> Self {
         self.multiplier = m;
         self
     }
 
     /// Randomisation of each delay, as a fraction from 0 to 1 (default 0.2, that is ±20%).
-    #[must_use]
     pub fn jitter(mut self, j: f64) -> Self {
         self.jitter = j;
         self
     }
 
     /// Cap on the delay: at least [`initial`](Self::initial) (default 120 s).
-    #[must_use]
     pub fn max(mut self, d: Duration) -> Self {
         self.max = d;
         self
     }
 
     /// How long one reconnect attempt may take: above zero (default 20 s).
-    #[must_use]
     pub fn min_connect_timeout(mut self, d: Duration) -> Self {
         self.min_connect_timeout = d;
         self

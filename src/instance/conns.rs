@@ -254,7 +254,7 @@ fn open(inst: &Arc<Instance>, extra: &Extra, k: usize) {
         return;
     }
     let open = extra.open.fetch_add(1, Ordering::SeqCst) + 2;
-    tracing::debug!(addr = %inst.target.name, connections = open, "connection opened: the others are at their stream limit");
+    tracing::debug!(server.address = %inst.target.name, connections = open, "connection opened: the others are at their stream limit");
     if !extra.sweeping.swap(true, Ordering::SeqCst) {
         let weak = Arc::downgrade(inst);
         inst.spawn(sweep(weak, inst.ctx.conns.idle));
@@ -297,7 +297,7 @@ pub(crate) fn extra_failed(inst: &Instance, held: &Held, error: &dyn std::error:
     if (*prev).as_ref().is_some_and(|p| Arc::ptr_eq(p, mine)) {
         extra.open.fetch_sub(1, Ordering::Relaxed);
         extra.failures.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(addr = %inst.target.name, error = %error, retry_in = ?wait, "extra connection failed; the instance stays ready on its own");
+        tracing::debug!(server.address = %inst.target.name, error = %error, retry_in = ?wait, "extra connection failed; the instance stays ready on its own");
     }
     true
 }
@@ -369,7 +369,7 @@ async fn sweep(inst: Weak<Instance>, idle: Duration) {
                 && slot.channel.swap(None).is_some()
             {
                 let left = extra.open.fetch_sub(1, Ordering::Relaxed);
-                tracing::debug!(addr = %inst.target.name, connections = left, slot = k, "idle connection closed");
+                tracing::debug!(server.address = %inst.target.name, connections = left, slot = k, "idle connection closed");
             }
             slot.in_flight.fetch_sub(CLOSING, Ordering::AcqRel);
         }

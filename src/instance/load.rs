@@ -231,6 +231,7 @@ impl Reported {
 /// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
 /// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[must_use = "settings do nothing until given to the builder"]
 pub struct WrrConfig {
     pub(crate) blackout_period: Duration,
     pub(crate) weight_expiration_period: Duration,
@@ -366,25 +367,56 @@ impl EndpointWeight {
 
     /// The weight that counts now: 0 before the blackout is over, after expiry, or without
     /// reports. Expiry ends the run (the next report starts a new blackout).
+    #[cfg(test)]
     pub(crate) fn get(&self, now_ns: u64, cfg: &WrrConfig) -> f64 {
+        self.read(now_ns, cfg).0
+    }
+
+    /// The weight that counts now (0 before the blackout is over, after expiry, or without
+    /// reports; expiry ends the run), and why it is 0 when it is: gRFC A78 counts, at each
+    /// schedule update, the instances whose weight is not yet usable and those whose weight is
+    /// stale.
+    pub(crate) fn read(&self, now_ns: u64, cfg: &WrrConfig) -> (f64, WeightState) {
         let since = self.non_empty_since.load(Ordering::Relaxed);
-        if since == 0 {
-            return 0.0;
-        }
         let last = self.last_update.load(Ordering::Relaxed);
-        if now_ns.saturating_sub(last) >= cfg.weight_expiration_period.as_nanos() as u64 {
+        let expired = now_ns.saturating_sub(last) >= cfg.weight_expiration_period.as_nanos() as u64;
+        if since == 0 {
+            // No run of reports: none ever (no weight kept), the instance left service and
+            // has not reported since, or its last report expired (still stale, as gRPC counts
+            // it at every update until a report comes).
+            let reported = self.weight.load(Ordering::Relaxed) != 0;
+            let state = if reported && expired {
+                WeightState::Stale
+            } else {
+                WeightState::NotYetUsable
+            };
+            return (0.0, state);
+        }
+        if expired {
             let _ = self.non_empty_since.compare_exchange(
                 since,
                 0,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             );
-            return 0.0;
+            return (0.0, WeightState::Stale);
         }
         let blackout = cfg.blackout_period.as_nanos() as u64;
         if blackout > 0 && now_ns.saturating_sub(since - 1) < blackout {
-            return 0.0;
+            return (0.0, WeightState::NotYetUsable);
         }
-        f64::from_bits(self.weight.load(Ordering::Relaxed))
+        let w = f64::from_bits(self.weight.load(Ordering::Relaxed));
+        (w, WeightState::Usable)
     }
+}
+
+/// Where an instance's weight stands at a schedule update, as gRFC A78's instruments count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WeightState {
+    /// It counts.
+    Usable,
+    /// No report yet (in this run of reports), or still in the blackout period.
+    NotYetUsable,
+    /// The last report is older than the expiration period.
+    Stale,
 }

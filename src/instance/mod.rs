@@ -243,7 +243,7 @@ impl Instance {
         self.reported.state_changed(State::Draining);
         // Out of service: its weighted-round-robin weight must earn its blackout again.
         self.reported.wrr.reset();
-        tracing::debug!(addr = %self.target.name, from = %from, to = "draining", "instance state changed");
+        tracing::debug!(server.address = %self.target.name, state = "draining", previous.state = %from, "instance state changed");
         from
     }
 
@@ -280,7 +280,7 @@ impl Instance {
             .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if ok {
-            tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
+            tracing::debug!(server.address = %self.target.name, state = %to, previous.state = %from, "instance state changed");
             self.changed_service(from, to);
         }
         ok
@@ -290,7 +290,7 @@ impl Instance {
     pub(crate) fn set_state(&self, to: State) -> State {
         let from = State::from_u8(self.state.swap(to as u8, Ordering::AcqRel));
         if from != to {
-            tracing::debug!(addr = %self.target.name, from = %from, to = %to, "instance state changed");
+            tracing::debug!(server.address = %self.target.name, state = %to, previous.state = %from, "instance state changed");
             self.changed_service(from, to);
         }
         from

@@ -1,11 +1,12 @@
 //! The labels of one channel's metrics, set when it is built, and the instruments described to
 //! the recorder then.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use metrics::{Label, SharedString, Unit};
 
+use super::methods::{full_name, Table};
 use super::names::*;
 use super::settings::LabelSettings;
 use crate::instance::Instance;
@@ -20,32 +21,46 @@ impl Labels {
     }
 }
 
+/// Which methods label themselves.
+#[derive(Debug)]
+enum Rule {
+    /// The first [`METHOD_LIMIT`](super::METHOD_LIMIT) full names seen (the default).
+    FirstSeen,
+    /// Those pinned with `metrics_methods` (already in the table), and the methods of the
+    /// services pinned, up to the limit.
+    Pinned(HashSet<Box<str>>),
+    /// Every one (`metrics_all_methods`).
+    All,
+}
+
 /// What the metrics of one channel need: its labels.
 #[derive(Debug)]
 pub(crate) struct Config {
     pub(super) target: SharedString,
-    /// Registered methods, without their slash, and their label.
-    methods: HashMap<Box<str>, SharedString>,
-    /// Services all of whose methods are labelled.
-    services: HashSet<Box<str>>,
-    all_methods: bool,
+    /// The instance label on the per-instance instruments.
+    pub(super) per_instance: bool,
+    /// The method labels interned so far.
+    methods: Table,
+    rule: Rule,
 }
 
 impl Config {
     /// The `grpc.method` label of a request path (`/pkg.Service/Method`).
+    #[inline]
     pub(super) fn method(&self, path: &str) -> SharedString {
         let name = path.strip_prefix('/').unwrap_or(path);
-        if let Some(label) = self.methods.get(name) {
-            return label.clone();
-        }
-        let known = self.all_methods
-            || name
+        let add = match &self.rule {
+            Rule::FirstSeen => full_name(name),
+            Rule::Pinned(services) => name
                 .split_once('/')
-                .is_some_and(|(service, _)| self.services.contains(service));
-        if known {
-            SharedString::from(name.to_owned())
-        } else {
-            SharedString::const_str("other")
+                .is_some_and(|(service, _)| services.contains(service) && full_name(name)),
+            Rule::All => true,
+        };
+        match self.methods.get(name, add) {
+            Some(label) => label,
+            // Past the table's room, every method still labels itself, as asked.
+            None if matches!(self.rule, Rule::All) => SharedString::from(name.to_owned()),
+            None => SharedString::const_str("other"),
         }
     }
 }
@@ -53,23 +68,34 @@ impl Config {
 /// Sets the metrics' labels of a channel just built and describes its instruments to the
 /// recorder. `default_target`: the target label if the builder set none.
 pub(crate) fn configure(labels: &Labels, settings: LabelSettings, default_target: String) {
-    let mut methods = HashMap::new();
+    let mut exact = Vec::new();
     let mut services = HashSet::new();
-    for m in settings.methods {
-        let name = m.strip_prefix('/').unwrap_or(&m);
+    for m in &settings.methods {
+        let name = m.strip_prefix('/').unwrap_or(m);
         if name.contains('/') {
-            let label: Arc<str> = Arc::from(name);
-            methods.insert(name.into(), SharedString::from(label));
+            exact.push(name);
         } else {
-            services.insert(name.into());
+            services.insert(Box::from(name));
         }
     }
+    let limit = super::METHOD_LIMIT + exact.len();
+    let methods = Table::new(limit);
+    for name in exact {
+        methods.get(name, true);
+    }
+    let rule = if settings.all_methods {
+        Rule::All
+    } else if settings.methods.is_empty() {
+        Rule::FirstSeen
+    } else {
+        Rule::Pinned(services)
+    };
     let target: Arc<str> = Arc::from(settings.target.unwrap_or(default_target));
     let config = Config {
         target: SharedString::from(target),
+        per_instance: settings.per_instance,
         methods,
-        services,
-        all_methods: settings.all_methods,
+        rule,
     };
     let _ = labels.0.set(config);
     describe();
@@ -164,7 +190,7 @@ fn describe() {
     describe_gauge!(
         INSTANCE_STATE,
         Unit::Count,
-        "1 for the state each instance is in, 0 for the others"
+        "instances in each state (with the instance label: 1 for its state, 0 for the others)"
     );
     describe_gauge!(
         INSTANCE_LATENCY,
@@ -187,17 +213,44 @@ fn describe() {
         Unit::Count,
         "instances removed from the set"
     );
+    describe_counter!(
+        WRR_RR_FALLBACK,
+        Unit::Count,
+        "weighted round robin schedule updates that fell back to round robin"
+    );
+    describe_counter!(
+        WRR_ENDPOINT_WEIGHT_NOT_YET_USABLE,
+        Unit::Count,
+        "instances without a usable weight yet, at each weighted round robin schedule update"
+    );
+    describe_counter!(
+        WRR_ENDPOINT_WEIGHT_STALE,
+        Unit::Count,
+        "instances whose weight is stale, at each weighted round robin schedule update"
+    );
+    describe_histogram!(
+        WRR_ENDPOINT_WEIGHTS,
+        Unit::Count,
+        "the weight of each instance at each weighted round robin schedule update"
+    );
 }
 
 pub(super) fn target(labels: &Labels) -> Option<SharedString> {
     labels.get().map(|c| c.target.clone())
 }
 
-/// The labels of an instance's metrics.
+/// The labels of an instance's metrics: its channel's target, and the instance if the channel
+/// labels its instances.
 pub(super) fn instance_labels(labels: &Labels, inst: &Instance) -> Option<Vec<Label>> {
-    let target = target(labels)?;
-    Some(vec![
-        Label::new(LABEL_TARGET, target),
-        Label::new(LABEL_INSTANCE, SharedString::from(inst.target.name.clone())),
-    ])
+    let config = labels.get()?;
+    let mut out = vec![Label::new(LABEL_TARGET, config.target.clone())];
+    if config.per_instance {
+        out.push(instance_label(inst));
+    }
+    Some(out)
+}
+
+/// The instance label of `inst`.
+pub(super) fn instance_label(inst: &Instance) -> Label {
+    Label::new(LABEL_INSTANCE, SharedString::from(inst.target.name.clone()))
 }

@@ -1,7 +1,7 @@
 //! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`), named
 //! and shaped as gRPC's own OpenTelemetry metrics: per call and attempt (gRFC A66), retries
-//! (A96), connections (A94) and outlier ejection (A91), plus the balancer's own per-instance
-//! gauges and discovery counters under `tonic_balancer.*`.
+//! (A96), connections (A94), outlier ejection (A91) and weighted round robin (A78), plus the
+//! balancer's own gauges and discovery counters under `tonic_balancer.*`.
 //!
 //! Install a recorder (an exporter for Prometheus or OpenTelemetry) **before** building the
 //! channel: the channel describes its instruments (unit, help) when it is built. Label names
@@ -21,32 +21,86 @@
 //! | `grpc.client.call.retry_delay` | histogram | s | method, target |
 //! | `tonic_balancer.client.call.refused` | counter | `{call}` | method, target |
 //! | `tonic_balancer.client.retry_budget_exhausted` | counter | `{retry}` | target |
-//! | `grpc.subchannel.connection_attempts_succeeded` | counter | `{attempt}` | target, instance |
-//! | `grpc.subchannel.connection_attempts_failed` | counter | `{attempt}` | target, instance |
-//! | `grpc.subchannel.open_connections` | gauge | `{connection}` | target, instance |
-//! | `grpc.subchannel.disconnections` | counter | `{disconnection}` | target, instance, disconnect_error |
-//! | `grpc.lb.outlier_detection.ejections_enforced_total` | counter | `{ejection}` | target, instance, reason |
-//! | `grpc.lb.outlier_detection.ejections_overflow` | counter | `{ejection}` | target, instance, reason |
-//! | `grpc.lb.outlier_detection.ejections_enforced_success_rate` | counter | `{ejection}` | target, instance |
-//! | `grpc.lb.outlier_detection.ejections_detected_success_rate` | counter | `{ejection}` | target, instance |
-//! | `tonic_balancer.instance.calls_in_flight` | gauge | `{call}` | target, instance |
-//! | `tonic_balancer.instance.state` | gauge | 1 or 0 | target, instance, state |
-//! | `tonic_balancer.instance.latency` | gauge | s | target, instance |
+//! | `grpc.subchannel.connection_attempts_succeeded` | counter | `{attempt}` | target, \[instance\] |
+//! | `grpc.subchannel.connection_attempts_failed` | counter | `{attempt}` | target, \[instance\] |
+//! | `grpc.subchannel.open_connections` | gauge | `{connection}` | target, \[instance\] |
+//! | `grpc.subchannel.disconnections` | counter | `{disconnection}` | target, \[instance\], disconnect_error |
+//! | `grpc.lb.outlier_detection.ejections_enforced_total` | counter | `{ejection}` | target, \[instance\], reason |
+//! | `grpc.lb.outlier_detection.ejections_overflow` | counter | `{ejection}` | target, \[instance\], reason |
+//! | `grpc.lb.outlier_detection.ejections_enforced_success_rate` | counter | `{ejection}` | target, \[instance\] |
+//! | `grpc.lb.outlier_detection.ejections_detected_success_rate` | counter | `{ejection}` | target, \[instance\] |
+//! | `grpc.lb.wrr.rr_fallback` | counter | `{update}` | target |
+//! | `grpc.lb.wrr.endpoint_weight_not_yet_usable` | counter | `{endpoint}` | target |
+//! | `grpc.lb.wrr.endpoint_weight_stale` | counter | `{endpoint}` | target |
+//! | `grpc.lb.wrr.endpoint_weights` | histogram | `{weight}` | target |
+//! | `tonic_balancer.instance.calls_in_flight` | gauge | `{call}` | target, \[instance\] |
+//! | `tonic_balancer.instance.state` | gauge | `{instance}` | target, \[instance\], state |
+//! | `tonic_balancer.instance.latency` | gauge | s | target, instance (only with it) |
 //! | `tonic_balancer.discovery.lookups` | counter | `{lookup}` | target |
 //! | `tonic_balancer.discovery.failures` | counter | `{lookup}` | target |
 //! | `tonic_balancer.instances.added` | counter | `{instance}` | target |
 //! | `tonic_balancer.instances.removed` | counter | `{instance}` | target |
 //!
-//! `grpc.method` is the full method name without its leading slash
-//! (`pkg.Service/Method`) for the methods registered with
-//! [`Builder::metrics_methods`](crate::Builder::metrics_methods) (or every method with
-//! [`Builder::metrics_all_methods`](crate::Builder::metrics_all_methods)), `other` for the
-//! rest, as A66 asks, so that the label cannot grow without bound. `grpc.target` is the
-//! channel's target (`dns:///host:port` for DNS discovery; see
-//! [`Builder::metrics_target`](crate::Builder::metrics_target)). The instance label
-//! (`tonic_balancer.instance`) is an instance's URI as in
-//! [`EndpointStats::uri`](crate::EndpointStats::uri): bounded by the set. When an instance
-//! leaves, its gauges are set to 0; an exporter's idle timeout drops them for good.
+//! # Labels
+//!
+//! **`grpc.method`** is the full method name without its leading slash (`pkg.Service/Method`).
+//! By default, the first [`METHOD_LIMIT`] (64) distinct methods a channel calls label
+//! themselves and any further one is `other`, as is a path that is not `pkg.Service/Method`.
+//! A client's calls come from its generated stubs, whose methods are a fixed set, so every
+//! method it calls is labelled with no setting at all; a caller of arbitrary method names (a
+//! proxy that passes paths through, a bug) cannot grow the label past the limit. Why 64: a
+//! client of one or a few services calls a few to a few dozen methods (most gRPC services
+//! define fewer than 30), so the limit is above what real clients call, while each A66
+//! histogram labelled by 64 methods is already 64 × 41 latency buckets × the statuses seen:
+//! about ten thousand series per target, as many as a label of unchecked names should ever
+//! cost. Past the limit, the methods that label themselves are the first called: to choose
+//! them, pin them. [`Builder::metrics_methods`](crate::Builder::metrics_methods) pins an exact
+//! set (full names, or services for all their methods; a pinned service's methods count
+//! against the limit): only those label themselves. [`Builder::metrics_all_methods`](crate::Builder::metrics_all_methods)
+//! labels every method, without a limit (A66's opt-in for generic methods). The label of each
+//! method is interned on its first call: a call then takes no lock and allocates nothing for it.
+//!
+//! **`grpc.target`** is the channel's target, as gRPC's: `dns:///host:port` with
+//! [`Builder::dns`](crate::Builder::dns), a [`Resolve`](crate::Resolve) source's name,
+//! `discovery stream` with a pushed stream of changes. A channel over a list of URIs has no
+//! target of its own (gRPC's target is the one URI a channel is made for): it is `static`,
+//! the same for every such channel, whatever its URIs, set when it is built and unchanged by
+//! [`insert`](crate::BalancedChannel::insert) and [`remove`](crate::BalancedChannel::remove),
+//! so that it does not change with every deploy's addresses. Name the service with
+//! [`Builder::metrics_target`](crate::Builder::metrics_target). Channels with the same target
+//! write the same series: their counters and histograms add up, as two gRPC channels to one
+//! target do, and so do their gauges (below).
+//!
+//! **The instance** (`tonic_balancer.instance`, its URI as in
+//! [`EndpointStats::uri`](crate::EndpointStats::uri)) is off by default: gRPC's own
+//! instruments (A94, A91) have no per-address label, and where instances come and go (pods),
+//! a label per address adds a set of series for every address ever seen, for as long as the
+//! exporter keeps series that no longer change (metrics-exporter-prometheus keeps them
+//! forever unless given an idle timeout). [`Builder::metrics_per_instance`](crate::Builder::metrics_per_instance)
+//! turns it on, for the instruments marked \[instance\] above; pair it with an exporter that
+//! forgets idle series.
+//!
+//! The other labels: `grpc.status`, the status code's name; `grpc.disconnect_error`, A94's
+//! values (`GOAWAY <CODE>`, `connection reset`, `connection timed out`, `connection aborted`,
+//! `socket error`, `unknown`); `tonic_balancer.ejection_reason`, `consecutive_failures`,
+//! `probation` or `success_rate`; `tonic_balancer.state`, an instance's state. gRPC's
+//! `grpc.lb.locality` and `grpc.lb.backend_service` (xDS) do not apply.
+//!
+//! # Gauges
+//!
+//! The gauges are sampled twice a second. Per target (the default), calls in flight and open
+//! connections are the sums over the instances, and `tonic_balancer.instance.state` counts the
+//! instances in each state (all six states are there, at 0 when none is in it); the latency
+//! estimate is per instance only. With the instance label, each instance has its own: 1 for
+//! the state it is in, 0 for the others; its calls, connections and latency estimate. When an
+//! instance leaves, its series drop to 0.
+//!
+//! A gauge series that several channels of the process write (the same target; with the
+//! instance label, the same instance in two channels) is the sum of what each live channel
+//! contributes (the mean, for a latency), as an OpenTelemetry up-down counter adds up its
+//! writers. A channel that is dropped withdraws its contributions within one sampling period:
+//! its last values never stay beside a live channel's. A series that no live channel writes
+//! drops to 0 (an exporter's idle timeout then forgets it).
 //!
 //! `grpc.subchannel.open_connections` (A94) counts, per instance, its own connection while the
 //! instance is known to be connected, plus the extra connections it has open (see
@@ -56,12 +110,25 @@
 //! (`connecting`) or cannot be opened (`failing`); an instance out of service (ejected,
 //! unhealthy, draining) counts it as it was when it left service, since nothing closes it
 //! then. An extra connection counts from when the balancer opens it (its first call connects
-//! it) until it closes it, idle. The gauge is sampled with the other per-instance gauges,
-//! twice a second.
+//! it) until it closes it, idle.
+//!
+//! # Weighted round robin (A78)
+//!
+//! With [`Strategy::WeightedRoundRobin`](crate::Strategy::WeightedRoundRobin), at each update
+//! of its schedule (every weight update period), over the instances that could take calls
+//! then: `grpc.lb.wrr.endpoint_weight_not_yet_usable` counts those without a usable weight
+//! yet (no load report, or within the blackout period), `grpc.lb.wrr.endpoint_weight_stale`
+//! those whose last report is older than the expiration period, `grpc.lb.wrr.rr_fallback`
+//! counts the update if fewer than two had a weight (round robin then), and
+//! `grpc.lb.wrr.endpoint_weights` records each one's weight (0 without a usable one). The
+//! counters show from the first update, at 0 until something is counted.
+//!
+//! # Buckets
 //!
 //! The facade carries no histogram buckets: configure the exporter with
-//! [`LATENCY_BUCKETS`] for the `s` histograms, [`SIZE_BUCKETS`] for the message sizes and
-//! [`COUNT_BUCKETS`] for the retry counts (A66's boundaries).
+//! [`LATENCY_BUCKETS`] for the `s` histograms, [`SIZE_BUCKETS`] for the message sizes,
+//! [`COUNT_BUCKETS`] for the retry counts (A66's boundaries) and [`WEIGHT_BUCKETS`] for
+//! weighted round robin's weights.
 
 #[cfg(feature = "metrics")]
 pub use names::*;
@@ -93,6 +160,21 @@ pub const SIZE_BUCKETS: &[f64] = &[
     4294967296.0,
 ];
 
+/// Bucket boundaries for weighted round robin's weights (`grpc.lb.wrr.endpoint_weights`),
+/// which A78 leaves open: OpenTelemetry's default boundaries, which gRPC's own implementations
+/// record this histogram with. A weight is queries per second over utilization (see
+/// [`orca`](crate::orca)): a server at 100 queries per second and half its CPU weighs 200.
+#[cfg(feature = "metrics")]
+pub const WEIGHT_BUCKETS: &[f64] = &[
+    0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0, 7500.0,
+    10000.0,
+];
+
+/// The most distinct method names that label a channel's metrics by themselves
+/// (`grpc.method`); further ones are `other`. See the [module docs](self#labels).
+#[cfg(feature = "metrics")]
+pub const METHOD_LIMIT: usize = 64;
+
 /// A66's bucket boundaries for count histograms (retries per call).
 #[cfg(feature = "metrics")]
 pub const COUNT_BUCKETS: &[f64] = &[
@@ -111,11 +193,15 @@ mod gauges;
 #[cfg(feature = "metrics")]
 mod labels;
 #[cfg(feature = "metrics")]
+mod methods;
+#[cfg(feature = "metrics")]
 mod names;
 #[cfg(not(feature = "metrics"))]
 mod off;
 #[cfg(feature = "metrics")]
 mod settings;
+#[cfg(feature = "metrics")]
+mod wrr;
 
 #[cfg(feature = "metrics")]
 pub(crate) use call::{budget_exhausted, refused, Attempt, Call};
@@ -124,13 +210,24 @@ pub(crate) use events::{
     connection_failed, connection_succeeded, disconnected, discovery_answer, ejection, membership,
 };
 #[cfg(feature = "metrics")]
-pub(crate) use gauges::spawn;
-#[cfg(feature = "metrics")]
 pub(crate) use labels::{configure, Labels};
 #[cfg(not(feature = "metrics"))]
 pub(crate) use off::*;
 #[cfg(feature = "metrics")]
 pub(crate) use settings::LabelSettings;
+
+/// Attaches the metrics of a channel just built: its per-instance gauges (a task that samples
+/// them) and weighted round robin's instruments.
+#[cfg(feature = "metrics")]
+pub(crate) fn spawn<T>(owner: &std::sync::Arc<T>, labels: &Labels)
+where
+    T: AsRef<crate::set::Set> + AsRef<crate::pick::Picker> + Send + Sync + 'static,
+{
+    let Some(config) = labels.get() else { return };
+    let picker: &crate::pick::Picker = (**owner).as_ref();
+    wrr::attach(picker, config.target.clone());
+    gauges::spawn(owner, labels);
+}
 
 #[cfg(all(test, feature = "metrics"))]
 mod tests {

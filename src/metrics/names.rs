@@ -1,4 +1,4 @@
-//! The instruments' names, as in gRPC's metrics designs (A66, A94, A91, A96) where one
+//! The instruments' names, as in gRPC's metrics designs (A66, A78, A94, A91, A96) where one
 //! applies, under `tonic_balancer.` otherwise; and the label names.
 
 /// Attempts started (A66), labels method and target.
@@ -45,11 +45,13 @@ pub const EJECTIONS_ENFORCED_SUCCESS_RATE: &str =
 /// Outliers found by the success-rate rule, ejected or not (A91).
 pub const EJECTIONS_DETECTED_SUCCESS_RATE: &str =
     "grpc.lb.outlier_detection.ejections_detected_success_rate";
-/// Calls in flight on each instance.
+/// Calls in flight: per target, or on each instance with the instance label.
 pub const INSTANCE_CALLS_IN_FLIGHT: &str = "tonic_balancer.instance.calls_in_flight";
-/// 1 for each instance's state, 0 for the others (label `tonic_balancer.state`).
+/// The instances in each state (label `tonic_balancer.state`): per target, or with the
+/// instance label 1 for each instance's state and 0 for the others.
 pub const INSTANCE_STATE: &str = "tonic_balancer.instance.state";
-/// Each instance's latency estimate (the one the pick uses), in seconds.
+/// Each instance's latency estimate (the one the pick uses), in seconds; with the instance
+/// label only.
 pub const INSTANCE_LATENCY: &str = "tonic_balancer.instance.latency";
 /// Answers of the discovery source.
 pub const DISCOVERY_LOOKUPS: &str = "tonic_balancer.discovery.lookups";
@@ -59,8 +61,20 @@ pub const DISCOVERY_FAILURES: &str = "tonic_balancer.discovery.failures";
 pub const INSTANCES_ADDED: &str = "tonic_balancer.instances.added";
 /// Instances removed from the set.
 pub const INSTANCES_REMOVED: &str = "tonic_balancer.instances.removed";
+/// Weighted round robin's schedule updates with fewer than two instances with a usable weight,
+/// which fell back to round robin (A78).
+pub const WRR_RR_FALLBACK: &str = "grpc.lb.wrr.rr_fallback";
+/// Instances, counted at each schedule update of weighted round robin, without a usable weight
+/// yet: no load report, or one within the blackout period (A78).
+pub const WRR_ENDPOINT_WEIGHT_NOT_YET_USABLE: &str = "grpc.lb.wrr.endpoint_weight_not_yet_usable";
+/// Instances, counted at each schedule update of weighted round robin, whose last load report
+/// is older than the expiration period (A78).
+pub const WRR_ENDPOINT_WEIGHT_STALE: &str = "grpc.lb.wrr.endpoint_weight_stale";
+/// The weight of each instance at each schedule update of weighted round robin, 0 for one
+/// without a usable weight (A78).
+pub const WRR_ENDPOINT_WEIGHTS: &str = "grpc.lb.wrr.endpoint_weights";
 
-/// The full method name (`pkg.Service/Method`), or `other`.
+/// The full method name (`pkg.Service/Method`), or `other` (see the module docs).
 pub const LABEL_METHOD: &str = "grpc.method";
 /// The channel's target.
 pub const LABEL_TARGET: &str = "grpc.target";
@@ -68,7 +82,8 @@ pub const LABEL_TARGET: &str = "grpc.target";
 pub const LABEL_STATUS: &str = "grpc.status";
 /// Why a connection broke (A94's values: `GOAWAY NO_ERROR`, `connection reset`, ...).
 pub const LABEL_DISCONNECT_ERROR: &str = "grpc.disconnect_error";
-/// The instance (its URI).
+/// The instance (its URI), on the per-instance instruments when
+/// [`Builder::metrics_per_instance`](crate::Builder::metrics_per_instance) turns it on.
 pub const LABEL_INSTANCE: &str = "tonic_balancer.instance";
 /// An instance state (`connecting`, `ready`, `failing`, `ejected`, `unhealthy`,
 /// `draining`).

@@ -4,8 +4,11 @@
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LabelSettings {
     pub(crate) target: Option<String>,
+    /// Methods (and services) pinned by `metrics_methods`: only these are labelled.
     pub(crate) methods: Vec<String>,
     pub(crate) all_methods: bool,
+    /// The instance label on the per-instance instruments (off: per target).
+    pub(crate) per_instance: bool,
 }
 
 impl LabelSettings {

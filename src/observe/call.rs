@@ -182,7 +182,7 @@ impl CallObs {
         let code = self.head.unwrap_or(code);
         self.delivered.ended(code);
         if let Some(span) = &self.span {
-            span.record("outcome", crate::error::code_name(code));
+            span.record("rpc.grpc.status_code", code as i32);
         }
         #[cfg(feature = "metrics")]
         if let Some(m) = self.metrics.as_mut() {
@@ -221,19 +221,22 @@ impl Drop for CallObs {
 
 #[inline(never)]
 fn record_attempt(span: &tracing::Span, inst: &Instance, attempt: u32) {
-    span.record("instance", &*inst.target.name);
+    span.record("server.address", &*inst.target.name);
     span.record("attempt", attempt);
 }
 
-/// The span of a call, if a subscriber wants it.
+/// The span of a call, if a subscriber wants it, with OpenTelemetry's names for its fields:
+/// `rpc.method` (`pkg.Service/Method`), `server.address` (the instance of its last attempt),
+/// `attempt` (1 for the first), `rpc.grpc.status_code` (the status code's number).
 #[inline(never)]
 fn call_span(req: &http::Request<tonic::body::Body>) -> Option<Box<tracing::Span>> {
+    let path = req.uri().path();
     let span = tracing::debug_span!(
         "tonic_balancer.call",
-        method = %req.uri().path(),
-        instance = tracing::field::Empty,
+        rpc.method = path.strip_prefix('/').unwrap_or(path),
+        server.address = tracing::field::Empty,
         attempt = tracing::field::Empty,
-        outcome = tracing::field::Empty,
+        rpc.grpc.status_code = tracing::field::Empty,
     );
     (!span.is_disabled()).then(|| Box::new(span))
 }

@@ -9,6 +9,15 @@
 //! the sum of the instances' own counts (which the call path keeps already), so that the hot
 //! path writes no shared counter of its own.
 //!
+//! The tracing fields have one name for each thing, everywhere, OpenTelemetry's where it has
+//! one: an instance is `server.address` (its URI, as in
+//! [`EndpointStats::uri`](crate::EndpointStats::uri)), a method `rpc.method`
+//! (`pkg.Service/Method`), a status `rpc.grpc.status_code` (its number, as OpenTelemetry
+//! records it). An event that names two instances (a call sent again elsewhere) names the
+//! one the call goes to `server.address`, as every event about an attempt does, and the one it
+//! leaves `previous.server.address`; a change of an instance's state names the new one
+//! `state` and the old one `previous.state`.
+//!
 //! Here: the channel's totals and the hooks of its rare events; in `call.rs`, each call's span
 //! and observation; in `stats.rs`, [`ChannelStats`].
 

@@ -175,12 +175,12 @@ async fn run(
         drop(inst);
         match stream(&weak, channel, interval, &mut events).await {
             Ended::Removed => {
-                tracing::debug!(addr = %name, "out-of-band load reports ended: instance removed");
+                tracing::debug!(server.address = %name, "out-of-band load reports ended: instance removed");
             }
             Ended::Unimplemented => {
                 if !told {
                     told = true;
-                    tracing::info!(addr = %name, "instance does not serve out-of-band load reports (UNIMPLEMENTED); not asked again on this connection");
+                    tracing::info!(server.address = %name, "instance does not serve out-of-band load reports (UNIMPLEMENTED); not asked again on this connection");
                 }
                 unimplemented_at = Some(reconnects);
                 attempt = 0;
@@ -195,7 +195,7 @@ async fn run(
                     let Some(inst) = weak.upgrade() else { return };
                     inst.ctx.backoff.delay(attempt)
                 };
-                tracing::debug!(addr = %name, code = ?why.code(), error = %why.message(), ?delay, "out-of-band load report stream broke; opening it again");
+                tracing::debug!(server.address = %name, rpc.grpc.status_code = why.code() as i32, error = %why.message(), ?delay, "out-of-band load report stream broke; opening it again");
                 attempt = attempt.saturating_add(1);
                 tokio::time::sleep(delay).await;
             }
@@ -279,6 +279,6 @@ fn take(inst: &Instance, report: LoadReport) {
         .clock
         .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     let own = inst.in_flight.load(std::sync::atomic::Ordering::Relaxed);
-    tracing::trace!(addr = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "out-of-band load report");
+    tracing::trace!(server.address = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "out-of-band load report");
     super::observe(inst, report, own, now);
 }

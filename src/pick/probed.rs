@@ -151,7 +151,7 @@ fn spawn(inst: &Arc<Instance>, timeout: std::time::Duration) {
             Ok(a) => record.store(a, inst.ctx.now_ns()),
             Err(ProbeError::Unimplemented) => {
                 if !record.unsupported.swap(true, Ordering::Relaxed) {
-                    tracing::info!(addr = %inst.target.name, "instance does not answer probes (UNIMPLEMENTED): left to the strategy until it reconnects");
+                    tracing::info!(server.address = %inst.target.name, "instance does not answer probes (UNIMPLEMENTED): left to the strategy until it reconnects");
                 }
             }
             Err(_) => record.silent.store(true, Ordering::Relaxed),

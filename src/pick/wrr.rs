@@ -28,6 +28,10 @@
 //! Until the first schedule exists, and for a moment after a membership change (until the
 //! next rebuild), the pick is plain round robin.
 //!
+//! Each rebuild tells its [`Observe`]r what it found (gRFC A78's figures: the weights, the
+//! instances whose weight is not yet usable or stale, a fall back to round robin); the metrics
+//! attach one from above.
+//!
 //! An instance that leaves service (failing, ejected, unhealthy) loses its weight, and its next
 //! report starts a new blackout, as gRPC resets an endpoint that leaves READY. Difference from
 //! gRPC: the schedule is recomputed on the period only, not also when the set changes.
@@ -35,13 +39,13 @@
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use arc_swap::ArcSwap;
 
 use super::Picker;
 use super::Rng;
-use crate::instance::load::WrrConfig;
+use crate::instance::load::{WeightState, WrrConfig};
 use crate::instance::Instance;
 use crate::set::Members;
 
@@ -126,10 +130,33 @@ struct Schedule {
     cycle: Vec<u32>,
 }
 
+/// What one schedule update found, for whatever observes weighted round robin (gRFC A78's
+/// instruments, which `crate::metrics` records): one update per weight update period, over the
+/// instances that could take calls then.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) struct Update<'a> {
+    /// The weight of each instance the update covered (0: none usable).
+    pub(crate) weights: &'a [f64],
+    /// Instances without a usable weight yet: no report, or in the blackout period.
+    pub(crate) not_yet_usable: usize,
+    /// Instances whose last report is older than the expiration period.
+    pub(crate) stale: usize,
+    /// Fewer than two instances had a weight: the schedule is plain round robin.
+    pub(crate) round_robin: bool,
+}
+
+/// An observer of the schedule updates, attached from above.
+pub(crate) trait Observe: Send + Sync + 'static {
+    /// A schedule update over at least one instance.
+    fn update(&self, update: &Update<'_>);
+}
+
 /// The weighted round robin state of a channel.
 pub(crate) struct Wrr {
     schedule: ArcSwap<Schedule>,
     next: AtomicUsize,
+    /// What observes the schedule updates, if anything does.
+    observer: OnceLock<Box<dyn Observe>>,
 }
 
 impl Default for Wrr {
@@ -140,22 +167,47 @@ impl Default for Wrr {
                 cycle: Vec::new(),
             }),
             next: AtomicUsize::new(0),
+            observer: OnceLock::new(),
         }
     }
 }
 
 impl Wrr {
+    /// Attaches the observer of the schedule updates (the first one attached stays).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn observe(&self, observer: Box<dyn Observe>) {
+        let _ = self.observer.set(observer);
+    }
+
     /// Rebuilds the schedule for this set from the weights that count at `now_ns`, over the
     /// instances that can take calls now (as gRPC's schedule covers its READY ones).
     pub(crate) fn rebuild(&self, members: &Arc<Members>, now_ns: u64, cfg: &WrrConfig) {
         let usable: Vec<u32> = (0..members.len() as u32)
             .filter(|&i| members[i as usize].is_usable())
             .collect();
+        let (mut not_yet_usable, mut stale) = (0, 0);
         let weights: Vec<f64> = usable
             .iter()
-            .map(|&i| members[i as usize].reported.wrr.get(now_ns, cfg))
+            .map(|&i| {
+                let (w, state) = members[i as usize].reported.wrr.read(now_ns, cfg);
+                match state {
+                    WeightState::Usable => {}
+                    WeightState::NotYetUsable => not_yet_usable += 1,
+                    WeightState::Stale => stale += 1,
+                }
+                w
+            })
             .collect();
-        let cycle = match schedule_weights(&weights) {
+        let scheduled = schedule_weights(&weights);
+        if let (Some(observer), false) = (self.observer.get(), weights.is_empty()) {
+            observer.update(&Update {
+                weights: &weights,
+                not_yet_usable,
+                stale,
+                round_robin: scheduled.is_none(),
+            });
+        }
+        let cycle = match scheduled {
             Some(w) => {
                 let len = (w.len() * CYCLE_PER_INSTANCE).min(MAX_CYCLE);
                 let mut rng = Rng::thread();
@@ -301,6 +353,33 @@ mod tests {
         e.update(&report(100.0, 0.0, 0.5, 0.0), 202 * s, &cfg);
         assert_eq!(e.get(205 * s, &cfg), 0.0, "reset: a new blackout");
         assert_eq!(e.get(213 * s, &cfg), 200.0);
+    }
+
+    /// What gRFC A78 counts of a weight at an update: not yet usable without a report and in
+    /// the blackout, usable after it; stale once the last report is older than the expiration
+    /// period, and at every update after that until a report comes; not yet usable again once
+    /// the instance left service and has not reported since.
+    #[test]
+    fn weight_states() {
+        use crate::instance::load::WeightState::{NotYetUsable, Stale, Usable};
+        let cfg = WrrConfig {
+            blackout_period: Duration::from_secs(10),
+            weight_expiration_period: Duration::from_secs(180),
+            ..WrrConfig::default()
+        };
+        let s = 1_000_000_000u64;
+        let e = EndpointWeight::default();
+        assert_eq!(e.read(s, &cfg), (0.0, NotYetUsable));
+        e.update(&report(100.0, 0.0, 0.5, 0.0), s, &cfg);
+        assert_eq!(e.read(5 * s, &cfg), (0.0, NotYetUsable));
+        assert_eq!(e.read(12 * s, &cfg), (200.0, Usable));
+        assert_eq!(e.read(181 * s, &cfg), (0.0, Stale));
+        assert_eq!(e.read(182 * s, &cfg), (0.0, Stale), "until a report");
+        e.update(&report(100.0, 0.0, 0.5, 0.0), 190 * s, &cfg);
+        assert_eq!(e.read(195 * s, &cfg), (0.0, NotYetUsable), "a new blackout");
+        assert_eq!(e.read(201 * s, &cfg), (200.0, Usable));
+        e.reset();
+        assert_eq!(e.read(202 * s, &cfg), (0.0, NotYetUsable), "left service");
     }
 
     /// With fewer than two weights there is no schedule; missing weights get the mean.

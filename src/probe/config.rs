@@ -33,6 +33,7 @@ use crate::checks::Checks;
 /// # let _ = channel; Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[must_use = "settings do nothing until given to the builder"]
 pub struct ProbeConfig {
     pub(crate) per_call: f64,
     pub(crate) pool: usize,

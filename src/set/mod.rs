@@ -236,14 +236,14 @@ impl Set {
         // joins (the ejection cap counts the instances in it).
         for inst in &revived {
             self.ctx.events.taken_back(inst, next.len());
-            tracing::info!(addr = %inst.target.name, state = %inst.state(), "instance re-added while draining: reused");
+            tracing::info!(server.address = %inst.target.name, state = %inst.state(), "instance re-added while draining: reused");
         }
         self.publish(next);
         self.ctx.events.membership(added, leaving.len());
         for inst in &leaving {
             inst.drain();
             tracing::info!(
-                addr = %inst.target.name,
+                server.address = %inst.target.name,
                 in_flight = inst.in_flight.load(Ordering::Relaxed),
                 "instance removed; draining"
             );
@@ -269,7 +269,7 @@ impl Set {
     /// A new instance (the channel's events start its health checks, if they are on).
     fn create(&self, joining: Joining) -> Arc<Instance> {
         let Joining { target, connected } = joining;
-        tracing::info!(addr = %target.name, "instance added");
+        tracing::info!(server.address = %target.name, "instance added");
         let inst = Arc::new(Instance::new(target, self.ctx.clone(), connected));
         if self.warm_new.load(Ordering::Relaxed) {
             inst.warm_up();

@@ -1,0 +1,170 @@
+//! `methodConfig`: the names each entry covers, its `timeout`, and its `retryPolicy` or
+//! `hedgingPolicy`, checked as grpc-go, grpc-java and grpc/grpc's core check them (gRFC A6,
+//! `grpc/service_config/service_config.proto`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::json::Node;
+use crate::error::Error;
+use crate::hedge::HedgingPolicy;
+use crate::retry::{MethodConfig, Name, Policy, RetryPolicy};
+
+/// gRFC A6's cap on a policy's attempts: a config asking for more gets this many.
+const MAX_ATTEMPTS: u64 = 5;
+
+/// The entries of `methodConfig`. An entry without names is skipped, as gRPC skips it.
+pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
+    let mut out = Vec::new();
+    // Each name, and where it was given: a name may be given once in a whole config.
+    let mut seen: HashMap<Name, String> = HashMap::new();
+    for (i, entry) in list.items()?.into_iter().enumerate() {
+        entry.object()?;
+        let Some(names) = entry.field("name")? else {
+            continue;
+        };
+        let names = names.items()?;
+        if names.is_empty() {
+            continue;
+        }
+        let mut parsed = Vec::with_capacity(names.len());
+        for n in names {
+            let name = name(&n)?;
+            if let Some(before) = seen.get(&name) {
+                return Err(n.refuse(format_args!("{name} is named already, by {before}")));
+            }
+            seen.insert(name.clone(), n.path.clone());
+            parsed.push(name);
+        }
+        let timeout = match entry.field("timeout")? {
+            None => None,
+            Some(t) => {
+                let d = t.duration()?;
+                if d.is_zero() {
+                    return Err(t.refuse("must be above zero (a call's deadline)"));
+                }
+                Some(crate::time::cap(d))
+            }
+        };
+        // Parsed, and ignored (see the `ServiceConfig` docs).
+        if let Some(w) = entry.field("waitForReady")? {
+            w.bool()?;
+        }
+        for key in ["maxRequestMessageBytes", "maxResponseMessageBytes"] {
+            if let Some(n) = entry.field(key)? {
+                n.whole()?;
+            }
+        }
+        let policy =
+            match (entry.field("retryPolicy")?, entry.field("hedgingPolicy")?) {
+                (Some(_), Some(_)) => return Err(entry.refuse(
+                    "retryPolicy and hedgingPolicy are both set: a method config has one or the \
+                     other",
+                )),
+                (Some(r), None) => Some(Policy::Retry(Arc::new(retry(&r)?))),
+                (None, Some(h)) => Some(Policy::Hedge(Arc::new(hedging(&h)?))),
+                (None, None) => None,
+            };
+        out.push(MethodConfig {
+            names: parsed,
+            timeout,
+            policy,
+            setting: "service_config",
+            origin: format!("methodConfig[{i}]"),
+        });
+    }
+    Ok(out)
+}
+
+/// One `name` entry: `service` and `method`, each absent, null or empty for none.
+fn name(n: &Node<'_>) -> Result<Name, Error> {
+    let (service, method) = (part(n, "service")?, part(n, "method")?);
+    if service.is_empty() && !method.is_empty() {
+        return Err(n.refuse(format_args!(
+            "method {method:?} has no service: a name with a method needs its service"
+        )));
+    }
+    Ok(Name::of_parts(service, method))
+}
+
+/// `service` or `method` of a name: a string without `/` or spaces; empty if absent.
+fn part<'a>(n: &Node<'a>, key: &str) -> Result<&'a str, Error> {
+    let Some(v) = n.field(key)? else {
+        return Ok("");
+    };
+    let s = v.str()?;
+    if s.bytes().any(|b| !b.is_ascii_graphic() || b == b'/') {
+        return Err(v.refuse(format_args!(
+            "{s:?} is not a gRPC {key} name (no `/`, no spaces)"
+        )));
+    }
+    Ok(s)
+}
+
+/// `maxAttempts` of a retry or hedging policy: at least 2; above 5 counts as 5, as in gRPC.
+fn max_attempts(policy: &Node<'_>) -> Result<u32, Error> {
+    let node = policy.required("maxAttempts")?;
+    let n = node.whole()?;
+    if n < 2 {
+        return Err(node.refuse(format_args!("must be at least 2, not {n}")));
+    }
+    if n > MAX_ATTEMPTS {
+        tracing::debug!(path = %node.path, "service config: maxAttempts {n} counts as 5 (gRFC A6's cap)");
+    }
+    Ok(n.min(MAX_ATTEMPTS) as u32)
+}
+
+/// A `retryPolicy`.
+fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
+    let max_attempts = max_attempts(node)?;
+    let backoff = |key: &str| {
+        let n = node.required(key)?;
+        let d = n.duration()?;
+        if d.is_zero() {
+            return Err(n.refuse("must be above zero"));
+        }
+        Ok(crate::time::cap(d))
+    };
+    let initial = backoff("initialBackoff")?;
+    let max = backoff("maxBackoff")?;
+    let m = node.required("backoffMultiplier")?;
+    let multiplier = m.number()?;
+    if multiplier <= 0.0 {
+        return Err(m.refuse(format_args!("must be above zero, not {multiplier}")));
+    }
+    if multiplier < 1.0 {
+        return Err(m.refuse(format_args!(
+            "must be at least 1, not {multiplier}: this channel's backoff never shrinks (gRPC \
+             takes any number above zero)"
+        )));
+    }
+    let codes_node = node.required("retryableStatusCodes")?;
+    let codes = codes_node.codes()?;
+    if codes.is_empty() {
+        return Err(codes_node.refuse("must name at least one status"));
+    }
+    // The backoff before retry n is min(initial × multiplier^(n-1), max): with a max below
+    // the initial backoff, every retry waits up to the max.
+    Ok(RetryPolicy::default()
+        .max_attempts(max_attempts)
+        .codes(codes)
+        .initial_backoff(initial.min(max))
+        .max_backoff(max)
+        .multiplier(multiplier))
+}
+
+/// A `hedgingPolicy`.
+fn hedging(node: &Node<'_>) -> Result<HedgingPolicy, Error> {
+    let max_attempts = max_attempts(node)?;
+    // Zero: every attempt at once.
+    let delay = node.required("hedgingDelay")?.duration()?;
+    let non_fatal = match node.field("nonFatalStatusCodes")? {
+        Some(codes) => codes.codes()?,
+        None => Vec::new(),
+    };
+    Ok(
+        HedgingPolicy::new(Vec::<String>::new(), crate::time::cap(delay))
+            .max_attempts(max_attempts)
+            .non_fatal_codes(non_fatal),
+    )
+}
