@@ -262,32 +262,13 @@ impl Name {
     }
 
     /// Reads a method name as the user gives it to a policy: `package.Service/Method` or
-    /// `package.Service`, with or without a leading `/` (the rules of
-    /// [`HedgingPolicy`]'s names).
+    /// `package.Service`, with or without a leading `/` (read as [`HedgingPolicy`]'s names
+    /// are).
     pub(crate) fn parse(name: &str, checks: Checks) -> Result<Name, Error> {
-        let refuse = |why: &str| checks.refusal(format_args!("method name {name:?}: {why}"));
-        let rest = name.strip_prefix('/').unwrap_or(name);
-        if rest.is_empty() {
-            return Err(refuse("empty"));
-        }
-        if rest
-            .bytes()
-            .any(|b| !b.is_ascii_graphic() || matches!(b, b'?' | b'#' | b'%'))
-        {
-            return Err(refuse("not a gRPC method name (`package.Service/Method`)"));
-        }
-        match rest.split_once('/') {
-            None => Ok(Name::Service(format!("/{rest}/").into())),
-            Some((service, "")) if !service.is_empty() => {
-                Ok(Name::Service(format!("/{rest}").into()))
-            }
-            Some((service, method)) if !service.is_empty() && !method.contains('/') => {
-                Ok(Name::Method(format!("/{rest}").into()))
-            }
-            _ => Err(refuse(
-                "expected `package.Service/Method` or `package.Service`",
-            )),
-        }
+        Ok(match crate::hedge::parse_name(name, checks)? {
+            crate::hedge::Name::Method(path) => Name::Method(path.into()),
+            crate::hedge::Name::Service(path) => Name::Service(path.into()),
+        })
     }
 
     /// The path it matches (`/pkg.Svc/Method`, or the prefix `/pkg.Svc/`; `/` for every

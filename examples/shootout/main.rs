@@ -204,6 +204,42 @@ fn main() {
     );
 }
 
+/// What each measured run needs: the client runtime and the fleet.
+struct Bench<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    fleet: &'a Arc<Mutex<Fleet>>,
+    shared: &'a [Arc<Shared>],
+}
+
+impl Bench<'_> {
+    /// One contender over `setup` at `load`, on a fleet reset first: its row of the table.
+    fn measure(
+        &self,
+        contender: Contender,
+        setup: &Setup,
+        load: Load,
+        opts: &Opts,
+        label: &str,
+        progress: &mut Progress,
+    ) -> Row {
+        reset(self.fleet, setup);
+        progress.draw(0.0, label);
+        let run = self.rt.block_on(run_one(
+            contender,
+            setup,
+            self.fleet,
+            self.shared,
+            load,
+            opts.deadline,
+            progress,
+            label,
+        ));
+        let row = summarize(contender, &run, setup);
+        progress.done_one();
+        row
+    }
+}
+
 /// Each scenario in turn, every contender in it: the order of the contenders rotates from one
 /// scenario to the next, and the fleet is reset before each run.
 fn scenarios(
@@ -228,21 +264,9 @@ fn scenarios(
         for j in 0..k {
             let ci = (j + si) % k;
             let contender = contenders[ci];
-            reset(fleet, &setup);
             let label = format!("{} / {}", scenario.key(), contender.name());
-            progress.draw(0.0, &label);
-            let run = rt.block_on(run_one(
-                contender,
-                &setup,
-                fleet,
-                shared,
-                load,
-                opts.deadline,
-                progress,
-                &label,
-            ));
-            rows[ci] = Some(summarize(contender, &run, &setup));
-            progress.done_one();
+            let bench = Bench { rt, fleet, shared };
+            rows[ci] = Some(bench.measure(contender, &setup, load, opts, &label, progress));
         }
         progress.clear();
         let rows: Vec<Row> = rows
@@ -319,21 +343,9 @@ fn sweep(
                 for j in 0..k {
                     let ci = (j + round + si * opts.rates.len() + ri) % k;
                     let contender = opts.contenders[ci];
-                    reset(fleet, &setup);
                     let label = format!("{} {rate:.0}/s / {}", scenario.key(), contender.name());
-                    progress.draw(0.0, &label);
-                    let run = rt.block_on(run_one(
-                        contender,
-                        &setup,
-                        fleet,
-                        shared,
-                        load,
-                        opts.deadline,
-                        progress,
-                        &label,
-                    ));
-                    runs[ci].push(summarize(contender, &run, &setup));
-                    progress.done_one();
+                    let bench = Bench { rt, fleet, shared };
+                    runs[ci].push(bench.measure(contender, &setup, load, opts, &label, progress));
                 }
             }
             // Each contender's cell: its round with the median p99 (a failed p99 ranks last).

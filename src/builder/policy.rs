@@ -98,11 +98,13 @@ impl Builder {
     /// How long the latency estimate that [`Strategy::PeakEwma`] and
     /// [`Strategy::PowerOfTwoChoices`] compare stays valid without a new sample (default 5 s);
     /// it fades to unknown over that time, so that an instance that was slow once is tried
-    /// again. (The default [`Strategy::LeastPending`] re-checks a slow instance on a schedule
-    /// of its own, see the crate docs.)
+    /// again; [`endpoints`](crate::BalancedChannel::endpoints) shows it. (The default,
+    /// [`Strategy::FewestThenFastest`], and [`Strategy::LeastPending`] re-check a slow
+    /// instance on a schedule of their own, see [`Strategy`].)
     ///
     /// [`Strategy::PeakEwma`]: crate::Strategy::PeakEwma
     /// [`Strategy::PowerOfTwoChoices`]: crate::Strategy::PowerOfTwoChoices
+    /// [`Strategy::FewestThenFastest`]: crate::Strategy::FewestThenFastest
     /// [`Strategy::LeastPending`]: crate::Strategy::LeastPending
     pub fn latency_expiry(mut self, expiry: Duration) -> Builder {
         self.latency_expiry = expiry;

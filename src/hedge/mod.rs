@@ -170,17 +170,18 @@ const CHECKS: crate::checks::Checks = crate::checks::Checks::of("hedging");
 
 /// A method name of a policy, as the path it matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Name {
+pub(crate) enum Name {
     /// `/package.Service/Method`.
     Method(String),
     /// `/package.Service/`: every method of the service.
     Service(String),
 }
 
-/// Reads a method name as the user gives it: `package.Service/Method` or `package.Service`,
-/// with or without a leading `/`.
-fn parse_name(name: &str) -> Result<Name, crate::Error> {
-    let refuse = |why: &str| CHECKS.refusal(format_args!("method name {name:?}: {why}"));
+/// Reads a method name as the user gives it to a policy (hedging's here, retries' in
+/// `crate::retry`): `package.Service/Method` or `package.Service`, with or without a leading
+/// `/`; a refusal names the setting of `checks`.
+pub(crate) fn parse_name(name: &str, checks: crate::checks::Checks) -> Result<Name, crate::Error> {
+    let refuse = |why: &str| checks.refusal(format_args!("method name {name:?}: {why}"));
     let rest = name.strip_prefix('/').unwrap_or(name);
     if rest.is_empty() {
         return Err(refuse("empty"));
@@ -237,7 +238,7 @@ impl Hedging {
             )?;
             let p = Arc::new(p);
             for name in &p.methods {
-                let (list, path) = match parse_name(name)? {
+                let (list, path) = match parse_name(name, CHECKS)? {
                     Name::Method(path) => (&mut h.methods, path),
                     Name::Service(path) => (&mut h.services, path),
                 };
