@@ -1040,3 +1040,32 @@ async fn weighted_round_robin_records_a78_instruments() {
     })
     .await;
 }
+
+/// A channel over a list of URIs with no `metrics_target` is labelled `static`: one target
+/// whatever its addresses, the same after `insert` and `remove` (it was the URIs joined by
+/// commas, frozen at build: a new series for each deploy's addresses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_of_uris_is_target_static() {
+    recorder();
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let [a, b] = [0, 1].map(|i| fleet.uris()[i].clone());
+    let ch = BalancedChannel::builder().uri(&a).build().unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    client.unary(fleet::req(0)).await.unwrap();
+    ch.insert(tonic::transport::Endpoint::from_shared(b.clone()).unwrap())
+        .unwrap();
+    assert_eq!(ch.remove(&a), Ok(true));
+    client.unary(fleet::req(1)).await.unwrap();
+    let calls = "grpc_client_call_duration_seconds_count";
+    let t = [("grpc_target", "static"), ("grpc_method", UNARY)];
+    fleet::wait_until("both calls recorded under `static`", LIMIT, || {
+        scrape().sum(calls, &t) >= 2.0
+    })
+    .await;
+    let s = scrape();
+    assert!(
+        !s.text.lines().any(|l| l.contains("grpc_target=\"http")),
+        "a target named by addresses: {}",
+        s.text
+    );
+}
