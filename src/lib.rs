@@ -48,7 +48,8 @@
 //! at random how loaded they are (Prequal's probes) and picks among the fresh answers.
 //!
 //! The pick is a scan over a lock-free snapshot of the instances: atomics only, no lock shared
-//! by the calls, no allocation, about 100 ns for 50 instances on one thread (`benches/pick.rs`).
+//! by the calls, no allocation: for 50 instances 150-190 ns on one thread, about 2.5 times
+//! round robin's, on the (slow) machine of docs/benchmarks.md (`benches/pick.rs`).
 //!
 //! # Failures
 //!

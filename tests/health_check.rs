@@ -8,10 +8,10 @@
 #![cfg(feature = "health-check")]
 use tonic_balancer_fleet as fleet;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fleet::fields::{Collect, Fields};
 use fleet::memory::MemoryInstance;
 use fleet::pb::{fleet_client::FleetClient, Req};
 use fleet::{Behavior, Fleet};
@@ -20,7 +20,6 @@ use tonic::transport::Endpoint;
 use tonic::Code;
 use tonic_balancer::{Backoff, BalancedChannel, HealthCheck, State};
 use tonic_health::pb::health_check_response::ServingStatus;
-use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
@@ -77,31 +76,9 @@ fn assert_times(got: &[u64], want: &[u64]) {
 // -------------------------------------------------------------------------------------------
 // The log lines, as a subscriber sees them.
 
-type Fields = HashMap<String, String>;
-
 /// A subscriber layer that keeps the fields of every event of the crate.
 #[derive(Clone, Default)]
 struct Events(Arc<Mutex<Vec<(tracing::Level, Fields)>>>);
-
-struct Collect<'a>(&'a mut Fields);
-
-impl Visit for Collect<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(field.name().to_owned(), value.to_string());
-    }
-
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(field.name().to_owned(), value.to_string());
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-}
 
 impl<S: tracing::Subscriber> Layer<S> for Events {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {

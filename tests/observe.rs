@@ -7,20 +7,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fleet::fields::{Collect, Fields};
 use fleet::pb::fleet_client::FleetClient;
 use fleet::{Behavior, Fleet};
 use tonic::Code;
 use tonic_balancer::{BalancedChannel, DiscoveryState, Ejection, RetryPolicy, ServedBy};
-use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::Event;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-/// The fields of one span, as text.
-type Fields = HashMap<String, String>;
 
 /// A subscriber layer that keeps the fields of every closed `tonic_balancer.call` span, and of
 /// every event of the crate (its message as the field `message`).
@@ -29,26 +26,6 @@ struct CallSpans {
     open: Arc<Mutex<HashMap<u64, Fields>>>,
     closed: Arc<Mutex<Vec<Fields>>>,
     events: Arc<Mutex<Vec<Fields>>>,
-}
-
-struct Collect<'a>(&'a mut Fields);
-
-impl Visit for Collect<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(field.name().to_owned(), value.to_string());
-    }
-
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(field.name().to_owned(), value.to_string());
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
 }
 
 impl<S: tracing::Subscriber> Layer<S> for CallSpans {

@@ -10,6 +10,7 @@
 
 #[cfg(feature = "hickory-dns")]
 pub mod dns;
+pub mod fields;
 pub mod memory;
 pub mod prom;
 pub mod refusing;

@@ -315,15 +315,20 @@ mod tests {
         assert_eq!(weight_of(&report(f64::NAN, 0.0, 0.5, 0.0), 1.0), 0.0);
     }
 
+    /// The settings of the weights' tests: a 10 s blackout, weights stale after 180 s.
+    fn blackout_10s_expiry_180s() -> WrrConfig {
+        WrrConfig {
+            blackout_period: Duration::from_secs(10),
+            weight_expiration_period: Duration::from_secs(180),
+            ..WrrConfig::default()
+        }
+    }
+
     /// A weight counts only after the blackout since the first report, stops counting after
     /// the expiration period without reports, and the next report starts a new blackout.
     #[test]
     fn blackout_and_expiry() {
-        let cfg = WrrConfig {
-            blackout_period: Duration::from_secs(10),
-            weight_expiration_period: Duration::from_secs(180),
-            ..WrrConfig::default()
-        };
+        let cfg = blackout_10s_expiry_180s();
         let s = 1_000_000_000u64;
         let e = EndpointWeight::default();
         assert_eq!(e.get(s, &cfg), 0.0);
@@ -362,11 +367,7 @@ mod tests {
     #[test]
     fn weight_states() {
         use crate::instance::load::WeightState::{NotYetUsable, Stale, Usable};
-        let cfg = WrrConfig {
-            blackout_period: Duration::from_secs(10),
-            weight_expiration_period: Duration::from_secs(180),
-            ..WrrConfig::default()
-        };
+        let cfg = blackout_10s_expiry_180s();
         let s = 1_000_000_000u64;
         let e = EndpointWeight::default();
         assert_eq!(e.read(s, &cfg), (0.0, NotYetUsable));
