@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes the test certificates of tests/tls.rs: a CA, and a certificate it signs for the name
+# Makes the test certificates of tests/suite/tls.rs: a CA, and a certificate it signs for the name
 # `fleet.test` only (no IP address), so that a client that checks the certificate against an
 # address instead of the name fails. Valid for 100 years; run again to replace them.
 set -euo pipefail

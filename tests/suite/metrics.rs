@@ -20,8 +20,10 @@ use tonic_balancer::{BalancedChannel, Ejection, HedgingPolicy, RetryPolicy, Stat
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// The process's recorder: one for every test of this file (each test labels its channel
-/// with a target of its own).
+/// The process's recorder: one for every test of this file, and the suite's only one (no other
+/// module installs one). Each test labels its channel with a target of its own, which no other
+/// module's channel has: those record here too once it is installed, under their default
+/// targets (`static`, a resolver's name, `dns:///...`).
 fn recorder() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {

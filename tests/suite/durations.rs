@@ -1,6 +1,7 @@
 //! Every duration and factor a setting takes may be as large as its type allows: `build()`
 //! refuses it by name or takes it (a duration as "never"), and nothing panics later, in a call
-//! or in a background task. A test binary of its own: it counts every panic of the process.
+//! or in a background task. It counts every panic of the process: no test of the suite panics
+//! when it passes.
 use tonic_balancer_fleet as fleet;
 
 use std::net::SocketAddr;
@@ -22,17 +23,16 @@ const MAX: Duration = Duration::MAX;
 
 static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// Counts every panic of the process, on any thread or task.
+/// Counts every panic of the process, on any thread or task (the suite's: another test's
+/// panic while this one runs counts too).
 fn count_panics() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
+        crate::common::on_panic(|info| {
             if let Ok(mut m) = PANICS.lock() {
                 m.push(info.to_string());
             }
-            previous(info);
-        }));
+        });
     });
 }
 

@@ -5,7 +5,7 @@
 //!
 //! The example is built by this test with the features this test was built with (so that the
 //! library is not compiled again): `cargo test` builds the examples already, and then that build
-//! finds nothing to do; `cargo test --test prometheus_example` alone builds it here.
+//! finds nothing to do; `cargo test --test suite prometheus_example` alone builds it here.
 #![cfg(feature = "metrics")]
 use tonic_balancer_fleet as fleet;
 
@@ -433,7 +433,7 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
 
     // The example runs while it is scraped, and a scrape reads one family after another while
     // calls end: values are compared within a family (one histogram's buckets and count are
-    // read together), never across two. `tests/metrics.rs` checks the relations across
+    // read together), never across two. `tests/suite/metrics.rs` checks the relations across
     // families on a channel at rest.
     // A66: every call that ended OK did so in a sane time, in seconds.
     let ok = [("grpc_method", UNARY), t, ("grpc_status", "OK")];

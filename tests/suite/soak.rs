@@ -673,19 +673,18 @@ async fn membership(
     done
 }
 
-/// Panics anywhere in the process (test tasks, the channel's tasks, the fleet's threads).
+/// Panics anywhere in the process (test tasks, the channel's tasks, the fleet's threads; the
+/// other tests of the suite, none of which panics when it passes).
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 static PANIC_MESSAGES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 fn count_panics() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
+    crate::common::on_panic(|info| {
         PANICS.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut m) = PANIC_MESSAGES.lock() {
             m.push(info.to_string());
         }
-        previous(info);
-    }));
+    });
 }
 
 /// Calls of every kind with random deadlines and cancellations, while instances are killed,

@@ -93,6 +93,7 @@ impl Events {
     /// Installs the layer for this thread (a current-thread runtime: the channel's tasks run
     /// here).
     fn install(&self) -> tracing::subscriber::DefaultGuard {
+        crate::common::subscribers_per_thread();
         let subscriber = tracing_subscriber::registry().with(self.clone().with_filter(
             tracing_subscriber::filter::filter_fn(|m| m.target().starts_with("tonic_balancer")),
         ));

@@ -16,9 +16,9 @@ use fleet::{Behavior, ServerOptions};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 use tonic_balancer::{BalancedChannel, Resolve, ServedBy, Strategy};
 
-const CA: &str = include_str!("data/tls/ca.pem");
-const CERT: &str = include_str!("data/tls/server.pem");
-const KEY: &str = include_str!("data/tls/server.key");
+const CA: &str = include_str!("../data/tls/ca.pem");
+const CERT: &str = include_str!("../data/tls/server.pem");
+const KEY: &str = include_str!("../data/tls/server.key");
 
 fn tls_options() -> ServerOptions {
     ServerOptions {

@@ -61,6 +61,7 @@ impl CallSpans {
     /// Installs the layer for this thread (the tests run on a current-thread runtime, so that
     /// the calls are made and polled here).
     fn install(&self) -> tracing::subscriber::DefaultGuard {
+        crate::common::subscribers_per_thread();
         let subscriber = tracing_subscriber::registry().with(self.clone().with_filter(
             tracing_subscriber::filter::filter_fn(|m| m.target().starts_with("tonic_balancer")),
         ));

@@ -1,0 +1,55 @@
+//! What the suite's modules share because the process has one of it.
+
+use std::panic::PanicHookInfo;
+use std::sync::{Mutex, Once, OnceLock, PoisonError};
+
+use tracing::subscriber::NoSubscriber;
+use tracing::Dispatch;
+
+type Listener = Box<dyn Fn(&PanicHookInfo<'_>) + Send + Sync>;
+
+/// Who hears of each panic.
+static LISTENERS: Mutex<Vec<Listener>> = Mutex::new(Vec::new());
+
+/// Calls `listener` on every panic of the process from now on (any thread, any task, any
+/// test's), before the default hook prints it.
+///
+/// The process has one panic hook: two tests that each took it and set their own in its place
+/// could, running in parallel, both take the default and lose the other's. So the suite's hook
+/// is set once, here, and tells every listener.
+pub fn on_panic(listener: impl Fn(&PanicHookInfo<'_>) + Send + Sync + 'static) {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            for listener in LISTENERS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+            {
+                listener(info);
+            }
+            previous(info);
+        }));
+    });
+    LISTENERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Box::new(listener));
+}
+
+/// Call before each `tracing::subscriber::set_default`: a subscriber set for one thread then
+/// sees every callsite it wants, whichever thread hit it first.
+///
+/// tracing keeps each callsite's interest for the whole process, worked out when the callsite
+/// is first hit by asking every subscriber alive; but while a single subscriber was ever made,
+/// it asks the default of the thread that hit it instead. A test's subscriber for its own
+/// thread, the process's only one, lost every callsite that another test's thread (no
+/// subscriber: interested in nothing) hit first while it was alive: the spans and events the
+/// test waits for never came. Two silent subscribers alive for the whole process keep tracing
+/// asking every subscriber alive; a callsite some test's subscriber wants is then checked at
+/// each hit against the hitting thread's own subscriber.
+pub fn subscribers_per_thread() {
+    static SILENT: OnceLock<[Dispatch; 2]> = OnceLock::new();
+    SILENT.get_or_init(|| [(); 2].map(|()| Dispatch::new(NoSubscriber::new())));
+}
