@@ -15,7 +15,7 @@
 //! once); the client runs on a multi-threaded runtime. The connections are opened before
 //! measuring.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::time::Duration;
 

@@ -14,7 +14,7 @@
 //! calls and prints which instances answered and what `endpoints()` shows. It talks only to
 //! 127.0.0.x and ends by itself in a few seconds.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -14,7 +14,7 @@
 //! takes out the set-up (runtime, connections). `scripts/instructions.sh` does all of it for
 //! every contender. The client runs on a current-thread runtime so that the count repeats.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use fleet::pb::fleet_client::FleetClient;
 use fleet::pb::Req;

@@ -35,7 +35,7 @@
 //! `--port 0` serves on a free port; the `curl` line printed says which. `--seconds 0` (the
 //! default) runs until interrupted; `--seconds N` exits after N seconds.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

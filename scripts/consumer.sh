@@ -101,6 +101,27 @@ for c in balancer-default balancer-minimal balancer-hickory balancer-health bala
   done
 done
 
+# A consumer of the test fleet (its tests' dev-dependency) compiles no protobuf compiler
+# either: it brings its service as tonic generated it.
+consumer fleet-user "tonic-balancer-fleet = { path = \"$root/fleet\", features = [\"orca\", \"tls\"] }
+tonic = { version = \"0.14\", default-features = false }"
+cat > "$work/fleet-user/src/main.rs" <<EOF
+fn main() {
+    let faults = tonic_balancer_fleet::Faults::new();
+    faults.set(tonic_balancer_fleet::Script::new().hang());
+    println!("{}", faults.calls());
+}
+EOF
+n=$(crates fleet-user)
+printf '%-18s %7d %8.2f\n' fleet-user "$n" "$(echo "$n / $base" | bc -l)"
+tree=$(cd "$work/fleet-user" && cargo tree -q -e normal,build,features --prefix none)
+for bad in 'protox ' 'prost-reflect ' 'prost-build ' 'tonic-prost-build ' 'tonic-build '; do
+  if grep -q "^$bad" <<<"$tree"; then
+    echo "FAIL: fleet-user compiles ${bad% }, which the fleet must not bring" >&2
+    status=1
+  fi
+done
+
 if [ "$time_builds" = "--time" ]; then
   # Clean debug builds (the crates from scratch; downloads fetched first), interleaved so that
   # the machine's load falls on both sides alike; three rounds, and the median of each.

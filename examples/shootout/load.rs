@@ -4,7 +4,6 @@
 //! got.
 
 use std::io::{IsTerminal, Write as _};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -120,10 +119,7 @@ pub(crate) fn reset(fleet: &Mutex<Fleet>, setup: &Setup) {
 
 /// Calls that reached each instance so far (the servers' own counters).
 fn served(shared: &[Arc<Shared>]) -> Vec<u64> {
-    shared
-        .iter()
-        .map(|s| s.served.load(Ordering::SeqCst))
-        .collect()
+    shared.iter().map(|s| s.served()).collect()
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -81,7 +81,7 @@
 //! `svg.rs` (the charts), `live.rs` (the live view), and the scenarios that run on their own:
 //! `streams.rs` (`stream-limit`) and `many_clients.rs` (`many-clients`). This file runs them.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 mod contenders;
 mod live;

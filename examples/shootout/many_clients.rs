@@ -447,7 +447,7 @@ impl Servers {
 
     fn per_call_reports(&self, on: bool) {
         for inst in &self.instances {
-            inst.shared.orca_per_call_off.store(!on, Ordering::SeqCst);
+            inst.set_per_call_reports(on);
         }
     }
 
@@ -476,7 +476,7 @@ impl Servers {
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(10));
                     for (s, inst) in sum.iter_mut().zip(&servers.instances) {
-                        *s += inst.shared.active.load(Ordering::Relaxed);
+                        *s += inst.active();
                     }
                     samples += 1;
                     if samples == 10 {

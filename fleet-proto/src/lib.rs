@@ -1,6 +1,12 @@
-//! The service of tonic-balancer's test fleet, demo and benchmarks (`proto/fleet.proto`),
-//! compiled at build time with protox (a protobuf compiler in pure Rust, no system `protoc`).
-//! A dev-dependency: the library itself has no generated code.
+//! The service of tonic-balancer's test fleet, demo and benchmarks (`proto/fleet.proto`), and
+//! a user's service as in tonic's helloworld (`proto/helloworld.proto`, in the fleet crate's
+//! tests), compiled at build time with protox (a protobuf compiler in pure Rust, no system
+//! `protoc`). A dev-dependency: the library and the fleet crate have no generated code.
 #![allow(missing_docs)]
 
 tonic::include_proto!("fleet.v1");
+
+/// A user's service, as in tonic's helloworld example.
+pub mod helloworld {
+    tonic::include_proto!("helloworld");
+}

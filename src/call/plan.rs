@@ -34,7 +34,7 @@ pub(super) const MAX_SAME_INSTANCE_REPLAYS: u8 = 3;
 /// count of a connection's streams lags behind its client's (gRPC's C-core) refuses again on
 /// the same connection, and a second refusal on another one is no rarity under load: against
 /// a test server refusing 25-30% of the streams, one replay left 3% of the calls failed, three
-/// left 0.1% (`tests/call_path.rs`). A refused stream costs its server nothing.
+/// left 0.1% (`tests/suite/call_path.rs`). A refused stream costs its server nothing.
 pub(super) const MAX_REFUSED_REPLAYS: u8 = 3;
 
 /// The least wait before a hedge looks again for an instance that no attempt of the call has

@@ -2,7 +2,7 @@
 //! times are scripted, made one after another or several at once, through the channel's own
 //! pick and the instances' own records of each answer. No socket and no scheduler take part,
 //! so each scenario runs the same way every time, however loaded the machine, and a gate of
-//! seconds costs no waiting. (`tests/tiebreak.rs` checks with real servers that real answers
+//! seconds costs no waiting. (`tests/suite/tiebreak.rs` checks with real servers that real answers
 //! reach these records.)
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! What the channel tells its callers: which instance served a call, and which statuses it
 //! made itself (a typed source) rather than an instance answering them.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::error::Error as _;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The life of one call through the channel: every RPC kind, how long a call counts, that
 //! abandoned calls leave no count, deadlines, and the per-instance totals.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! concurrent streams per connection, the stream limit opens another connection, connections
 //! stay at or under the cap, idle extra connections close, an extra connection that fails leaves
 //! its instance ready, and refused streams are sent again, a bounded number of times.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

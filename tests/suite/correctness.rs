@@ -1,7 +1,7 @@
 //! Correctness of the paths a call can take when things go wrong: a request stream sent again,
 //! a set replaced while calls flow, a retry with nowhere to go, a removed instance that comes
 //! back, and calls queued behind a connect that never completes.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! Generated stubs with an interceptor, tower middleware around the channel (a timeout, a
 //! concurrency limit, a buffer), and `tonic::client::Grpc` used directly.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

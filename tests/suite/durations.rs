@@ -2,7 +2,7 @@
 //! refuses it by name or takes it (a duration as "never"), and nothing panics later, in a call
 //! or in a background task. It counts every panic of the process: no test of the suite panics
 //! when it passes.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::net::SocketAddr;
 use std::pin::Pin;

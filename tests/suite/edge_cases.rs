@@ -2,7 +2,7 @@
 //! than the service time, ejections raced by membership changes, the `grpc-timeout` of a call
 //! sent again, transparent retry turned off, a discovery source that never answers, answers
 //! without a gRPC status, and calls made from another executor.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

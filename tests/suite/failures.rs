@@ -1,4 +1,4 @@
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 // Failure handling against real servers: unreachable addresses, instances that fail fast,
 // die mid-call, hang, or fail now and then; ejection, readmission on probation, the ejection

@@ -6,7 +6,7 @@
 //! stopped and restarted), instances in memory on tokio's paused clock where time is (the
 //! backoff between streams, the first answer's timeout, an hour without asking again).
 #![cfg(feature = "health-check")]
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

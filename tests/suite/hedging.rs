@@ -1,5 +1,5 @@
 //! Hedging (gRFC A6's hedging policy), and the server pushback that retries and hedges honour.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::time::{Duration, Instant};
 

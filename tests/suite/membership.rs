@@ -1,6 +1,6 @@
 //! Membership that changes: runtime inserts and removals under load, replace_all, and DNS
 //! discovery against a real DNS server on loopback whose records the test changes.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 #[cfg(feature = "hickory-dns")]
 use std::net::{Ipv4Addr, SocketAddr};

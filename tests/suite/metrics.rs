@@ -2,7 +2,7 @@
 //! names (A66, A78, A94, A91, A96) with their units and labels, and values that match the calls
 //! made through a real fleet.
 #![cfg(feature = "metrics")]
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The shapes tonic users move from: `Channel::balance_list`, `Channel::balance_channel` (a
 //! sender of tonic's own `Change`), any pushed stream of changes (tonic's or tower's), and an insert that
 //! brings new settings for an address already in the set.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::time::Duration;
 

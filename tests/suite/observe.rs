@@ -1,7 +1,7 @@
 //! What the channel tells of itself without a metrics stack: the `tonic_balancer.call` span of
 //! each call and the channel's events, as a subscriber sees them (with OpenTelemetry's field
 //! names), and the totals of `BalancedChannel::stats`.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

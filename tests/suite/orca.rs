@@ -3,7 +3,7 @@
 //! they are stale), and weighted round robin following the reported utilization.
 #![cfg(feature = "orca")]
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::time::Duration;
 

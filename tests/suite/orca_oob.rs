@@ -4,9 +4,8 @@
 //! instance.
 #![cfg(feature = "orca")]
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fleet::pb::fleet_client::FleetClient;
@@ -89,7 +88,7 @@ async fn reports_arrive_without_calls_and_steer_the_pick() {
         0,
         "the stream is no call"
     );
-    assert_eq!(busy.shared.oob_open.load(Ordering::SeqCst), 1);
+    assert_eq!(busy.oob_open(), 1);
 
     // Without the reports this channel counts 0 on both: its calls would go to both. With
     // them, busy counts 6 and every call goes to idle.
@@ -113,10 +112,7 @@ async fn reports_arrive_without_calls_and_steer_the_pick() {
 async fn a_server_without_the_service_is_asked_once_per_connection() {
     let (mut plain, _h) = reporting("plain", Behavior::Ok, false);
     let ch = oob_channel(&[plain.uri()]);
-    wait_until("the stream asked for", LIMIT, || {
-        plain.shared.oob_requests.load(Ordering::SeqCst) >= 1
-    })
-    .await;
+    wait_until("the stream asked for", LIMIT, || plain.oob_requests() >= 1).await;
     for i in 0..20 {
         FleetClient::new(ch.clone())
             .unary(fleet::req(i))
@@ -125,7 +121,7 @@ async fn a_server_without_the_service_is_asked_once_per_connection() {
     }
     // Twenty backoffs of 20 ms and more would have passed by now if it asked again.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(plain.shared.oob_requests.load(Ordering::SeqCst), 1);
+    assert_eq!(plain.oob_requests(), 1);
     assert!(
         stats(&ch, &plain.uri()).load_report().is_some(),
         "per-call reports still read"
@@ -145,12 +141,12 @@ async fn a_server_without_the_service_is_asked_once_per_connection() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     wait_until("asked again on the new connection", LIMIT, || {
-        plain.shared.oob_requests.load(Ordering::SeqCst) >= 2
+        plain.oob_requests() >= 2
     })
     .await;
     // (More than once if the connection went through several states while the server was
     // down.) Then left alone again.
-    let asked = plain.shared.oob_requests.load(Ordering::SeqCst);
+    let asked = plain.oob_requests();
     for i in 0..20 {
         FleetClient::new(ch.clone())
             .unary(fleet::req(200 + i))
@@ -158,7 +154,7 @@ async fn a_server_without_the_service_is_asked_once_per_connection() {
             .expect("calls work");
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(plain.shared.oob_requests.load(Ordering::SeqCst), asked);
+    assert_eq!(plain.oob_requests(), asked);
 }
 
 /// Removing an instance ends its report stream at once, even while a call of the channel
@@ -169,8 +165,7 @@ async fn the_stream_ends_when_the_instance_is_removed() {
     let (b, _hb) = reporting("b", Behavior::Hold, true);
     let ch = oob_channel(&[a.uri(), b.uri()]);
     wait_until("both streams open", LIMIT, || {
-        a.shared.oob_open.load(Ordering::SeqCst) == 1
-            && b.shared.oob_open.load(Ordering::SeqCst) == 1
+        a.oob_open() == 1 && b.oob_open() == 1
     })
     .await;
     // A call held on one of them: that one drains with it.
@@ -180,20 +175,17 @@ async fn the_stream_ends_when_the_instance_is_removed() {
     let (gone, kept) = if a.held() == 1 { (&a, &b) } else { (&b, &a) };
     assert!(ch.remove(&gone.uri()).unwrap());
     wait_until("the removed instance's stream closed", LIMIT, || {
-        gone.shared.oob_open.load(Ordering::SeqCst) == 0
+        gone.oob_open() == 0
     })
     .await;
     assert_eq!(gone.held(), 1, "the draining call goes on");
-    assert_eq!(kept.shared.oob_open.load(Ordering::SeqCst), 1);
+    assert_eq!(kept.oob_open(), 1);
     gone.release(1);
     held.await.unwrap().expect("the held call ends well");
 
     // Dropping the channel ends the other.
     drop(ch);
-    wait_until("the other stream closed", LIMIT, || {
-        kept.shared.oob_open.load(Ordering::SeqCst) == 0
-    })
-    .await;
+    wait_until("the other stream closed", LIMIT, || kept.oob_open() == 0).await;
 }
 
 /// A zero interval is refused when the channel is built, naming the setting.

@@ -7,13 +7,13 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use fleet_service as fleet;
 use hyper_util::rt::TokioIo;
 use tokio::io::DuplexStream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic_balancer::probe::{probe_once, PATH};
-use tonic_balancer_fleet as fleet;
 
 use fleet::{Behavior, Instance};
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use fleet_service as fleet;
 use tonic_balancer::{BalancedChannel, ProbeConfig};
-use tonic_balancer_fleet as fleet;
 
 use fleet::pb::fleet_client::FleetClient;
 use fleet::{Behavior, Instance};

@@ -7,7 +7,7 @@
 //! library is not compiled again): `cargo test` builds the examples already, and then that build
 //! finds nothing to do; `cargo test --test suite prometheus_example` alone builds it here.
 #![cfg(feature = "metrics")]
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use fleet::prom::Scrape;
 
@@ -82,6 +82,9 @@ fn build_example() -> PathBuf {
     }
     if cfg!(feature = "orca") {
         features.push("orca");
+    }
+    if cfg!(feature = "service-config") {
+        features.push("service-config");
     }
     // This test runs from `<target dir>/<profile>/deps/`: the example goes in the same target
     // directory, with the same profile, so that what `cargo test` built is used as it is.

@@ -1,5 +1,5 @@
 //! The opt-in retry policy and its budget.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::time::{Duration, Instant};
 

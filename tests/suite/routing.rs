@@ -1,7 +1,7 @@
 //! Where calls go: least pending over real servers, spreading on an idle fleet and under
 //! concurrent load, no usable instance, and the instance sets and settings `build()` refuses.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

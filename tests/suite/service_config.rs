@@ -3,7 +3,7 @@
 //! where time is: backoffs, deadlines, hedging delays), and malformed configs, each refused
 //! naming its JSON path.
 #![cfg(feature = "service-config")]
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::time::Duration;
 
@@ -451,10 +451,7 @@ async fn weighted_round_robin_asks_for_out_of_band_reports_when_enabled() {
         .unwrap();
     assert_eq!(ch.strategy(), Strategy::WeightedRoundRobin);
     fleet::wait_until("an out-of-band report asked for", LIMIT, || {
-        inst.shared
-            .oob_requests
-            .load(std::sync::atomic::Ordering::SeqCst)
-            > 0
+        inst.oob_requests() > 0
     })
     .await;
     let mut client = FleetClient::new(ch);

@@ -1,4 +1,4 @@
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use fleet::pb::fleet_client::FleetClient;
 use fleet::{Behavior, Fleet};

@@ -1,4 +1,4 @@
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 // A soak test of the channel: calls of every kind, with random deadlines and random
 // cancellations, while a chaos task kills, restarts, fails, hangs and slows instances and a

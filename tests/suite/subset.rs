@@ -1,7 +1,7 @@
 //! Subsetting with real servers: a client with `subset(k)` connects to and calls k instances
 //! only, clients with distinct indices cover the fleet evenly, and a membership change moves
 //! about one member of a subset while calls keep succeeding.
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -9,7 +9,7 @@
 //! above the scheduling noise of a loaded machine, and the bounds are loose: an answer slowed
 //! by the machine may gate an instance for a few calls.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::time::Duration;
 

@@ -7,10 +7,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fleet_service as fleet;
 use tokio::time::Instant;
 use tonic::Code;
 use tonic_balancer::{BalancedChannel, Ejection, HedgingPolicy, RetryPolicy};
-use tonic_balancer_fleet as fleet;
 
 use fleet::memory::MemoryInstance;
 use fleet::pb::fleet_client::FleetClient;

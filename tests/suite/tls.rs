@@ -4,7 +4,7 @@
 //! The certificates are in `tests/data/tls` (`make.sh` makes them again).
 #![cfg(feature = "hickory-dns")]
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! tonic's `Endpoint` takes them) and connectors of the user's (`Endpoint::connect_with_connector`),
 //! several of which may share one placeholder URI and are known by their names.
 
-use tonic_balancer_fleet as fleet;
+use fleet_service as fleet;
 
 use std::net::SocketAddr;
 use std::time::Duration;
