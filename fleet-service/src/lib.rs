@@ -37,7 +37,8 @@ pub use fleet_proto as pb;
 use pb::fleet_server::{Fleet as FleetService, FleetServer};
 use pb::{Reply, Req};
 
-/// What an instance does with each call.
+/// What an instance does with each call: each is a set of the fleet's fault scripts
+/// ([`Shared::set`] says where in a call each applies).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Behavior {
     /// Answers at once.
@@ -50,7 +51,8 @@ pub enum Behavior {
     Fail(Code),
     /// Never answers.
     Hang,
-    /// Service time grows with the calls it is serving: `base + per_call × (in flight - 1)`.
+    /// Service time grows with the calls it is serving: `base + per_call × (in flight - 1)`,
+    /// counting the calls of the same method.
     Overload { base: Duration, per_call: Duration },
     /// Answers at once with this status, message and one trailer metadata entry (`key`:
     /// `value`), as a server that says why it refuses.
@@ -77,7 +79,7 @@ pub enum Behavior {
         other: Duration,
         client_stream: Duration,
     },
-    /// Answers after `delay`, and fails every `one_in`-th call it serves with `code`: an
+    /// Answers after `delay`, and fails every `one_in`-th call of each method with `code`: an
     /// instance that fails part of its calls, never many in a row.
     FailSome {
         one_in: u64,
@@ -87,7 +89,7 @@ pub enum Behavior {
     /// Each call waits `stall` with probability `p`, else `base`, before its answer starts (a
     /// server-streaming call before its response headers, so that a client may still hedge
     /// it): stalls that no balancer can route around. The draws come from a fixed
-    /// pseudo-random sequence per instance (seeded by its name, stepped by its calls served).
+    /// pseudo-random sequence per instance (seeded by its name, stepped by its calls).
     Stall {
         p: f64,
         stall: Duration,
