@@ -230,12 +230,16 @@ impl Tie {
     /// [`Strategy::FewestThenFastest`](crate::Strategy::FewestThenFastest)'s count, in
     /// [`WEIGHT_ONE`] units: one call while the instance is open; while it is gated (it answered
     /// markedly slower than the rest), its slowness, at most [`MAX_WEIGHT`].
+    ///
+    /// Without a branch: whether an instance is gated follows no pattern the processor could
+    /// learn, and with the branch the pick over 50 busy instances took 120-129 ns against
+    /// 106-112 ns without (`benches/pick.rs`, three interleaved runs each).
     #[inline]
     pub(crate) fn weight(&self, now_ns: u64) -> u64 {
-        if self.recheck_at.load(Ordering::Relaxed) <= now_ns {
-            return WEIGHT_ONE;
-        }
-        u64::from(self.weight.load(Ordering::Relaxed))
+        let gated = u64::from(self.recheck_at.load(Ordering::Relaxed) > now_ns);
+        let weight = u64::from(self.weight.load(Ordering::Relaxed));
+        // The stored weight is never below one call's.
+        WEIGHT_ONE + gated * weight.saturating_sub(WEIGHT_ONE)
     }
 
     /// Whether the instance answered markedly slower than the rest last time (a gate was set)
