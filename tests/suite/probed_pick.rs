@@ -127,6 +127,55 @@ mod orca {
         }
     }
 
+    /// Instance 0 answers in 30 ms, the others in 2 ms, and each has served calls already, so
+    /// its probe answers say so: round robin with probes sends it hardly any call (only while
+    /// fewer than two answers are fresh; otherwise the fastest cold answer wins), round robin
+    /// without probes its quarter.
+    #[tokio::test]
+    async fn probes_keep_calls_off_an_instance_whose_answers_say_it_is_slow() {
+        let fleet: Vec<(Instance, OrcaHandle)> = (0..4)
+            .map(|k| {
+                let ms = if k == 0 { 30 } else { 2 };
+                Instance::start_reporting(
+                    &format!("i{k}"),
+                    Behavior::Delay(Duration::from_millis(ms)),
+                )
+            })
+            .collect();
+        // Each instance's latency estimate, from calls of another client.
+        for (inst, handle) in &fleet {
+            let mut direct = FleetClient::new(
+                tonic::transport::Endpoint::from_shared(inst.uri())
+                    .unwrap()
+                    .connect_lazy(),
+            );
+            for id in 0..10 {
+                direct.unary(fleet::req(id)).await.unwrap();
+            }
+            assert!(handle.probe_answer().latency.is_some());
+        }
+        let uris: Vec<String> = fleet.iter().map(|(i, _)| i.uri()).collect();
+        let mut shares = Vec::new();
+        for probes in [true, false] {
+            let mut b = BalancedChannel::builder()
+                .uris(uris.iter().map(String::as_str))
+                .strategy(tonic_balancer::Strategy::RoundRobin);
+            if probes {
+                b = b.probes(ProbeConfig::default());
+            }
+            let mut client = FleetClient::new(b.build().unwrap());
+            let names = fleet::calls(&mut client, 200).await;
+            shares.push(names.iter().filter(|n| *n == "i0").count() as f64 / 200.0);
+        }
+        let why = format!(
+            "to the slow one: {:.1}% with probes, {:.1}% without",
+            shares[0] * 100.0,
+            shares[1] * 100.0
+        );
+        assert!(shares[0] < 0.05, "{why}");
+        assert!(shares[1] > 0.2, "{why}");
+    }
+
     /// The probe service, served by a server that never answers it.
     #[derive(Clone)]
     struct Silent;
