@@ -31,7 +31,7 @@ fn hello(deadline: Duration) -> Request<HelloRequest> {
 }
 
 /// One instance of three hangs: calls with a deadline lose at most the few it takes the
-/// channel to see it, and the others go on.
+/// channel to see it, and the others go on; every call it received is one of those lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn my_client_survives_an_instance_that_hangs() {
     let fleet = Fleet::start(3, |_| GreeterServer::new(MyGreeter));
@@ -51,10 +51,12 @@ async fn my_client_survives_an_instance_that_hangs() {
         tally.failed(),
         tally.by_instance()
     );
-    assert_eq!(
-        tally.served(&fleet[0].uri()),
-        0,
-        "the hanging instance answered"
+    // The channel stopped sending to it: it received no more calls than were lost.
+    let received = fleet[0].faults().calls();
+    assert!(
+        received <= tally.failed(),
+        "the hanging instance received {received} calls, {} were lost",
+        tally.failed()
     );
 }
 
