@@ -62,6 +62,15 @@ mod orca {
     use super::*;
     use tonic_balancer::orca::OrcaHandle;
 
+    /// The shares of the calls that went to `which`, with probes and without, for a message.
+    fn with_and_without(which: &str, shares: &[f64]) -> String {
+        format!(
+            "to {which}: {:.1}% with probes, {:.1}% without",
+            shares[0] * 100.0,
+            shares[1] * 100.0
+        )
+    }
+
     /// Another client's 8 calls are held by instance 0 (which answers the rest in 2 ms, as the
     /// others do): its probes answer 8 calls in flight, the others 0. A
     /// channel with probes (and no load reports) sends it hardly any of its calls (only those
@@ -114,11 +123,7 @@ mod orca {
                 assert!(sent > 0 && sent <= 3 * 400, "{sent} probes for 400 calls");
             }
         }
-        let why = format!(
-            "to the busy one: {:.1}% with probes, {:.1}% without",
-            shares[0] * 100.0,
-            shares[1] * 100.0
-        );
+        let why = with_and_without("the busy one", &shares);
         assert!(shares[0] < 0.08, "{why}");
         assert!(shares[1] > 0.15, "{why}");
         busy.0.release(8);
@@ -167,11 +172,7 @@ mod orca {
             let names = fleet::calls(&mut client, 200).await;
             shares.push(names.iter().filter(|n| *n == "i0").count() as f64 / 200.0);
         }
-        let why = format!(
-            "to the slow one: {:.1}% with probes, {:.1}% without",
-            shares[0] * 100.0,
-            shares[1] * 100.0
-        );
+        let why = with_and_without("the slow one", &shares);
         assert!(shares[0] < 0.05, "{why}");
         assert!(shares[1] > 0.2, "{why}");
     }
