@@ -201,6 +201,21 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until the layer counts no call in flight.
+async fn no_call_in_flight(faults: &Faults) {
+    until("no call in flight", || faults.in_flight() == 0).await;
+}
+
+/// `stream` is the only call in flight: dropping it ends it, and the count goes back to 0.
+async fn dropping_it_ends_the_only_call<T>(faults: &Faults, stream: T) {
+    assert_eq!(faults.in_flight(), 1);
+    drop(stream);
+    until("the dropped stream leaves the count", || {
+        faults.in_flight() == 0
+    })
+    .await;
+}
+
 /// A unary call in a task of its own.
 fn spawn_unary(
     client: &FleetClient<Channel>,
@@ -208,6 +223,34 @@ fn spawn_unary(
 ) -> tokio::task::JoinHandle<Result<Reply, Status>> {
     let mut client = client.clone();
     tokio::spawn(async move { client.unary(req(id)).await.map(Response::into_inner) })
+}
+
+/// Opens a server stream of `count` messages and reads them in order; what comes after them
+/// is left to the caller.
+async fn read_stream(
+    client: &mut FleetClient<Channel>,
+    id: u64,
+    count: u32,
+) -> tonic::Streaming<Reply> {
+    let mut stream = client
+        .server_stream(stream_req(id, count))
+        .await
+        .unwrap()
+        .into_inner();
+    for seq in 0..count {
+        assert_eq!(stream.message().await.unwrap().unwrap().seq, seq);
+    }
+    stream
+}
+
+/// Waits until `call` is the one call held, releases it, and returns its outcome.
+async fn released(
+    faults: &Faults,
+    call: tokio::task::JoinHandle<Result<Reply, Status>>,
+) -> Result<Reply, Status> {
+    until("a held call", || faults.held() == 1).await;
+    faults.release(1);
+    call.await.unwrap()
 }
 
 async fn health_check(health: &mut HealthClient<Channel>) -> Result<(), Status> {
@@ -264,7 +307,7 @@ async fn per_call_in_flight_grows_with_the_calls_in_flight() {
     }
     let mut stream = stream.await.unwrap().unwrap().into_inner();
     while stream.message().await.unwrap().is_some() {}
-    until("no call in flight", || faults.in_flight() == 0).await;
+    no_call_in_flight(&faults).await;
     let took = unary_ok(&mut f.client, 2).await;
     assert!(took < 100 * MS, "took {took:?} alone again");
 }
@@ -364,7 +407,7 @@ async fn fail_answers_with_its_status_message_and_trailer() {
         .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(faults.calls(), 3);
-    until("no call in flight", || faults.in_flight() == 0).await;
+    no_call_in_flight(&faults).await;
 }
 
 #[test]
@@ -463,12 +506,7 @@ async fn hang_at_the_end_outlives_the_deadline_until_the_client_drops_the_stream
     // The headers were answered: no deadline applies to the rest of the stream.
     let more = tokio::time::timeout(10 * SECOND, stream.message()).await;
     assert!(more.is_err(), "the stream ended: {more:?}");
-    assert_eq!(faults.in_flight(), 1);
-    drop(stream);
-    until("the dropped stream leaves the count", || {
-        faults.in_flight() == 0
-    })
-    .await;
+    dropping_it_ends_the_only_call(&faults, stream).await;
 }
 
 #[tokio::test]
@@ -496,7 +534,7 @@ async fn hold_waits_for_release() {
     for (id, call) in calls.into_iter().enumerate() {
         assert_eq!(call.await.unwrap().unwrap().id, id as u64);
     }
-    until("no call in flight", || faults.in_flight() == 0).await;
+    no_call_in_flight(&faults).await;
 
     // What was left of the release lets the next call go on at once; the one after waits.
     assert_eq!(spawn_unary(&f.client, 3).await.unwrap().unwrap().id, 3);
@@ -517,9 +555,7 @@ async fn a_release_before_the_calls_arrive_is_not_lost() {
         assert_eq!(spawn_unary(&f.client, id).await.unwrap().unwrap().id, id);
     }
     let third = spawn_unary(&f.client, 2);
-    until("the third call held", || faults.held() == 1).await;
-    faults.release(1);
-    assert_eq!(third.await.unwrap().unwrap().id, 2);
+    assert_eq!(released(&faults, third).await.unwrap().id, 2);
 }
 
 #[tokio::test]
@@ -528,9 +564,7 @@ async fn hold_then_fail_answers_the_status_on_release() {
     let f = start(&faults).await;
     faults.set(Script::new().hold().fail(Code::Aborted, "after the hold"));
     let call = spawn_unary(&f.client, 0);
-    until("a held call", || faults.held() == 1).await;
-    faults.release(1);
-    let status = call.await.unwrap().unwrap_err();
+    let status = released(&faults, call).await.unwrap_err();
     assert_eq!(
         (status.code(), status.message()),
         (Code::Aborted, "after the hold")
@@ -563,12 +597,10 @@ async fn limit_refuses_the_call_beyond_n_at_once() {
     for call in calls {
         call.await.unwrap().unwrap();
     }
-    until("no call in flight", || faults.in_flight() == 0).await;
+    no_call_in_flight(&faults).await;
     // Room again: held, not refused.
     let call = spawn_unary(&f.client, 3);
-    until("a held call", || faults.held() == 1).await;
-    faults.release(1);
-    call.await.unwrap().unwrap();
+    released(&faults, call).await.unwrap();
     assert_eq!(faults.calls(), 4);
 }
 
@@ -606,7 +638,7 @@ async fn limit_counts_the_calls_of_its_scope() {
         let mut s = s.await.unwrap().unwrap().into_inner();
         while s.message().await.unwrap().is_some() {}
     }
-    until("no call in flight", || faults.in_flight() == 0).await;
+    no_call_in_flight(&faults).await;
     health_check(&mut f.health).await.unwrap();
 }
 
@@ -707,15 +739,7 @@ async fn at_end_the_status_follows_every_message() {
             .at(Point::AtEnd),
     );
     let start = Instant::now();
-    let mut stream = f
-        .client
-        .server_stream(stream_req(3, 4))
-        .await
-        .unwrap()
-        .into_inner();
-    for seq in 0..4 {
-        assert_eq!(stream.message().await.unwrap().unwrap().seq, seq);
-    }
+    let mut stream = read_stream(&mut f.client, 3, 4).await;
     assert!(start.elapsed() < SECOND, "the messages waited");
     let status = stream.message().await.unwrap_err();
     assert!(start.elapsed() >= SECOND, "the trailers did not wait");
@@ -729,7 +753,7 @@ async fn at_end_the_status_follows_every_message() {
     let status = unary_err(&mut f.client, 0).await;
     assert_eq!(status.code(), Code::Internal);
     assert_eq!(f.echo.handled.load(Ordering::SeqCst), 2);
-    until("no call in flight", || faults.in_flight() == 0).await;
+    no_call_in_flight(&faults).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -774,15 +798,7 @@ async fn at_end_hold_keeps_the_stream_open_after_its_messages_until_released() {
     let faults = Faults::new();
     let mut f = start(&faults).await;
     faults.set(Script::new().hold().at(Point::AtEnd));
-    let mut stream = f
-        .client
-        .server_stream(stream_req(9, 3))
-        .await
-        .unwrap()
-        .into_inner();
-    for seq in 0..3 {
-        assert_eq!(stream.message().await.unwrap().unwrap().seq, seq);
-    }
+    let mut stream = read_stream(&mut f.client, 9, 3).await;
     until("the stream held at its end", || faults.held() == 1).await;
     assert_eq!(faults.in_flight(), 1);
     let more = tokio::time::timeout(10 * SECOND, stream.message()).await;
@@ -792,7 +808,7 @@ async fn at_end_hold_keeps_the_stream_open_after_its_messages_until_released() {
         stream.message().await.unwrap().is_none(),
         "the stream ends cleanly"
     );
-    until("no call in flight", || faults.in_flight() == 0).await;
+    no_call_in_flight(&faults).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -877,14 +893,9 @@ async fn counts_every_call_per_method_with_peaks_and_releases_cancelled_calls() 
     for id in 0..3 {
         unary_ok(&mut f.client, id).await;
     }
-    let mut stream = f
-        .client
-        .server_stream(stream_req(0, 2))
-        .await
-        .unwrap()
-        .into_inner();
-    while stream.message().await.unwrap().is_some() {}
-    until("no call in flight", || faults.in_flight() == 0).await;
+    let mut stream = read_stream(&mut f.client, 0, 2).await;
+    assert!(stream.message().await.unwrap().is_none(), "two messages");
+    no_call_in_flight(&faults).await;
     assert_eq!(faults.calls(), 4);
     assert_eq!(
         faults.methods(),
@@ -948,7 +959,7 @@ async fn counts_every_call_per_method_with_peaks_and_releases_cancelled_calls() 
     for call in calls.into_iter().skip(1) {
         call.await.unwrap().unwrap();
     }
-    until("no call in flight", || faults.in_flight() == 0).await;
+    no_call_in_flight(&faults).await;
     assert_eq!(
         faults.method(UNARY),
         MethodCount {
@@ -977,12 +988,7 @@ async fn a_stream_dropped_half_read_leaves_the_counts() {
         .unwrap()
         .into_inner();
     stream.message().await.unwrap().unwrap();
-    assert_eq!(faults.in_flight(), 1);
-    drop(stream);
-    until("the dropped stream leaves the count", || {
-        faults.in_flight() == 0
-    })
-    .await;
+    dropping_it_ends_the_only_call(&faults, stream).await;
 }
 
 #[tokio::test]
