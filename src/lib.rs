@@ -48,8 +48,9 @@
 //! at random how loaded they are (Prequal's probes) and picks among the fresh answers.
 //!
 //! The pick is a scan over a lock-free snapshot of the instances: atomics only, no lock shared
-//! by the calls, no allocation: for 50 instances 150-190 ns on one thread, about 2.5 times
-//! round robin's, on the (slow) machine of docs/benchmarks.md (`benches/pick.rs`).
+//! by the calls, no allocation: for 50 instances 92-190 ns on one thread on the machine of
+//! docs/benchmarks.md, as fast as least pending's in the same run; that machine's speed drifts
+//! by half within an hour (`benches/pick.rs`).
 //!
 //! # Failures
 //!

@@ -51,7 +51,8 @@ async fn my_client_survives_an_instance_that_hangs() {
         tally.failed(),
         tally.by_instance()
     );
-    // The channel stopped sending to it: it received no more calls than were lost.
+    // None of the calls it received was answered, there or elsewhere: it received no more
+    // calls than were lost. (That the channel stopped sending to it is the bound above.)
     let received = fleet[0].faults().calls();
     assert!(
         received <= tally.failed(),
