@@ -236,10 +236,10 @@ impl Tie {
     /// 106-112 ns without (`benches/pick.rs`, three interleaved runs each).
     #[inline]
     pub(crate) fn weight(&self, now_ns: u64) -> u64 {
-        let gated = u64::from(self.recheck_at.load(Ordering::Relaxed) > now_ns);
+        let gated = self.recheck_at.load(Ordering::Relaxed) > now_ns;
+        // The stored weight is never below one call's (see `observe_gated`).
         let weight = u64::from(self.weight.load(Ordering::Relaxed));
-        // The stored weight is never below one call's.
-        WEIGHT_ONE + gated * weight.saturating_sub(WEIGHT_ONE)
+        std::hint::select_unpredictable(gated, weight, WEIGHT_ONE)
     }
 
     /// Whether the instance answered markedly slower than the rest last time (a gate was set)

@@ -160,36 +160,35 @@ impl<const N: usize> Sample<N> {
     #[inline]
     fn chosen(&self) -> Option<Chosen> {
         let cands = &self.cands[..self.len];
+        // u64::MAX stands for none: no pass reaches it.
         let open_pass = cands
             .iter()
-            .filter(|(_, t)| t.gate == 0)
-            .map(|(_, t)| t.pass)
-            .min();
-        let Some(v) = open_pass else {
+            .map(|(_, t)| if t.gate == 0 { t.pass } else { u64::MAX })
+            .fold(u64::MAX, u64::min);
+        if open_pass == u64::MAX {
             let (i, _) = cands.iter().min_by_key(|(_, t)| t.pass)?;
             return Some(Chosen {
                 index: *i as usize,
                 floor: 0,
             });
-        };
-        let mut best: Option<(u32, Turn)> = None;
-        let mut runner_up: Option<Turn> = None;
-        for &(i, t) in cands.iter().filter(|(_, t)| t.gate <= v) {
-            match best {
-                Some((_, b)) if t.pass >= b.pass => {
-                    if runner_up.is_none_or(|r| t.pass < r.pass) {
-                        runner_up = Some(t);
-                    }
-                }
-                Some((_, b)) => {
-                    runner_up = Some(b);
-                    best = Some((i, t));
-                }
-                None => best = Some((i, t)),
+        }
+        // The lowest pass among the open ones (the first of equals), and the runner-up's
+        // pass and stride.
+        let (mut index, mut best, mut best_stride) = (0u32, u64::MAX, 0u64);
+        let (mut runner_up, mut runner_up_stride) = (u64::MAX, 0u64);
+        for &(i, t) in cands.iter().filter(|(_, t)| t.gate <= open_pass) {
+            if t.pass < best {
+                (runner_up, runner_up_stride) = (best, best_stride);
+                (index, best, best_stride) = (i, t.pass, t.stride);
+            } else if t.pass < runner_up {
+                (runner_up, runner_up_stride) = (t.pass, t.stride);
             }
         }
-        let (index, _) = best?;
-        let floor = runner_up.map_or(0, |r| r.pass.saturating_sub(r.stride + CREDIT));
+        let floor = if runner_up == u64::MAX {
+            0
+        } else {
+            runner_up.saturating_sub(runner_up_stride + CREDIT)
+        };
         Some(Chosen {
             index: index as usize,
             floor,
