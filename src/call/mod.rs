@@ -50,8 +50,10 @@ use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::instance::conns::UNCOUNTED;
 use crate::instance::events::Kind;
 use crate::instance::tie::Method;
+use crate::instance::Instance;
 use crate::observe::CallObs;
-use crate::pick::dispatch::{no_instance_message, pick_now};
+use crate::pick::dispatch::{no_instance_message, pick_after_probes, pick_now, probes_first};
+use crate::set::Snapshot;
 
 pub(crate) type CallResult = Result<http::Response<Body>, BoxError>;
 
@@ -70,18 +72,21 @@ pub struct ResponseFuture {
 enum Phase {
     /// Attempts in flight, or a wait for the next one.
     Running,
-    /// Waiting for the first answer of discovery (rare: boxed, so that the future of every
-    /// other call does not carry room for a request).
-    Discovering(Box<Discovering>),
+    /// Waiting before the pick: for the first answer of discovery, or for the answers of the
+    /// call's own probes (boxed, so that the future of every other call does not carry room
+    /// for a request).
+    Waiting(Box<Waiting>),
     /// Over: refused before routing (the status to give), or delivered.
     Over(Option<tonic::Status>),
 }
 
-/// A call waiting for the first answer of discovery.
-struct Discovering {
+/// A call waiting before its pick.
+struct Waiting {
     wait: Pin<Box<dyn Future<Output = ()> + Send>>,
     req: Option<http::Request<Body>>,
     shared: Arc<Shared>,
+    /// The instances the call probed, if it waits for their answers (else for discovery).
+    probed: Option<Vec<Arc<Instance>>>,
 }
 
 impl std::fmt::Debug for ResponseFuture {
@@ -124,6 +129,21 @@ impl ResponseFuture {
             deadline: None,
             obs,
             phase: Phase::Over(Some(status)),
+        }
+    }
+
+    /// A call that waits before its pick.
+    fn waiting(
+        deadline: Option<Pin<Box<Sleep>>>,
+        obs: CallObs,
+        waiting: Waiting,
+    ) -> ResponseFuture {
+        ResponseFuture {
+            attempts: Attempts::none(),
+            again: None,
+            deadline,
+            obs,
+            phase: Phase::Waiting(Box::new(waiting)),
         }
     }
 
@@ -172,15 +192,52 @@ impl ResponseFuture {
     }
 }
 
-/// Routes one call: picks its instance and makes its future.
+/// Routes one call: picks its instance and makes its future (or, with probes that calls wait
+/// for, sends the call's probes and waits for their answers first).
 fn route(
     shared: &Arc<Shared>,
     req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
-    mut obs: CallObs,
+    obs: CallObs,
 ) -> ResponseFuture {
+    if let Some((awaited, max)) = probes_first(&shared.picker) {
+        let answers = awaited.answers;
+        // The timer is made on the channel's runtime: the caller may be on any executor.
+        let answered = {
+            let _rt = shared.ctx.runtime.enter();
+            tokio::time::timeout(crate::time::cap(max), async move {
+                for answer in answers {
+                    let _ = answer.await;
+                }
+            })
+        };
+        return ResponseFuture::waiting(
+            deadline,
+            obs,
+            Waiting {
+                wait: Box::pin(async move {
+                    let _ = answered.await;
+                }),
+                req: Some(req),
+                shared: shared.clone(),
+                probed: Some(awaited.probed),
+            },
+        );
+    }
     let method = Method::of(req.uri().path());
-    let (snap, picked) = pick_now(&shared.picker, &[], method);
+    let picked = pick_now(&shared.picker, &[], method);
+    routed(shared, req, deadline, obs, method, picked)
+}
+
+/// Routes one call to the instance `picked` (of the set `snap`), or fails it if there is none.
+fn routed(
+    shared: &Arc<Shared>,
+    req: http::Request<Body>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    mut obs: CallObs,
+    method: Method,
+    (snap, picked): (arc_swap::Guard<Snapshot>, Option<usize>),
+) -> ResponseFuture {
     // Discovery's first answer may have been published between that pick and the read of
     // `discovered` below: look again at the set then (the failure path only).
     let (snap, picked) = match picked {
@@ -197,17 +254,16 @@ fn route(
             let wait = Box::pin(async move {
                 let _ = rx.wait_for(|done| *done).await;
             });
-            return ResponseFuture {
-                attempts: Attempts::none(),
-                again: None,
+            return ResponseFuture::waiting(
                 deadline,
                 obs,
-                phase: Phase::Discovering(Box::new(Discovering {
+                Waiting {
                     wait,
                     req: Some(req),
                     shared: shared.clone(),
-                })),
-            };
+                    probed: None,
+                },
+            );
         }
         let msg = no_instance_message(&shared.picker, &snap);
         tracing::debug!(reason = %msg, "call refused");
@@ -297,8 +353,13 @@ impl Future for ResponseFuture {
                     .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
                 return Poll::Ready(Err(status.into()));
             }
-            Phase::Discovering(d) => {
-                let Discovering { wait, req, shared } = &mut **d;
+            Phase::Waiting(w) => {
+                let Waiting {
+                    wait,
+                    req,
+                    shared,
+                    probed,
+                } = &mut **w;
                 if let Some(deadline) = this.deadline.as_mut() {
                     if deadline.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(this.end_with(deadline_exceeded().into()));
@@ -309,7 +370,15 @@ impl Future for ResponseFuture {
                 }
                 let (shared, req) = (shared.clone(), req.take().expect("routed once"));
                 let obs = std::mem::take(&mut this.obs);
-                *this = route(&shared, req, this.deadline.take(), obs);
+                let deadline = this.deadline.take();
+                *this = match probed.take() {
+                    Some(probed) => {
+                        let method = Method::of(req.uri().path());
+                        let picked = pick_after_probes(&shared.picker, &probed, method);
+                        routed(&shared, req, deadline, obs, method, picked)
+                    }
+                    None => route(&shared, req, deadline, obs),
+                };
                 return Pin::new(this).poll(cx);
             }
         }
