@@ -195,13 +195,7 @@ enum Reports {
     /// No reports; probes (`Builder::probes`), this many per call at most (Prequal's
     /// defaults otherwise).
     Probes(u8),
-    /// Probes, this many per call, that each call waits for before its pick (at most
-    /// [`PROBE_WAIT`]; `ProbeConfig::wait_for_answers`).
-    ProbesWaiting(u8),
 }
-
-/// How long a call waits for its own probes' answers (`Reports::ProbesWaiting`).
-const PROBE_WAIT: Duration = Duration::from_millis(2);
 
 /// Each client's balancer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -228,15 +222,13 @@ const fn ours(strategy: Strategy, reports: Reports) -> Contender {
 }
 
 /// The new default strategy's contenders: no reports, per-call reports, probes at 1, 2 and 3
-/// per call, probes that calls wait for at 2 and 3 per call, and the 1-channel reference.
-const FEWEST_THEN_FASTEST: [Contender; 8] = [
+/// per call, and the 1-channel reference.
+const FEWEST_THEN_FASTEST: [Contender; 6] = [
     ours(Strategy::FewestThenFastest, Reports::None),
     ours(Strategy::FewestThenFastest, Reports::PerCall),
     ours(Strategy::FewestThenFastest, Reports::Probes(1)),
     ours(Strategy::FewestThenFastest, Reports::Probes(2)),
     ours(Strategy::FewestThenFastest, Reports::Probes(3)),
-    ours(Strategy::FewestThenFastest, Reports::ProbesWaiting(2)),
-    ours(Strategy::FewestThenFastest, Reports::ProbesWaiting(3)),
     ours(Strategy::FewestThenFastest, Reports::Reference),
 ];
 
@@ -293,7 +285,6 @@ impl Contender {
             Reports::Reference => "ref 1 channel",
             Reports::Oracle => "oracle",
             Reports::Probes(n) => return format!("{s}, probes {n}/call"),
-            Reports::ProbesWaiting(n) => return format!("{s}, probes {n}/call waited for"),
         };
         format!("{s}, {r}")
     }
@@ -342,11 +333,6 @@ impl Contender {
                 Reports::Probes(n) => b
                     .load_report_max_age(Duration::ZERO)
                     .probes(ProbeConfig::default().per_call(f64::from(n))),
-                Reports::ProbesWaiting(n) => b.load_report_max_age(Duration::ZERO).probes(
-                    ProbeConfig::default()
-                        .per_call(f64::from(n))
-                        .wait_for_answers(PROBE_WAIT),
-                ),
             };
             channels.push(b.connect().await.expect("the fleet answers"));
         }

@@ -50,10 +50,8 @@ use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::instance::conns::UNCOUNTED;
 use crate::instance::events::Kind;
 use crate::instance::tie::Method;
-use crate::instance::Instance;
 use crate::observe::CallObs;
-use crate::pick::dispatch::{no_instance_message, pick_after_probes, pick_now, probes_first};
-use crate::set::Snapshot;
+use crate::pick::dispatch::{no_instance_message, pick_now};
 
 pub(crate) type CallResult = Result<http::Response<Body>, BoxError>;
 
@@ -72,21 +70,18 @@ pub struct ResponseFuture {
 enum Phase {
     /// Attempts in flight, or a wait for the next one.
     Running,
-    /// Waiting before the pick: for the first answer of discovery, or for the answers of the
-    /// call's own probes (boxed, so that the future of every other call does not carry room
-    /// for a request).
-    Waiting(Box<Waiting>),
+    /// Waiting for the first answer of discovery (rare: boxed, so that the future of every
+    /// other call does not carry room for a request).
+    Discovering(Box<Discovering>),
     /// Over: refused before routing (the status to give), or delivered.
     Over(Option<tonic::Status>),
 }
 
-/// A call waiting before its pick.
-struct Waiting {
+/// A call waiting for the first answer of discovery.
+struct Discovering {
     wait: Pin<Box<dyn Future<Output = ()> + Send>>,
     req: Option<http::Request<Body>>,
     shared: Arc<Shared>,
-    /// The instances the call probed, if it waits for their answers (else for discovery).
-    probed: Option<Vec<Arc<Instance>>>,
 }
 
 impl std::fmt::Debug for ResponseFuture {
@@ -129,21 +124,6 @@ impl ResponseFuture {
             deadline: None,
             obs,
             phase: Phase::Over(Some(status)),
-        }
-    }
-
-    /// A call that waits before its pick.
-    fn waiting(
-        deadline: Option<Pin<Box<Sleep>>>,
-        obs: CallObs,
-        waiting: Waiting,
-    ) -> ResponseFuture {
-        ResponseFuture {
-            attempts: Attempts::none(),
-            again: None,
-            deadline,
-            obs,
-            phase: Phase::Waiting(Box::new(waiting)),
         }
     }
 
@@ -192,52 +172,15 @@ impl ResponseFuture {
     }
 }
 
-/// Routes one call: picks its instance and makes its future (or, with probes that calls wait
-/// for, sends the call's probes and waits for their answers first).
+/// Routes one call: picks its instance and makes its future.
 fn route(
     shared: &Arc<Shared>,
     req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
-    obs: CallObs,
-) -> ResponseFuture {
-    if let Some((awaited, max)) = probes_first(&shared.picker) {
-        let answers = awaited.answers;
-        // The timer is made on the channel's runtime: the caller may be on any executor.
-        let answered = {
-            let _rt = shared.ctx.runtime.enter();
-            tokio::time::timeout(crate::time::cap(max), async move {
-                for answer in answers {
-                    let _ = answer.await;
-                }
-            })
-        };
-        return ResponseFuture::waiting(
-            deadline,
-            obs,
-            Waiting {
-                wait: Box::pin(async move {
-                    let _ = answered.await;
-                }),
-                req: Some(req),
-                shared: shared.clone(),
-                probed: Some(awaited.probed),
-            },
-        );
-    }
-    let method = Method::of(req.uri().path());
-    let picked = pick_now(&shared.picker, &[], method);
-    routed(shared, req, deadline, obs, method, picked)
-}
-
-/// Routes one call to the instance `picked` (of the set `snap`), or fails it if there is none.
-fn routed(
-    shared: &Arc<Shared>,
-    req: http::Request<Body>,
-    deadline: Option<Pin<Box<Sleep>>>,
     mut obs: CallObs,
-    method: Method,
-    (snap, picked): (arc_swap::Guard<Snapshot>, Option<usize>),
 ) -> ResponseFuture {
+    let method = Method::of(req.uri().path());
+    let (snap, picked) = pick_now(&shared.picker, &[], method);
     // Discovery's first answer may have been published between that pick and the read of
     // `discovered` below: look again at the set then (the failure path only).
     let (snap, picked) = match picked {
@@ -254,16 +197,17 @@ fn routed(
             let wait = Box::pin(async move {
                 let _ = rx.wait_for(|done| *done).await;
             });
-            return ResponseFuture::waiting(
+            return ResponseFuture {
+                attempts: Attempts::none(),
+                again: None,
                 deadline,
                 obs,
-                Waiting {
+                phase: Phase::Discovering(Box::new(Discovering {
                     wait,
                     req: Some(req),
                     shared: shared.clone(),
-                    probed: None,
-                },
-            );
+                })),
+            };
         }
         let msg = no_instance_message(&shared.picker, &snap);
         tracing::debug!(reason = %msg, "call refused");
@@ -353,13 +297,8 @@ impl Future for ResponseFuture {
                     .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
                 return Poll::Ready(Err(status.into()));
             }
-            Phase::Waiting(w) => {
-                let Waiting {
-                    wait,
-                    req,
-                    shared,
-                    probed,
-                } = &mut **w;
+            Phase::Discovering(d) => {
+                let Discovering { wait, req, shared } = &mut **d;
                 if let Some(deadline) = this.deadline.as_mut() {
                     if deadline.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(this.end_with(deadline_exceeded().into()));
@@ -370,15 +309,7 @@ impl Future for ResponseFuture {
                 }
                 let (shared, req) = (shared.clone(), req.take().expect("routed once"));
                 let obs = std::mem::take(&mut this.obs);
-                let deadline = this.deadline.take();
-                *this = match probed.take() {
-                    Some(probed) => {
-                        let method = Method::of(req.uri().path());
-                        let picked = pick_after_probes(&shared.picker, &probed, method);
-                        routed(&shared, req, deadline, obs, method, picked)
-                    }
-                    None => route(&shared, req, deadline, obs),
-                };
+                *this = route(&shared, req, this.deadline.take(), obs);
                 return Pin::new(this).poll(cx);
             }
         }

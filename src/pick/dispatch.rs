@@ -5,7 +5,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::{Chosen, Load, Picker, Rng, Turn};
 use crate::instance::tie::Method;
@@ -26,44 +25,9 @@ pub(crate) fn pick_now(
     method: Method,
 ) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
     if let (Some(config), true) = (&picker.set.ctx.probes, tried.is_empty()) {
-        // A channel whose calls wait for their own probes picks here only for a call that
-        // sent none (see `probes_first`): by the strategy.
-        if config.wait.is_none() {
-            return probed(picker, config, method);
-        }
+        return probed(picker, config, method);
     }
     pick_now_by_strategy(picker, tried, method)
-}
-
-/// With [`ProbeConfig::wait_for_answers`](crate::ProbeConfig::wait_for_answers), a call's own
-/// probes, sent before its pick, and how long the call waits for them; `None` otherwise, or
-/// if there was no instance to probe (the call then picks at once, by the strategy).
-pub(crate) fn probes_first(picker: &Picker) -> Option<(super::probed::Awaited, Duration)> {
-    let config = picker.set.ctx.probes.as_ref()?;
-    let wait = config.wait?;
-    let snap = picker.snapshot();
-    let mut rng = Rng::thread();
-    let awaited = super::probed::send_for_call(&snap, config, &mut rng);
-    rng.store();
-    Some((awaited?, wait))
-}
-
-/// The pick of a call that waited for its own probes (`probes_first`): the strategy's choice
-/// if it is an instance that does not answer probes, else the hot-cold choice among the
-/// answers to the call's probes if two or more came.
-pub(crate) fn pick_after_probes(
-    picker: &Picker,
-    probed: &[Arc<Instance>],
-    method: Method,
-) -> (arc_swap::Guard<Snapshot>, Option<usize>) {
-    let (snap, by_strategy) = pick_now_by_strategy(picker, &[], method);
-    let by_probes = match (&picker.set.ctx.probes, by_strategy) {
-        (Some(config), Some(i)) if !snap[i].probe.unanswered() => {
-            super::probed::pick_among(&snap, probed, config, picker.set.ctx.now_ns())
-        }
-        _ => None,
-    };
-    (snap, by_probes.or(by_strategy))
 }
 
 /// [`pick_now`] by the strategy alone.

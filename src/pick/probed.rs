@@ -108,86 +108,9 @@ pub(crate) fn hot_cold(fresh: &[(u32, Fresh)], q: f64) -> Option<usize> {
 /// drawn at random that is usable, not in the pool and not known to refuse probes, while
 /// the pool (`pooled` now) has room.
 pub(crate) fn send(snap: &[Arc<Instance>], config: &ProbeConfig, pooled: usize, rng: &mut Rng) {
-    let n = how_many(config, rng).min(config.pool.saturating_sub(pooled));
-    draw(snap, config, n, true, rng, |_, _| {});
-}
-
-/// The probes one call waits for before its pick
-/// ([`ProbeConfig::wait_for_answers`](crate::ProbeConfig::wait_for_answers)): the instances
-/// probed, and the tasks that bring their answers to the instances' records.
-pub(crate) struct Awaited {
-    pub(crate) probed: Vec<Arc<Instance>>,
-    pub(crate) answers: Vec<tokio::task::JoinHandle<()>>,
-}
-
-/// A call's own probes, before its pick: `per_call` on average, each to an instance of `snap`
-/// drawn at random that is usable, not known to refuse probes and not being probed already
-/// (a fresh answer does not keep it out: the call wants answers as old as itself). `None` if
-/// none was sent.
-pub(crate) fn send_for_call(
-    snap: &[Arc<Instance>],
-    config: &ProbeConfig,
-    rng: &mut Rng,
-) -> Option<Awaited> {
-    let n = how_many(config, rng);
-    let mut awaited = Awaited {
-        probed: Vec::with_capacity(n),
-        answers: Vec::with_capacity(n),
-    };
-    draw(snap, config, n, false, rng, |inst, answer| {
-        awaited.probed.push(inst.clone());
-        awaited.answers.push(answer);
-    });
-    (!awaited.probed.is_empty()).then_some(awaited)
-}
-
-/// The hot-cold choice among the answers to a call's own probes (`probed`) that are fresh at
-/// `now_ns`, of the instances of `snap` that are usable; `None` with fewer than two.
-pub(crate) fn pick_among(
-    snap: &[Arc<Instance>],
-    probed: &[Arc<Instance>],
-    config: &ProbeConfig,
-    now_ns: u64,
-) -> Option<usize> {
-    let max_age = config.max_age.as_nanos() as u64;
-    let mut fresh = [(
-        0u32,
-        Fresh {
-            rif: 0,
-            latency_us: 0,
-        },
-    ); MAX_COMPARED];
-    let mut len = 0;
-    for p in probed.iter().take(MAX_COMPARED) {
-        // The set may have changed during the wait: the instance's place in it now.
-        let Some(k) = snap.iter().position(|i| Arc::ptr_eq(i, p)) else {
-            continue;
-        };
-        if let (true, Some(f)) = (p.is_usable(), p.probe.fresh(now_ns, max_age, config.reuse)) {
-            fresh[len] = (k as u32, f);
-            len += 1;
-        }
-    }
-    hot_cold(&fresh[..len], config.hot_quantile).inspect(|&k| snap[k].probe.used())
-}
-
-/// How many probes one call sends: `per_call` on average.
-fn how_many(config: &ProbeConfig, rng: &mut Rng) -> usize {
     let whole = config.per_call.trunc();
-    whole as usize + usize::from(rng.unit() < config.per_call - whole)
-}
-
-/// Sends `n` probes, each to an instance of `snap` drawn at random that is usable, not known
-/// to refuse probes and not being probed already, and (with `skip_fresh`) without a fresh
-/// answer; `sent` is told of each.
-fn draw(
-    snap: &[Arc<Instance>],
-    config: &ProbeConfig,
-    mut n: usize,
-    skip_fresh: bool,
-    rng: &mut Rng,
-    mut sent: impl FnMut(&Arc<Instance>, tokio::task::JoinHandle<()>),
-) {
+    let mut n = whole as usize + usize::from(rng.unit() < config.per_call - whole);
+    n = n.min(config.pool.saturating_sub(pooled));
     // A few draws per probe: in a small set most instances may be in the pool already.
     let mut draws = 4 * n;
     while n > 0 && draws > 0 && !snap.is_empty() {
@@ -196,14 +119,13 @@ fn draw(
         let record = &inst.probe;
         if !inst.is_usable()
             || record.unsupported.load(Ordering::Relaxed)
-            || (skip_fresh
-                && record
-                    .fresh(
-                        inst.ctx.now_ns(),
-                        config.max_age.as_nanos() as u64,
-                        config.reuse,
-                    )
-                    .is_some())
+            || record
+                .fresh(
+                    inst.ctx.now_ns(),
+                    config.max_age.as_nanos() as u64,
+                    config.reuse,
+                )
+                .is_some()
             || record
                 .probing
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
@@ -213,12 +135,12 @@ fn draw(
         }
         n -= 1;
         inst.ctx.probes_sent.fetch_add(1, Ordering::Relaxed);
-        sent(inst, spawn(inst, config.timeout));
+        spawn(inst, config.timeout);
     }
 }
 
 /// One probe of `inst`, on the channel's runtime; its answer goes to the instance's record.
-fn spawn(inst: &Arc<Instance>, timeout: std::time::Duration) -> tokio::task::JoinHandle<()> {
+fn spawn(inst: &Arc<Instance>, timeout: std::time::Duration) {
     let channel = inst.channel.clone();
     let weak = Arc::downgrade(inst);
     inst.ctx.runtime.spawn(async move {
@@ -235,7 +157,7 @@ fn spawn(inst: &Arc<Instance>, timeout: std::time::Duration) -> tokio::task::Joi
             Err(_) => record.silent.store(true, Ordering::Relaxed),
         }
         record.probing.store(false, Ordering::Release);
-    })
+    });
 }
 
 #[cfg(test)]

@@ -41,7 +41,6 @@ pub struct ProbeConfig {
     pub(crate) reuse: u32,
     pub(crate) hot_quantile: f64,
     pub(crate) timeout: Duration,
-    pub(crate) wait: Option<Duration>,
 }
 
 impl Default for ProbeConfig {
@@ -53,7 +52,6 @@ impl Default for ProbeConfig {
             reuse: 2,
             hot_quantile: 0.84,
             timeout: Duration::from_millis(100),
-            wait: None,
         }
     }
 }
@@ -100,31 +98,6 @@ impl ProbeConfig {
         self
     }
 
-    /// Makes each call wait, before its pick, for the answers of the probes it sends, at most
-    /// `max` (off by default: a call picks by the answers at hand and its probes serve later
-    /// calls, as in Prequal).
-    ///
-    /// Each call then probes `per_call` instances drawn at random (those whose probe is not
-    /// already on its way) and picks among their answers by the hot-cold rule, answers at most
-    /// as old as the call: where the many clients of an instance each send it a call only now
-    /// and then, an answer kept for later calls tells what the instance served one of those
-    /// gaps ago, not now. It costs each call the wait for its slowest probe (on the same
-    /// network, about one round trip), and every call sends its probes.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tonic_balancer::ProbeConfig;
-    ///
-    /// let probes = ProbeConfig::default()
-    ///     .per_call(2.0)
-    ///     .wait_for_answers(Duration::from_millis(2));
-    /// # let _ = probes;
-    /// ```
-    pub fn wait_for_answers(mut self, max: Duration) -> ProbeConfig {
-        self.wait = Some(max);
-        self
-    }
-
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
         let c = CHECKS;
         c.field("per_call").between(self.per_call, 0.0, 16.0)?;
@@ -133,9 +106,6 @@ impl ProbeConfig {
         c.field("reuse").at_least_one(u64::from(self.reuse))?;
         c.field("hot_quantile")
             .between(self.hot_quantile, 0.0, 1.0)?;
-        if let Some(wait) = self.wait {
-            c.field("wait_for_answers").above_zero(wait)?;
-        }
         c.field("timeout").above_zero(self.timeout)
     }
 }
