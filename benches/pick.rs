@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tonic_balancer::__bench::{least_pending, strides_for, Picker, Rng, Turn};
+use tonic_balancer::__bench::{fleet, least_pending, numbers, strides_for, Picker, Rng, Turn};
 use tonic_balancer::Strategy;
 
 const SIZES: [usize; 3] = [10, 50, 1000];
@@ -48,39 +48,10 @@ const STRATS: [(Strategy, &str); 6] = [
     (Strategy::WeightedRoundRobin, "weighted_round_robin"),
 ];
 
-/// A deterministic stream of numbers for the fleets' loads.
-fn numbers(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
-}
-
-/// Loads as the pick meets them under load, or on an idle fleet.
-fn loads(n: usize, busy: bool) -> Vec<(usize, Duration, bool)> {
-    let mut next = numbers(0x5EED + n as u64);
-    (0..n)
-        .map(|_| {
-            let r = next();
-            if busy {
-                let lat = Duration::from_micros(2_000 + (r >> 8) % 8_000);
-                ((r % 4) as usize, lat, r % 20 != 7)
-            } else {
-                (0, Duration::from_millis(2), true)
-            }
-        })
-        .collect()
-}
-
 fn picker(rt: &tokio::runtime::Runtime, n: usize, s: Strategy, busy: bool) -> Picker {
     let _enter = rt.enter();
     let p = Picker::new(n, s);
-    for (i, (in_flight, lat, usable)) in loads(n, busy).into_iter().enumerate() {
-        p.set(i, in_flight, lat, usable);
-    }
+    p.set_fleet(busy);
     if s == Strategy::WeightedRoundRobin {
         // Weights from 10 to 100 queries per second at full utilization.
         let mut next = numbers(0xE1D + n as u64);
@@ -121,7 +92,7 @@ fn bench_pure(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     for n in SIZES {
         // Passes spread like latencies, so that the ties do not all have the same.
-        let items: Vec<Option<(usize, Turn)>> = loads(n, true)
+        let items: Vec<Option<(usize, Turn)>> = fleet(n, true)
             .into_iter()
             .map(|(f, lat, ok)| {
                 ok.then_some((
@@ -172,9 +143,7 @@ fn bench_subset(c: &mut Criterion) {
         let subset = {
             let _enter = rt.enter();
             let p = Picker::with_subset(1000, Strategy::LeastPending, 50, 7, 100);
-            for (i, (in_flight, lat, usable)) in loads(p.len(), busy).into_iter().enumerate() {
-                p.set(i, in_flight, lat, usable);
-            }
+            p.set_fleet(busy);
             p
         };
         assert_eq!(subset.len(), 50);

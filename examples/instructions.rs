@@ -13,6 +13,10 @@
 //! Instructions per call = (instructions for 2N calls − instructions for N calls) / N, which
 //! takes out the set-up (runtime, connections). `scripts/instructions.sh` does all of it for
 //! every contender. The client runs on a current-thread runtime so that the count repeats.
+//!
+//! `instructions pick (busy|idle) STRATEGY PICKS` makes picks alone, over 50 instances of the
+//! pick benchmark's fleet (no server): `scripts/instructions.sh pick` counts instructions per
+//! pick the same way.
 
 use fleet_service as fleet;
 
@@ -22,7 +26,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tonic::transport::{Channel, Endpoint};
 use tonic_balancer::BalancedChannel;
 
-const USAGE: &str = "usage: instructions serve PORT | instructions call (direct|balanced|balanced_n|balance_list) URI[,URI...] CALLS IN_FLIGHT | instructions rate URI ROUNDS CALLS IN_FLIGHT";
+const USAGE: &str = "usage: instructions serve PORT | instructions call (direct|balanced|balanced_n|balance_list) URI[,URI...] CALLS IN_FLIGHT | instructions rate URI ROUNDS CALLS IN_FLIGHT | instructions pick (busy|idle) (fewest_then_fastest|least_pending) PICKS";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -47,6 +51,20 @@ fn main() {
                 .expect("runtime");
             rt.block_on(rates(uri, rounds, calls, in_flight));
         }
+        Some("pick") => {
+            let busy = match args.get(1).map(String::as_str) {
+                Some("busy") => true,
+                Some("idle") => false,
+                _ => panic!("{USAGE}"),
+            };
+            let strategy = match args.get(2).map(String::as_str) {
+                Some("fewest_then_fastest") => tonic_balancer::Strategy::FewestThenFastest,
+                Some("least_pending") => tonic_balancer::Strategy::LeastPending,
+                _ => panic!("{USAGE}"),
+            };
+            let picks: usize = args.get(3).and_then(|n| n.parse().ok()).expect(USAGE);
+            picks_alone(busy, strategy, picks);
+        }
         Some("call") => {
             let (kind, uri) = (args.get(1).expect(USAGE), args.get(2).expect(USAGE));
             let calls: usize = args.get(3).and_then(|n| n.parse().ok()).expect(USAGE);
@@ -61,6 +79,21 @@ fn main() {
             eprintln!("{USAGE}");
             std::process::exit(2);
         }
+    }
+}
+
+/// `picks` picks of the channel's own pick over 50 instances of the benchmarks' fleet
+/// (`benches/pick.rs`), without calls.
+fn picks_alone(busy: bool, strategy: tonic_balancer::Strategy, picks: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _in_rt = rt.enter();
+    let picker = tonic_balancer::__bench::Picker::new(50, strategy);
+    picker.set_fleet(busy);
+    for _ in 0..picks {
+        std::hint::black_box(picker.pick());
     }
 }
 

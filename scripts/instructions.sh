@@ -2,8 +2,27 @@
 # Instructions per unary call on the client, counted by valgrind's callgrind: for each contender,
 # (instructions for 2N calls - instructions for N calls) / N, repeated R times.
 # Usage: scripts/instructions.sh [N] [IN_FLIGHT] [R]
+#        scripts/instructions.sh pick [N]: instructions per pick alone (50 instances of the pick
+#        benchmark's fleet, busy and idle, the default and least pending), the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = pick ]; then
+  N=${2:-100000}
+  cargo build --release --example instructions >/dev/null 2>&1
+  BIN=target/release/examples/instructions
+  picks() { # fleet strategy picks
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$BIN" pick "$1" "$2" "$3" 2>&1 \
+      | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+  }
+  echo "instructions per pick over 50 instances ($N vs $((2 * N)) picks)"
+  for fleet in busy idle; do
+    for s in fewest_then_fastest least_pending; do
+      a=$(picks $fleet $s "$N"); b=$(picks $fleet $s $((2 * N)))
+      echo "$fleet $s: $(( (b - a) / N ))"
+    done
+  done
+  exit 0
+fi
 N=${1:-2000}
 IN_FLIGHT=${2:-32}
 R=${3:-2}

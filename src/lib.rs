@@ -246,6 +246,35 @@ pub mod __bench {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
+    /// A deterministic stream of numbers (xorshift), for the benchmarks' fleets.
+    pub fn numbers(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    /// The benchmarks' fleet of `n` instances, `(calls in flight, latency, usable)` each, as
+    /// the pick meets them under load (`busy`: 0 to 3 calls in flight, latencies of 2 to 10
+    /// ms, one instance in twenty unusable) or on an idle fleet (nothing in flight, 2 ms).
+    pub fn fleet(n: usize, busy: bool) -> Vec<(usize, Duration, bool)> {
+        let mut next = numbers(0x5EED + n as u64);
+        (0..n)
+            .map(|_| {
+                let r = next();
+                if busy {
+                    let lat = Duration::from_micros(2_000 + (r >> 8) % 8_000);
+                    ((r % 4) as usize, lat, r % 20 != 7)
+                } else {
+                    (0, Duration::from_millis(2), true)
+                }
+            })
+            .collect()
+    }
+
     /// The channel's own pick over real instance records (whose connections are never
     /// opened), to measure the pick as calls make it.
     pub struct Picker {
@@ -320,6 +349,14 @@ pub mod __bench {
             } else {
                 crate::State::Ejected
             });
+        }
+
+        /// Sets every instance's load as [`fleet`] has it (busy or idle).
+        pub fn set_fleet(&self, busy: bool) {
+            for (i, (in_flight, latency, usable)) in fleet(self.len(), busy).into_iter().enumerate()
+            {
+                self.set(i, in_flight, latency, usable);
+            }
         }
 
         /// Gives instance `i` a load report of `others` calls in flight from other clients,
