@@ -345,10 +345,13 @@ mod tests {
                                 prop_assert!(chosen.gate <= v, "a gated one chosen: {:?}", chosen);
                                 let open: Vec<usize> = looked.iter().copied().filter(|&i| fleet[i].gate <= v).collect();
                                 prop_assert_eq!(Some(chosen.pass), open.iter().map(|&i| fleet[i].pass).min());
-                                // The floor: the credit before another open one's last turn.
+                                // The floor: the credit before the runner-up's last turn (the
+                                // lowest pass of the other open ones).
                                 if open.len() > 1 {
                                     let before = |i: usize| fleet[i].pass.saturating_sub(fleet[i].stride + CREDIT);
-                                    prop_assert!(open.iter().any(|&i| i != c.index && c.floor == before(i)), "floor {}", c.floor);
+                                    let others = || open.iter().copied().filter(|&i| i != c.index);
+                                    let runner_up = others().map(|i| fleet[i].pass).min();
+                                    prop_assert!(others().any(|i| Some(fleet[i].pass) == runner_up && c.floor == before(i)), "floor {}", c.floor);
                                 } else {
                                     prop_assert_eq!(c.floor, 0);
                                 }
