@@ -35,6 +35,11 @@
 //!   client takes a misbehaving instance out of its set: in `antagonist`, at the first instant
 //!   of its slowdown, putting it back after; in `overload`, before the run. What knowing at
 //!   once which instances are slow, and nothing of the others' calls in flight, can do at best.
+//! - `tower p2c, servers' own counts` (a contender beyond the usual ones): 50 clients, each
+//!   its own tower p2c whose load for an instance is the instance's own count of its calls in
+//!   flight (every client's), read in-process at the instant of the pick: what two probes per
+//!   call could tell if their answers came at once and cost nothing (each client in a
+//!   `tower::buffer::Buffer`, over lazy tonic channels, as the other tower contenders).
 //!
 //! The contenders on `BalancedChannel`: `FewestThenFastest` (the default strategy) with none,
 //! per-call and its reference; `LeastPending` with all of the above; `PeakEwma` with none,
@@ -84,6 +89,7 @@ use super::contenders::{self, Svc};
 use super::fleet::pb::fleet_client::FleetClient;
 use super::fleet::pb::{Reply, Req};
 use super::fleet::{Behavior, Instance, ServerOptions};
+use tonic::body::Body;
 use tonic_balancer::orca::{OrcaHandle, WrrConfig};
 use tonic_balancer::{BalancedChannel, ProbeConfig, Strategy};
 use tower::util::BoxCloneService;
@@ -206,6 +212,10 @@ enum Balancer {
     TowerP2cEwma,
     /// tower's p2c over `PendingRequests` (`contenders::Contender::TowerP2cPending`).
     TowerP2cPending,
+    /// tower's p2c over each instance's own count of its calls in flight (every client's),
+    /// read in-process at the instant of the pick: what two probes per call could tell if
+    /// their answers came at once and cost nothing (a contender beyond the usual ones).
+    TowerP2cTrueLoad,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -232,7 +242,7 @@ const FEWEST_THEN_FASTEST: [Contender; 6] = [
     ours(Strategy::FewestThenFastest, Reports::Reference),
 ];
 
-const CONTENDERS: [Contender; 15] = [
+const CONTENDERS: [Contender; 16] = [
     ours(Strategy::LeastPending, Reports::None),
     ours(Strategy::LeastPending, Reports::PerCall),
     ours(Strategy::LeastPending, Reports::Oob),
@@ -254,6 +264,10 @@ const CONTENDERS: [Contender; 15] = [
         balancer: Balancer::TowerP2cPending,
         reports: Reports::None,
     },
+    Contender {
+        balancer: Balancer::TowerP2cTrueLoad,
+        reports: Reports::None,
+    },
 ];
 
 /// Every contender, in the table's order: the new default's first.
@@ -270,6 +284,7 @@ impl Contender {
         let s = match self.balancer {
             Balancer::TowerP2cEwma => return "tower p2c PeakEwma".to_owned(),
             Balancer::TowerP2cPending => return "tower p2c pending".to_owned(),
+            Balancer::TowerP2cTrueLoad => return "tower p2c, servers' own counts".to_owned(),
             Balancer::Ours(Strategy::FewestThenFastest) => "FewestThenFastest",
             Balancer::Ours(Strategy::LeastPending) => "LeastPending",
             Balancer::Ours(Strategy::PeakEwma) => "PeakEwma",
@@ -291,7 +306,11 @@ impl Contender {
 
     /// Its clients, boxed, and the `BalancedChannel`s among them (the oracle takes instances
     /// out of them; the probes are counted on them). Within the client runtime.
-    async fn clients(self, uris: &[String]) -> (Vec<Svc>, Vec<BalancedChannel>) {
+    async fn clients(
+        self,
+        uris: &[String],
+        servers: &Arc<Servers>,
+    ) -> (Vec<Svc>, Vec<BalancedChannel>) {
         let n = if self.reports == Reports::Reference {
             1
         } else {
@@ -306,6 +325,25 @@ impl Contender {
             Balancer::TowerP2cPending => {
                 let c = contenders::Contender::TowerP2cPending;
                 return ((0..n).map(|_| c.build(uris)).collect(), Vec::new());
+            }
+            Balancer::TowerP2cTrueLoad => {
+                let client = || {
+                    let list: Vec<TrueLoad> = uris
+                        .iter()
+                        .enumerate()
+                        .map(|(i, u)| TrueLoad {
+                            channel: tonic::transport::Endpoint::from_shared(u.clone())
+                                .expect("fleet URI")
+                                .connect_lazy(),
+                            servers: servers.clone(),
+                            i,
+                        })
+                        .collect();
+                    let discover = tower::discover::ServiceList::new::<http::Request<Body>>(list);
+                    let balance = tower::balance::p2c::Balance::new(discover);
+                    Svc::new(tower::buffer::Buffer::new(balance, 1024))
+                };
+                return ((0..n).map(|_| client()).collect(), Vec::new());
             }
         };
         let mut channels = Vec::with_capacity(n);
@@ -383,6 +421,42 @@ fn slowed() -> (Duration, Duration) {
 
 fn overloaded() -> (Duration, Duration) {
     (BASE, OVERLOAD_PER_CALL)
+}
+
+/// A connection to instance `i` whose load is the instance's own count of its calls in flight
+/// (`Balancer::TowerP2cTrueLoad`).
+struct TrueLoad {
+    channel: tonic::transport::Channel,
+    servers: Arc<Servers>,
+    i: usize,
+}
+
+impl tower::Service<http::Request<Body>> for TrueLoad {
+    type Response = http::Response<Body>;
+    type Error = tower::BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<http::Response<Body>, tower::BoxError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), tower::BoxError>> {
+        tower::Service::poll_ready(&mut self.channel, cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let call = tower::Service::call(&mut self.channel, req);
+        Box::pin(async move { call.await.map_err(Into::into) })
+    }
+}
+
+impl tower::load::Load for TrueLoad {
+    type Metric = usize;
+
+    fn load(&self) -> usize {
+        self.servers.instances[self.i].active()
+    }
 }
 
 /// The fleet: instances with their load handles, and each one's current service times (µs:
@@ -613,7 +687,7 @@ async fn run_one(
     servers.reset(case);
     // Without reports, the servers send none: what a user who does not turn them on has.
     servers.per_call_reports(contender.reports == Reports::PerCall);
-    let (boxed, channels) = contender.clients(&uris).await;
+    let (boxed, channels) = contender.clients(&uris, &servers).await;
     let oracle = contender.reports == Reports::Oracle;
     if oracle && case == Case::Overload {
         for c in &channels {
