@@ -40,6 +40,11 @@
 //!   flight (every client's), read in-process at the instant of the pick: what two probes per
 //!   call could tell if their answers came at once and cost nothing (each client in a
 //!   `tower::buffer::Buffer`, over lazy tonic channels, as the other tower contenders).
+//! - `hot-cold, 3 free probes/call` (a contender beyond the usual ones): 50 clients, each
+//!   drawing three instances per call and choosing among them by the probes' hot-cold rule,
+//!   over their probe answers (`OrcaHandle::probe_answer`) read in-process at the instant of
+//!   the pick: what three probes that each call waited for could tell if they came at once and
+//!   cost nothing (each client with a lazy tonic channel to each instance).
 //!
 //! The contenders on `BalancedChannel`: `FewestThenFastest` (the default strategy) with none,
 //! per-call and its reference; `LeastPending` with all of the above; `PeakEwma` with none,
@@ -216,6 +221,12 @@ enum Balancer {
     /// read in-process at the instant of the pick: what two probes per call could tell if
     /// their answers came at once and cost nothing (a contender beyond the usual ones).
     TowerP2cTrueLoad,
+    /// Prequal's hot-cold rule over three instances drawn at random per call, each one's
+    /// probe answer (`OrcaHandle::probe_answer`: calls in flight and latency estimate) read
+    /// in-process at the instant of the pick: what three probes per call that each call waited
+    /// for could tell if their answers came at once and cost nothing (a contender beyond the
+    /// usual ones).
+    FreeProbes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -242,7 +253,7 @@ const FEWEST_THEN_FASTEST: [Contender; 6] = [
     ours(Strategy::FewestThenFastest, Reports::Reference),
 ];
 
-const CONTENDERS: [Contender; 16] = [
+const CONTENDERS: [Contender; 17] = [
     ours(Strategy::LeastPending, Reports::None),
     ours(Strategy::LeastPending, Reports::PerCall),
     ours(Strategy::LeastPending, Reports::Oob),
@@ -268,6 +279,10 @@ const CONTENDERS: [Contender; 16] = [
         balancer: Balancer::TowerP2cTrueLoad,
         reports: Reports::None,
     },
+    Contender {
+        balancer: Balancer::FreeProbes,
+        reports: Reports::None,
+    },
 ];
 
 /// Every contender, in the table's order: the new default's first.
@@ -285,6 +300,7 @@ impl Contender {
             Balancer::TowerP2cEwma => return "tower p2c PeakEwma".to_owned(),
             Balancer::TowerP2cPending => return "tower p2c pending".to_owned(),
             Balancer::TowerP2cTrueLoad => return "tower p2c, servers' own counts".to_owned(),
+            Balancer::FreeProbes => return "hot-cold, 3 free probes/call".to_owned(),
             Balancer::Ours(Strategy::FewestThenFastest) => "FewestThenFastest",
             Balancer::Ours(Strategy::LeastPending) => "LeastPending",
             Balancer::Ours(Strategy::PeakEwma) => "PeakEwma",
@@ -344,6 +360,24 @@ impl Contender {
                     Svc::new(tower::buffer::Buffer::new(balance, 1024))
                 };
                 return ((0..n).map(|_| client()).collect(), Vec::new());
+            }
+            Balancer::FreeProbes => {
+                let client = |seed: u64| {
+                    let channels = uris
+                        .iter()
+                        .map(|u| {
+                            tonic::transport::Endpoint::from_shared(u.clone())
+                                .expect("fleet URI")
+                                .connect_lazy()
+                        })
+                        .collect();
+                    Svc::new(FreeProbes {
+                        channels: Arc::new(channels),
+                        servers: servers.clone(),
+                        draws: Arc::new(AtomicU64::new(seed)),
+                    })
+                };
+                return ((0..n as u64).map(client).collect(), Vec::new());
             }
         };
         let mut channels = Vec::with_capacity(n);
@@ -456,6 +490,78 @@ impl tower::load::Load for TrueLoad {
 
     fn load(&self) -> usize {
         self.servers.instances[self.i].active()
+    }
+}
+
+/// `Balancer::FreeProbes`: one client, with a lazy tonic channel to each instance.
+#[derive(Clone)]
+struct FreeProbes {
+    channels: Arc<Vec<tonic::transport::Channel>>,
+    servers: Arc<Servers>,
+    /// The client's random sequence (splitmix64 over a counter).
+    draws: Arc<AtomicU64>,
+}
+
+impl FreeProbes {
+    fn draw(&self) -> u64 {
+        let mut z = self
+            .draws
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Three distinct instances drawn at random, and among them Prequal's hot-cold choice as
+    /// the crate's probes make it (quantile 0.84 of three: the two with the fewest calls in
+    /// flight are cold; the lower latency estimate of those wins, none ranking last; then the
+    /// fewer calls).
+    fn pick(&self) -> usize {
+        let n = self.channels.len() as u64;
+        let mut drawn = [0usize; 3];
+        let mut k = 0;
+        while k < 3 {
+            let i = (self.draw() % n) as usize;
+            if !drawn[..k].contains(&i) {
+                drawn[k] = i;
+                k += 1;
+            }
+        }
+        let answers = drawn.map(|i| (i, self.servers.handles[i].probe_answer()));
+        let mut rifs = answers.map(|(_, a)| a.requests_in_flight);
+        rifs.sort_unstable();
+        let threshold = rifs[1];
+        answers
+            .iter()
+            .filter(|(_, a)| a.requests_in_flight <= threshold)
+            .min_by_key(|(_, a)| (a.latency.unwrap_or(Duration::MAX), a.requests_in_flight))
+            .map(|&(i, _)| i)
+            .expect("two are cold")
+    }
+}
+
+impl tower::Service<http::Request<Body>> for FreeProbes {
+    type Response = http::Response<Body>;
+    type Error = tower::BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<http::Response<Body>, tower::BoxError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), tower::BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let channel = self.channels[self.pick()].clone();
+        Box::pin(async move {
+            tower::ServiceExt::oneshot(channel, req)
+                .await
+                .map_err(Into::into)
+        })
     }
 }
 
