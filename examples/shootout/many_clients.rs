@@ -371,11 +371,19 @@ impl Contender {
                                 .connect_lazy()
                         })
                         .collect();
-                    Svc::new(FreeProbes {
+                    let probes = FreeProbes {
                         channels: Arc::new(channels),
                         servers: servers.clone(),
                         draws: Arc::new(AtomicU64::new(seed)),
-                    })
+                    };
+                    Svc::new(tower::service_fn(move |req: http::Request<Body>| {
+                        let channel = probes.channels[probes.pick()].clone();
+                        async move {
+                            tower::ServiceExt::oneshot(channel, req)
+                                .await
+                                .map_err(tower::BoxError::from)
+                        }
+                    }))
                 };
                 return ((0..n as u64).map(client).collect(), Vec::new());
             }
@@ -538,30 +546,6 @@ impl FreeProbes {
             .min_by_key(|(_, a)| (a.latency.unwrap_or(Duration::MAX), a.requests_in_flight))
             .map(|&(i, _)| i)
             .expect("two are cold")
-    }
-}
-
-impl tower::Service<http::Request<Body>> for FreeProbes {
-    type Response = http::Response<Body>;
-    type Error = tower::BoxError;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<http::Response<Body>, tower::BoxError>> + Send>,
-    >;
-
-    fn poll_ready(
-        &mut self,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), tower::BoxError>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let channel = self.channels[self.pick()].clone();
-        Box::pin(async move {
-            tower::ServiceExt::oneshot(channel, req)
-                .await
-                .map_err(Into::into)
-        })
     }
 }
 
