@@ -184,6 +184,10 @@ impl<const N: usize> Sample<N> {
                 (runner_up, runner_up_stride) = (t.pass, t.stride);
             }
         }
+        if best == u64::MAX {
+            // Unreachable: the candidate whose pass is `open_pass` is open.
+            return None;
+        }
         let floor = if runner_up == u64::MAX {
             0
         } else {
