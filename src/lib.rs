@@ -48,9 +48,11 @@
 //! at random how loaded they are (Prequal's probes) and picks among the fresh answers.
 //!
 //! The pick is a scan over a lock-free snapshot of the instances: atomics only, no lock shared
-//! by the calls, no allocation: for 50 instances 92-190 ns on one thread on the machine of
-//! docs/benchmarks.md, as fast as least pending's in the same run; that machine's speed drifts
-//! by half within an hour (`benches/pick.rs`).
+//! by the calls, no allocation: for 50 instances 92-200 ns on one thread on the machine of
+//! docs/benchmarks.md, whose speed drifts by half within an hour (`benches/pick.rs`). Idle, it
+//! is as fast as least pending's; busy, with instances gated for slow answers, about a fifth
+//! slower (its weighted counts: 1,269 instructions against 1,064, `scripts/instructions.sh
+//! pick`).
 //!
 //! # Failures
 //!
@@ -245,6 +247,24 @@ pub mod __bench {
 
     use std::sync::atomic::Ordering;
     use std::time::Duration;
+
+    /// The probes' hot-cold choice (Prequal's rule, as a channel with probes makes it) among
+    /// `(index, answer)` pairs (at most 64), with `q` the quantile of the calls in flight above
+    /// which an answer is hot: the index of the chosen pair's instance; `None` with fewer than
+    /// two answers.
+    pub fn hot_cold(answers: &[(u32, crate::probe::ProbeAnswer)], q: f64) -> Option<usize> {
+        use crate::probe::Fresh;
+        let none = Fresh {
+            rif: 0,
+            latency_us: 0,
+        };
+        let mut fresh = [(0u32, none); 64];
+        let n = answers.len().min(fresh.len());
+        for (slot, (i, a)) in fresh.iter_mut().zip(answers) {
+            *slot = (*i, Fresh::of(a));
+        }
+        crate::pick::probed::hot_cold(&fresh[..n], q)
+    }
 
     /// A deterministic stream of numbers (xorshift), for the benchmarks' fleets.
     pub fn numbers(seed: u64) -> impl FnMut() -> u64 {

@@ -374,7 +374,7 @@ impl Contender {
                     let probes = FreeProbes {
                         channels: Arc::new(channels),
                         servers: servers.clone(),
-                        draws: Arc::new(AtomicU64::new(seed)),
+                        draws: Arc::new(std::sync::Mutex::new(seed)),
                     };
                     Svc::new(tower::service_fn(move |req: http::Request<Body>| {
                         let channel = probes.channels[probes.pick()].clone();
@@ -506,46 +506,29 @@ impl tower::load::Load for TrueLoad {
 struct FreeProbes {
     channels: Arc<Vec<tonic::transport::Channel>>,
     servers: Arc<Servers>,
-    /// The client's random sequence (splitmix64 over a counter).
-    draws: Arc<AtomicU64>,
+    /// The client's random sequence (`splitmix`).
+    draws: Arc<std::sync::Mutex<u64>>,
 }
 
 impl FreeProbes {
-    fn draw(&self) -> u64 {
-        let mut z = self
-            .draws
-            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
-            .wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Three distinct instances drawn at random, and among them Prequal's hot-cold choice as
-    /// the crate's probes make it (quantile 0.84 of three: the two with the fewest calls in
-    /// flight are cold; the lower latency estimate of those wins, none ranking last; then the
-    /// fewer calls).
+    /// Three distinct instances drawn at random, and among them the crate's hot-cold choice
+    /// over their probe answers, at the default quantile (0.84 of three: the two with the
+    /// fewest calls in flight are cold; the lower latency estimate of those wins).
     fn pick(&self) -> usize {
         let n = self.channels.len() as u64;
-        let mut drawn = [0usize; 3];
+        let mut drawn = [0u32; 3];
         let mut k = 0;
+        let mut draws = self.draws.lock().unwrap();
         while k < 3 {
-            let i = (self.draw() % n) as usize;
+            let i = (splitmix(&mut draws) % n) as u32;
             if !drawn[..k].contains(&i) {
                 drawn[k] = i;
                 k += 1;
             }
         }
-        let answers = drawn.map(|i| (i, self.servers.handles[i].probe_answer()));
-        let mut rifs = answers.map(|(_, a)| a.requests_in_flight);
-        rifs.sort_unstable();
-        let threshold = rifs[1];
-        answers
-            .iter()
-            .filter(|(_, a)| a.requests_in_flight <= threshold)
-            .min_by_key(|(_, a)| (a.latency.unwrap_or(Duration::MAX), a.requests_in_flight))
-            .map(|&(i, _)| i)
-            .expect("two are cold")
+        drop(draws);
+        let answers = drawn.map(|i| (i, self.servers.handles[i as usize].probe_answer()));
+        tonic_balancer::__bench::hot_cold(&answers, 0.84).expect("three answers")
     }
 }
 

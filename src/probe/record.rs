@@ -31,15 +31,25 @@ pub(crate) struct Fresh {
     pub(crate) latency_us: u32,
 }
 
+impl Fresh {
+    /// An answer as the pick compares it: its calls in flight (at most `u32::MAX / 2`, so that
+    /// the calls counted on it since cannot wrap), its latency in microseconds (0: none).
+    pub(crate) fn of(answer: &ProbeAnswer) -> Fresh {
+        Fresh {
+            rif: answer.requests_in_flight.min(u64::from(u32::MAX / 2)) as u32,
+            latency_us: answer
+                .latency
+                .map_or(0, |d| d.as_micros().clamp(1, u128::from(u32::MAX)) as u32),
+        }
+    }
+}
+
 impl Record {
     /// The answer arrived at `now_ns`.
     pub(crate) fn store(&self, answer: ProbeAnswer, now_ns: u64) {
-        let rif = answer.requests_in_flight.min(u64::from(u32::MAX / 2)) as u32;
-        let latency = answer
-            .latency
-            .map_or(0, |d| d.as_micros().clamp(1, u128::from(u32::MAX)) as u32);
+        let Fresh { rif, latency_us } = Fresh::of(&answer);
         self.rif.store(rif, Ordering::Relaxed);
-        self.latency_us.store(latency, Ordering::Relaxed);
+        self.latency_us.store(latency_us, Ordering::Relaxed);
         self.uses.store(0, Ordering::Relaxed);
         self.at.store(now_ns.max(1), Ordering::Release);
         self.silent.store(false, Ordering::Relaxed);

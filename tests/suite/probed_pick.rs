@@ -62,6 +62,11 @@ mod orca {
     use super::*;
     use tonic_balancer::orca::OrcaHandle;
 
+    /// The share of the calls (named by the instance that answered each) that went to "i0".
+    fn share_of_i0(names: &[String]) -> f64 {
+        names.iter().filter(|n| *n == "i0").count() as f64 / names.len() as f64
+    }
+
     /// The shares of the calls that went to `which`, with probes and without, for a message.
     fn with_and_without(which: &str, shares: &[f64]) -> String {
         format!(
@@ -116,8 +121,7 @@ mod orca {
             let ch = b.build().unwrap();
             let mut client = FleetClient::new(ch.clone());
             let names = fleet::calls(&mut client, 400).await;
-            let to_busy = names.iter().filter(|n| *n == "i0").count();
-            shares.push(to_busy as f64 / names.len() as f64);
+            shares.push(share_of_i0(&names));
             if probes {
                 let sent = ch.stats().probes_sent();
                 assert!(sent > 0 && sent <= 3 * 400, "{sent} probes for 400 calls");
@@ -170,7 +174,7 @@ mod orca {
             }
             let mut client = FleetClient::new(b.build().unwrap());
             let names = fleet::calls(&mut client, 200).await;
-            shares.push(names.iter().filter(|n| *n == "i0").count() as f64 / 200.0);
+            shares.push(share_of_i0(&names));
         }
         let why = with_and_without("the slow one", &shares);
         assert!(shares[0] < 0.05, "{why}");
