@@ -50,8 +50,8 @@
 //! The pick is a scan over a lock-free snapshot of the instances: atomics only, no lock shared
 //! by the calls, no allocation: for 50 instances 92-200 ns on one thread on the machine of
 //! docs/benchmarks.md, whose speed drifts by half within an hour (`benches/pick.rs`). Idle, it
-//! is as fast as least pending's; busy, with instances gated for slow answers, about a fifth
-//! slower (its weighted counts: 1,269 instructions against 1,064, `scripts/instructions.sh
+//! is as fast as least pending's; busy, with instances gated for slow answers, it takes about a
+//! sixth more instructions (its weighted counts: 1,121 against 961, `scripts/instructions.sh
 //! pick`).
 //!
 //! # Failures
@@ -355,7 +355,7 @@ pub mod __bench {
             let pool = &self.channel.shared;
             let snap = pool.snapshot();
             let inst = &snap[i];
-            inst.in_flight.store(in_flight, Ordering::Relaxed);
+            inst.standing.set_calls(in_flight);
             let ns = latency.as_nanos() as f64;
             inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
             inst.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
@@ -449,9 +449,9 @@ pub mod __bench {
         pub fn bump(&self, i: usize, up: bool) {
             let snap = self.channel.shared.snapshot();
             if up {
-                snap[i].in_flight.fetch_add(1, Ordering::Relaxed);
+                snap[i].standing.enter();
             } else {
-                snap[i].in_flight.fetch_sub(1, Ordering::Relaxed);
+                snap[i].standing.leave();
             }
         }
     }

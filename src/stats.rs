@@ -59,7 +59,7 @@ impl EndpointStats {
         EndpointStats {
             uri: i.target.name.to_string(),
             state: i.state(),
-            in_flight: i.in_flight.load(Ordering::Acquire),
+            in_flight: i.in_flight(),
             connections: 1 + i
                 .extra
                 .as_deref()

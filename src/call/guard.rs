@@ -54,7 +54,7 @@ pub(crate) struct CallGuard {
 impl CallGuard {
     #[inline]
     pub(crate) fn new(inst: Arc<Instance>, method: Method) -> CallGuard {
-        inst.in_flight.fetch_add(1, Ordering::Relaxed);
+        inst.standing.enter();
         inst.started.fetch_add(1, Ordering::Relaxed);
         let connecting = inst.state() == crate::instance::State::Connecting;
         let breaks_at = inst.breaks.load(Ordering::Relaxed);
@@ -141,7 +141,7 @@ impl CallGuard {
 impl Drop for CallGuard {
     #[inline]
     fn drop(&mut self) {
-        self.inst.in_flight.fetch_sub(1, Ordering::Release);
+        self.inst.standing.leave();
         if self.held.conn != crate::instance::conns::UNCOUNTED {
             crate::instance::conns::release(&self.inst, self.held.conn);
         }

@@ -33,7 +33,6 @@ pub(crate) mod shared;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -215,7 +214,7 @@ fn route(
         return ResponseFuture::over(no_usable_instance(msg), CallObs::default());
     };
     let inst = &snap[idx];
-    tracing::trace!(server.address = %inst.target.name, in_flight = inst.in_flight.load(Ordering::Relaxed), "call routed");
+    tracing::trace!(server.address = %inst.target.name, in_flight = inst.in_flight(), "call routed");
     // The method's policy, looked up once per call (at most one of the two).
     let policies = shared.methods.get(req.uri().path());
     let hedging = policies.hedging.clone();

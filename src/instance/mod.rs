@@ -12,6 +12,7 @@ pub(crate) mod conns;
 pub(crate) mod context;
 pub(crate) mod events;
 pub(crate) mod load;
+pub(crate) mod standing;
 pub(crate) mod tie;
 
 pub use backoff::Backoff;
@@ -20,6 +21,7 @@ pub(crate) use context::Context;
 use tokio::time::Instant;
 
 use crate::target::Target;
+use standing::Standing;
 use tie::{Method, Tie};
 
 /// The health of an instance, as the channel sees it.
@@ -81,15 +83,15 @@ impl std::fmt::Display for State {
 
 /// One instance of the service.
 ///
-/// The fields the least-pending pick reads on every call (`in_flight`, `state`, the tie-break's
-/// record) come first and fill the first cache line; the latency estimate that the other
-/// strategies read comes next.
+/// The fields the least-pending pick reads on every call (`standing`, the tie-break's record)
+/// come first and fill the first cache line; the latency estimate that the other strategies
+/// read comes next.
 #[repr(C, align(64))]
 pub(crate) struct Instance {
-    pub(crate) in_flight: AtomicUsize,
+    /// Its state and its calls in flight (this channel's), in one word (see `standing.rs`).
+    pub(crate) standing: Standing,
     /// The other clients' calls in flight, from its load reports (ORCA).
     pub(crate) others: load::Others,
-    state: AtomicU8,
     /// Connection breaks seen under calls: the calls that were on a connection when it broke
     /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
     pub(crate) breaks: AtomicU32,
@@ -176,11 +178,10 @@ impl Instance {
         });
         let now_ns = ctx.now_ns();
         Instance {
-            in_flight: AtomicUsize::new(0),
+            standing: Standing::new(state),
             others: Default::default(),
             conn_in_flight: AtomicUsize::new(0),
             extra: conns::Extra::new(&ctx.conns),
-            state: AtomicU8::new(state as u8),
             breaks: AtomicU32::new(0),
             tie: Tie::new(),
             latency_ns: AtomicU64::new(0),
@@ -220,23 +221,11 @@ impl Instance {
     /// in the same atomic step that ends the ejection, so that the readmission timer (which
     /// releases the slot only by moving it out of `Ejected` itself) can never release it too.
     pub(crate) fn drain(&self) -> State {
-        let mut cur = self.state.load(Ordering::Acquire);
-        loop {
-            if cur == State::Draining as u8 {
-                return State::Draining;
-            }
-            match self.state.compare_exchange(
-                cur,
-                State::Draining as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(actual) => cur = actual,
-            }
-        }
-        let from = State::from_u8(cur);
-        self.drained_from.store(cur, Ordering::Release);
+        let from = match self.standing.swap(State::Draining) {
+            State::Draining => return State::Draining,
+            from => from,
+        };
+        self.drained_from.store(from as u8, Ordering::Release);
         if from == State::Ejected {
             self.ctx.ejected.fetch_sub(1, Ordering::AcqRel);
         }
@@ -252,16 +241,21 @@ impl Instance {
         State::from_u8(self.drained_from.load(Ordering::Acquire))
     }
 
-    /// Whether the pick may send calls to it: one load and a compare (`Connecting` and
-    /// `Ready` are 0 and 1).
+    /// Whether the pick may send calls to it.
     #[inline]
     pub(crate) fn is_usable(&self) -> bool {
-        self.state.load(Ordering::Relaxed) <= State::Ready as u8
+        self.standing.is_usable()
     }
 
     #[inline]
     pub(crate) fn state(&self) -> State {
-        State::from_u8(self.state.load(Ordering::Acquire))
+        self.standing.state()
+    }
+
+    /// Its calls in flight (this channel's).
+    #[inline]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.standing.calls()
     }
 
     /// Starts this instance's slow start (if on): its share ramps up from now.
@@ -275,10 +269,7 @@ impl Instance {
 
     /// Moves from `from` to `to`; false if the state was not `from`.
     pub(crate) fn transition(&self, from: State, to: State) -> bool {
-        let ok = self
-            .state
-            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
+        let ok = self.standing.compare_exchange(from, to).is_ok();
         if ok {
             tracing::debug!(server.address = %self.target.name, state = %to, previous.state = %from, "instance state changed");
             self.changed_service(from, to);
@@ -288,7 +279,7 @@ impl Instance {
 
     /// Sets the state whatever it was; returns the previous one.
     pub(crate) fn set_state(&self, to: State) -> State {
-        let from = State::from_u8(self.state.swap(to as u8, Ordering::AcqRel));
+        let from = self.standing.swap(to);
         if from != to {
             tracing::debug!(server.address = %self.target.name, state = %to, previous.state = %from, "instance state changed");
             self.changed_service(from, to);
@@ -421,7 +412,7 @@ impl std::fmt::Debug for Instance {
         f.debug_struct("Instance")
             .field("uri", &self.target.name)
             .field("state", &self.state())
-            .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .field("in_flight", &self.in_flight())
             .finish()
     }
 }

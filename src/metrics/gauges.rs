@@ -92,7 +92,7 @@ fn contributions(
     let members = set.snapshot();
     let draining = set.draining();
     for inst in members.iter().chain(draining.iter()) {
-        let in_flight = inst.in_flight.load(Ordering::Relaxed) as f64;
+        let in_flight = inst.in_flight() as f64;
         let state = inst.state();
         let before = own.get(&inst.target.name).copied().unwrap_or(false);
         let own_open = own_connection_open(state, before);

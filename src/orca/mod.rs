@@ -104,7 +104,7 @@ fn take_report_slow(inst: &crate::instance::Instance, map: &mut http::HeaderMap)
     let now = policy.now_ns();
     // The pick's coarse clock moves on with every report.
     policy.clock.fetch_max(now, Ordering::Relaxed);
-    let own = inst.in_flight.load(Ordering::Relaxed);
+    let own = inst.in_flight();
     tracing::trace!(server.address = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "load report");
     observe(inst, report, own, now);
 }

@@ -278,7 +278,7 @@ fn take(inst: &Instance, report: LoadReport) {
     policy
         .clock
         .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
-    let own = inst.in_flight.load(std::sync::atomic::Ordering::Relaxed);
+    let own = inst.in_flight();
     tracing::trace!(server.address = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "out-of-band load report");
     super::observe(inst, report, own, now);
 }

@@ -148,67 +148,70 @@ fn pick_with(
         true
     };
     let picked = match picker.strategy {
-        // The common case, a first attempt without slow start: nothing to check but the
-        // state, so the scan's loop stays tight.
-        Strategy::FewestThenFastest | Strategy::LeastPending if tried.is_empty() && slow == 0 => {
+        Strategy::FewestThenFastest | Strategy::LeastPending => {
             let dear = policy.methods.is_dear(method);
-            let turn = |i: &Arc<Instance>| i.tie.turn_for(dear, now);
-            let fresh = policy.reports_fresh.any(tick);
-            // No instance has a fresh report (every `others` reads 0): the scan does not read
-            // them.
             // While no instance is gated, fewest then fastest weighs no call: the plain scan.
             let weighted = picker.strategy == Strategy::FewestThenFastest
                 && policy.gated_until.load(Ordering::Relaxed) > now;
-            let chosen = match (weighted, fresh) {
-                (true, true) => tight::<true, true>(snap, &mut rng, tick, now, turn),
-                (true, false) => tight::<true, false>(snap, &mut rng, tick, now, turn),
-                (false, true) => tight::<false, true>(snap, &mut rng, tick, now, turn),
-                (false, false) => tight::<false, false>(snap, &mut rng, tick, now, turn),
+            // The common case, a first attempt without slow start: nothing to check but the
+            // state, which the scan reads with the count (see `tight`).
+            let quick = if tried.is_empty() && slow == 0 {
+                let turn = |i: &Arc<Instance>| i.tie.turn_for(dear, now);
+                // No instance has a fresh report (every `others` reads 0): the scan does not
+                // read them.
+                let fresh = policy.reports_fresh.any(tick);
+                match (weighted, fresh) {
+                    (true, true) => tight::<true, true>(snap, &mut rng, tick, now, turn),
+                    (true, false) => tight::<true, false>(snap, &mut rng, tick, now, turn),
+                    (false, true) => tight::<false, true>(snap, &mut rng, tick, now, turn),
+                    (false, false) => tight::<false, false>(snap, &mut rng, tick, now, turn),
+                }
+            } else {
+                None
             };
-            chosen.map(|c| {
-                if picker.strategy == Strategy::FewestThenFastest {
-                    recheck(&snap[c.index], now);
+            match quick {
+                Some(c) => {
+                    if picker.strategy == Strategy::FewestThenFastest {
+                        recheck(&snap[c.index], now);
+                    }
+                    Some(took_turn(snap, c, dear))
                 }
-                took_turn(snap, c, dear)
-            })
-        }
-        Strategy::FewestThenFastest | Strategy::LeastPending => {
-            let dear = policy.methods.is_dear(method);
-            let weighted = picker.strategy == Strategy::FewestThenFastest
-                && policy.gated_until.load(Ordering::Relaxed) > now;
-            super::least_pending(
-                snap,
-                &mut rng,
-                &snap.strides,
-                |i| {
-                    usable(i).then(|| {
-                        let n = counted(i, tick, true);
-                        if weighted {
-                            weighted_count(n, i, now)
-                        } else {
-                            n
-                        }
-                    })
-                },
-                |i| i.tie.turn_for(dear, now),
-            )
-            .map(|c| {
-                if weighted {
-                    recheck(&snap[c.index], now);
-                }
-                // Slow start again: a tie won costs a warming instance 1/ramp turns, so that
-                // among ties (at low load) its share of the calls is the ramp times its fair
-                // share. Taking part in a share of the picks is not enough there: an
-                // instance left out of some picks falls behind in turns, then wins every
-                // pick it takes part in (a share of all the calls, the fair share of 20
-                // instances from the start).
-                let stretch = if slow > 0 {
-                    1.0 / ramp(&snap[c.index], now, slow)
-                } else {
-                    1.0
-                };
-                took_turn_stretched(snap, c, dear, stretch)
-            })
+                // Retries, slow start, and a quick scan that found no instance in service
+                // (there is none, or the one it chose just left): each candidate checked.
+                None => super::least_pending(
+                    snap,
+                    &mut rng,
+                    &snap.strides,
+                    |i| {
+                        usable(i).then(|| {
+                            let n = counted(i, tick, true);
+                            if weighted {
+                                weighted_count(n, i, now)
+                            } else {
+                                n
+                            }
+                        })
+                    },
+                    |i| i.tie.turn_for(dear, now),
+                )
+                .map(|c| {
+                    if weighted {
+                        recheck(&snap[c.index], now);
+                    }
+                    // Slow start again: a tie won costs a warming instance 1/ramp turns, so
+                    // that among ties (at low load) its share of the calls is the ramp times
+                    // its fair share. Taking part in a share of the picks is not enough
+                    // there: an instance left out of some picks falls behind in turns, then
+                    // wins every pick it takes part in (a share of all the calls, the fair
+                    // share of 20 instances from the start).
+                    let stretch = if slow > 0 {
+                        1.0 / ramp(&snap[c.index], now, slow)
+                    } else {
+                        1.0
+                    };
+                    took_turn_stretched(snap, c, dear, stretch)
+                }),
+            }
         }
         strategy => {
             // Peak EWMA's latency already carries the other clients' load (their calls
@@ -248,7 +251,7 @@ fn pick_with(
 /// the other clients' as of a report still fresh at `tick` (see `orca::Others`).
 #[inline(always)]
 fn counted(i: &Instance, tick: u64, reports: bool) -> usize {
-    i.in_flight.load(Ordering::Relaxed) + if reports { i.others.get(tick) } else { 0 }
+    i.in_flight() + if reports { i.others.get(tick) } else { 0 }
 }
 
 /// The count [`Strategy::FewestThenFastest`] compares for `i` with `n` calls in flight: the
@@ -276,7 +279,11 @@ fn recheck(i: &Instance, now: u64) {
 /// The least-pending pick (with `WEIGHTED`, fewest-then-fastest's) of a first attempt without
 /// slow start: nothing to check but the state, so the scan's loop stays tight; the other
 /// clients' calls are read only with `REPORTS` (a loop of its own without them).
-#[inline]
+///
+/// The scan compares each instance's [`key`](crate::instance::standing::Standing::key), its
+/// count and state in one load: one out of service has more than any count, so it is chosen
+/// only if none is in service, and then the choice is `None`.
+#[inline(never)]
 fn tight<const WEIGHTED: bool, const REPORTS: bool>(
     snap: &Members,
     rng: &mut Rng,
@@ -289,17 +296,16 @@ fn tight<const WEIGHTED: bool, const REPORTS: bool>(
         rng,
         &snap.strides,
         |i| {
-            i.is_usable().then(|| {
-                let n = counted(i, tick, REPORTS);
-                if WEIGHTED {
-                    weighted_count(n, i, now)
-                } else {
-                    n
-                }
+            let n = i.standing.key() + if REPORTS { i.others.get(tick) } else { 0 };
+            Some(if WEIGHTED {
+                weighted_count(n, i, now)
+            } else {
+                n
             })
         },
         turn,
     )
+    .filter(|c| snap[c.index].is_usable())
 }
 
 /// Where `i` is in its slow start at `now` (a window of `slow` ns): from 0.05 when it starts to
@@ -360,6 +366,65 @@ pub(crate) fn no_instance_message(picker: &Picker, snap: &[Arc<Instance>]) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The quick scan reads an instance's state with its count: one out of service never wins,
+    /// however few calls it has (fewest then fastest and least pending; without and with a
+    /// gated instance, which weighs the counts; without and with fresh load reports, each a
+    /// loop of its own); with none in service the pick finds nothing.
+    #[tokio::test]
+    async fn the_quick_scan_never_picks_an_instance_out_of_service() {
+        use crate::{State, Strategy};
+        for strategy in [Strategy::FewestThenFastest, Strategy::LeastPending] {
+            for gated in [false, true] {
+                for reports in [false, true] {
+                    let case = format!("{strategy:?}, gated {gated}, reports {reports}");
+                    let mut b = crate::BalancedChannel::builder().strategy(strategy);
+                    for port in 1..=4 {
+                        b = b.uri(&format!("http://127.0.0.1:{port}"));
+                    }
+                    let ch = b.build().unwrap();
+                    let pool = &ch.shared;
+                    let snap = pool.snapshot();
+                    let now = pool.ctx.now_ns().max(1);
+                    pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
+                    // 0 and 1 idle but out of service; 2 and 3 in service with calls.
+                    for (inst, (calls, state)) in snap.iter().zip([
+                        (0, State::Ejected),
+                        (0, State::Failing),
+                        (3, State::Ready),
+                        (2, State::Ready),
+                    ]) {
+                        inst.standing.set_calls(calls);
+                        inst.set_state(state);
+                    }
+                    if gated {
+                        // Instance 2 answered ten times slower than the method's usual time.
+                        let until = snap[2]
+                            .tie
+                            .observe_gated(20e6, 2e6, now, now, pool.ctx.gate);
+                        pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
+                        assert!(until > now, "{case}: gated");
+                    }
+                    if reports {
+                        let until = snap[3].others.set(0, now, pool.ctx.reports.max_age_ticks);
+                        pool.ctx.reports_fresh.note(until);
+                    }
+                    for _ in 0..20 {
+                        let picked = pick(&pool.picker, &snap, &[], Method::NONE);
+                        assert_eq!(picked, Some(3), "{case}");
+                    }
+                    snap[2].set_state(State::Unhealthy);
+                    snap[3].set_state(State::Draining);
+                    let picked = pick(&pool.picker, &snap, &[], Method::NONE);
+                    assert_eq!(picked, None, "{case}: none in service");
+                    // Back in service, with the fewest calls: it wins at once.
+                    snap[1].set_state(State::Ready);
+                    let picked = pick(&pool.picker, &snap, &[], Method::NONE);
+                    assert_eq!(picked, Some(1), "{case}: back");
+                }
+            }
+        }
+    }
 
     /// Peak EWMA weighs this channel's own calls only: a report of the other clients' calls,
     /// which least pending counts, does not move it (its latency already carries that load).

@@ -92,11 +92,7 @@ async fn a_slower_instance_with_one_call_fewer_loses() {
         for _ in 0..2 * held {
             sim.start("/fleet.Fleet/Unary", |_| Duration::from_secs(5));
         }
-        let busy: Vec<usize> = sim
-            .instances
-            .iter()
-            .map(|i| i.in_flight.load(std::sync::atomic::Ordering::Relaxed))
-            .collect();
+        let busy: Vec<usize> = sim.instances.iter().map(|i| i.in_flight()).collect();
         assert_eq!(busy, [0, held, held], "{strategy:?}: the held calls");
         let picked = sim.start("/fleet.Fleet/Unary", |_| FAST);
         assert_eq!(
@@ -234,7 +230,7 @@ proptest! {
             }
         }
         for (inst, &b) in sim.instances.iter().zip(&busy) {
-            inst.in_flight.store(b, std::sync::atomic::Ordering::Relaxed);
+            inst.standing.set_calls(b);
         }
         let fewest = *busy.iter().min().unwrap();
         let picked = sim.start("/fleet.Fleet/Unary", |_| FAST);

@@ -94,9 +94,8 @@ impl Sim {
                 .iter()
                 .position(|i| Arc::ptr_eq(i, chosen))
                 .expect("one of the set");
-            let busy = chosen
-                .in_flight
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let busy = chosen.in_flight();
+            chosen.standing.enter();
             (instance, busy)
         };
         self.served[instance] += 1;
@@ -119,9 +118,7 @@ impl Sim {
         let call = self.pending.swap_remove(k);
         self.now = self.now.max(call.end);
         let instance = &self.instances[call.instance];
-        instance
-            .in_flight
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        instance.standing.leave();
         instance.sample(
             call.method,
             Duration::from_nanos(call.end - call.sent),

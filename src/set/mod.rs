@@ -244,7 +244,7 @@ impl Set {
             inst.drain();
             tracing::info!(
                 server.address = %inst.target.name,
-                in_flight = inst.in_flight.load(Ordering::Relaxed),
+                in_flight = inst.in_flight(),
                 "instance removed; draining"
             );
         }

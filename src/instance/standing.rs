@@ -1,0 +1,188 @@
+//! An instance's state and its calls in flight, in one atomic word, so that the pick's scan
+//! reads one word per candidate and compares it without a branch on the state.
+//!
+//! The low [`STATE_BITS`] bits hold the state's number; the calls in flight are counted above
+//! them; above the count, one bit is set while the state says that the instance may not take
+//! calls. The scan compares [`Standing::key`], the word shifted past the state: the count, plus
+//! [`OUT`] for an instance out of service, which is more than any count (and than a count plus
+//! the other clients' reported calls) can reach. So an instance out of service never has the
+//! fewest, and if the fewest is at least [`OUT`], none is in service. One source of truth: the
+//! state moves by a compare-and-swap of the whole word, which the calls' increments and
+//! decrements (of the count's bits, never carrying past them) cannot disturb.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::State;
+
+/// Bits of the state's number (6 states).
+const STATE_BITS: u32 = 3;
+
+/// Bits of the count. More calls at once would need more memory than the address space holds:
+/// each call holds far more than the 256 bytes that 2^24 calls would leave it on a 32-bit
+/// target, and 2^40 calls would take terabytes on 64 bits.
+const COUNT_BITS: u32 = if usize::BITS >= 64 { 40 } else { 24 };
+
+/// In [`Standing::key`]'s units: added while the instance may not take calls. Above any count,
+/// and above a count plus the other clients' reported calls (at most 2^24 - 1, see
+/// `load::Others`); on 32 bits, the weighted count `(key + 1) × 72` stays below 2^32
+/// (3 × 2^24 × 72 < 2^32).
+pub(crate) const OUT: usize = 1 << COUNT_BITS;
+
+/// One call in the word.
+const ONE: usize = 1 << STATE_BITS;
+
+/// The state's number in the word.
+const STATE: usize = ONE - 1;
+
+/// The count in the word.
+const COUNT: usize = (OUT - 1) << STATE_BITS;
+
+/// The state `s` with no call in flight.
+fn word(s: State) -> usize {
+    s as usize | if s.is_usable() { 0 } else { OUT << STATE_BITS }
+}
+
+fn state_of(w: usize) -> State {
+    State::from_u8((w & STATE) as u8)
+}
+
+/// An instance's state and calls in flight (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Standing(AtomicUsize);
+
+impl Standing {
+    pub(crate) fn new(s: State) -> Standing {
+        Standing(AtomicUsize::new(word(s)))
+    }
+
+    /// Its calls in flight.
+    #[inline]
+    pub(crate) fn calls(&self) -> usize {
+        (self.0.load(Ordering::Relaxed) & COUNT) >> STATE_BITS
+    }
+
+    /// A call starts.
+    #[inline]
+    pub(crate) fn enter(&self) {
+        self.0.fetch_add(ONE, Ordering::Relaxed);
+    }
+
+    /// A call ends.
+    #[inline]
+    pub(crate) fn leave(&self) {
+        self.0.fetch_sub(ONE, Ordering::Release);
+    }
+
+    /// What the pick compares: its calls in flight, plus [`OUT`] while it may not take calls.
+    #[inline(always)]
+    pub(crate) fn key(&self) -> usize {
+        self.0.load(Ordering::Relaxed) >> STATE_BITS
+    }
+
+    /// Whether it may take calls: one load and a test.
+    #[inline]
+    pub(crate) fn is_usable(&self) -> bool {
+        self.0.load(Ordering::Relaxed) < OUT << STATE_BITS
+    }
+
+    #[inline]
+    pub(crate) fn state(&self) -> State {
+        state_of(self.0.load(Ordering::Acquire))
+    }
+
+    /// Sets the state whatever it was; returns the previous one.
+    pub(crate) fn swap(&self, to: State) -> State {
+        self.update(|_| Some(to)).unwrap_or_else(|from| from)
+    }
+
+    /// Moves from `from` to `to`; `Err` with the state it found if that was not `from`.
+    pub(crate) fn compare_exchange(&self, from: State, to: State) -> Result<State, State> {
+        self.update(|s| (s == from).then_some(to))
+    }
+
+    /// Moves to `to(state)` unless that is `None`; returns the state it left, or `Err` with the
+    /// state that `to` refused. The calls in flight are kept (a retry when one starts or ends
+    /// meanwhile).
+    fn update(&self, mut to: impl FnMut(State) -> Option<State>) -> Result<State, State> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                to(state_of(w)).map(|s| (w & COUNT) | word(s))
+            })
+            .map(state_of)
+            .map_err(state_of)
+    }
+
+    /// Sets the calls in flight (the benchmarks' and tests' fleets), keeping the state.
+    pub(crate) fn set_calls(&self, n: usize) {
+        let n = n.min(OUT - 1) << STATE_BITS;
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                Some((w & !COUNT) | n)
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every state keeps its own number and says whether it may take calls; the calls in
+    /// flight survive every change of state; the key is the count, plus `OUT` out of service.
+    #[test]
+    fn state_and_calls_share_the_word() {
+        let st = Standing::new(State::Connecting);
+        for _ in 0..5 {
+            st.enter();
+        }
+        st.leave();
+        for to in State::ALL {
+            let before = st.state();
+            assert_eq!(st.swap(to), before);
+            assert_eq!(st.state(), to);
+            assert_eq!(st.calls(), 4, "{to:?}");
+            assert_eq!(st.is_usable(), to.is_usable(), "{to:?}");
+            let key = st.key();
+            assert_eq!(key, if to.is_usable() { 4 } else { OUT + 4 }, "{to:?}");
+        }
+        assert_eq!(
+            st.compare_exchange(State::Ready, State::Failing),
+            Err(State::Draining)
+        );
+        assert_eq!(
+            st.compare_exchange(State::Draining, State::Ready),
+            Ok(State::Draining)
+        );
+        assert_eq!((st.state(), st.calls()), (State::Ready, 4));
+        st.set_calls(9);
+        assert_eq!((st.state(), st.calls(), st.key()), (State::Ready, 9, 9));
+    }
+
+    /// Calls that start and end on other threads while the state keeps changing: none is lost,
+    /// and the state is the last one set.
+    #[test]
+    fn concurrent_calls_and_changes() {
+        let st = std::sync::Arc::new(Standing::new(State::Ready));
+        let calls: Vec<_> = (0..2)
+            .map(|_| {
+                let st = st.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        st.enter();
+                        st.enter();
+                        st.leave();
+                    }
+                })
+            })
+            .collect();
+        for k in 0..20_000 {
+            st.swap(State::ALL[k % State::ALL.len()]);
+        }
+        st.swap(State::Ejected);
+        for t in calls {
+            t.join().unwrap();
+        }
+        assert_eq!((st.state(), st.calls()), (State::Ejected, 40_000));
+        assert!(st.key() >= OUT);
+    }
+}
