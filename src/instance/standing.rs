@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::State;
 
-/// Bits of the state's number (6 states).
+/// Bits of the state's number.
 const STATE_BITS: u32 = 3;
+const _: () = assert!(State::ALL.len() <= 1 << STATE_BITS);
 
 /// Bits of the count. More calls at once would need more memory than the address space holds:
 /// each call holds far more than the 256 bytes that 2^24 calls would leave it on a 32-bit
@@ -67,10 +68,12 @@ impl Standing {
         self.0.fetch_add(ONE, Ordering::Relaxed);
     }
 
-    /// A call ends.
+    /// A call ends (one that [`enter`](Self::enter) counted: below zero the count would
+    /// borrow from the state's bits).
     #[inline]
     pub(crate) fn leave(&self) {
-        self.0.fetch_sub(ONE, Ordering::Release);
+        let before = self.0.fetch_sub(ONE, Ordering::Release);
+        debug_assert!(before & COUNT != 0, "a call ended that never started");
     }
 
     /// What the pick compares: its calls in flight, plus [`OUT`] while it may not take calls.
