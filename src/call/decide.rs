@@ -43,6 +43,11 @@ impl ResponseFuture {
         }
     }
 
+    /// The call's deadline, if it has one.
+    fn deadline_at(&self) -> Option<tokio::time::Instant> {
+        self.deadline.as_deref().map(tokio::time::Sleep::deadline)
+    }
+
     /// Attempt `i`'s response head arrived.
     #[inline]
     fn answered(&mut self, i: usize, mut resp: http::Response<Body>) -> Option<CallResult> {
@@ -55,7 +60,7 @@ impl ResponseFuture {
         {
             // The deadline passed as the answer came (often the server's own timer answering
             // CANCELLED "Timeout expired"): report it as what it is. The instance answered.
-            let outcome = a.guard().deadline_outcome();
+            let outcome = a.guard().deadline_outcome(None);
             a.guard_mut().finish(outcome);
             a.obs.ended(Code::DeadlineExceeded);
             return Some(self.end_with(deadline_exceeded().into()));
@@ -108,7 +113,7 @@ impl ResponseFuture {
     }
 
     fn failed_as(&mut self, mut a: Attempt, end: End, e: BoxError) -> Option<CallResult> {
-        let outcome = end.settle(a.guard(), &*e);
+        let outcome = end.settle(a.guard(), &*e, self.deadline_at());
         a.guard_mut().finish(outcome);
         let inst = a.instance().clone();
         if end == End::Timeout {
@@ -424,13 +429,14 @@ impl ResponseFuture {
     /// The call's deadline passed before its answer: each attempt is over, with what that
     /// says of its instance.
     pub(super) fn deadline_passed(&mut self) -> CallResult {
+        let deadline_at = self.deadline_at();
         let replay = self.again.as_deref().map(|a| &a.replay);
         while !self.attempts.is_empty() {
             let mut a = self.attempts.remove(0);
             if let Some(replay) = replay {
                 a.note_sent(replay);
             }
-            let outcome = a.guard().deadline_outcome();
+            let outcome = a.guard().deadline_outcome(deadline_at);
             a.guard_mut().finish(outcome);
             a.obs.ended(Code::DeadlineExceeded);
         }

@@ -87,13 +87,13 @@ impl CallGuard {
         }
     }
 
-    /// What the call's deadline passing says of the instance: a failure only if the instance
-    /// had not answered and had held the call long enough (at least [`DEADLINE_FLOOR`] and
-    /// [`DEADLINE_LATENCY_FACTOR`] times its usual latency) for the silence to mean something:
-    /// a hanging instance is found out, a caller's short deadline ejects nobody.
-    ///
-    pub(crate) fn deadline_outcome(&self) -> Outcome {
-        if self.held_in_silence().is_some() {
+    /// What the call's deadline (at `deadline`, if the channel knows it) passing says of the
+    /// instance: a failure only if the instance had not answered and had held the call long
+    /// enough (at least [`DEADLINE_FLOOR`] and [`DEADLINE_LATENCY_FACTOR`] times its usual
+    /// latency) for the silence to mean something: a hanging instance is found out, a caller's
+    /// short deadline ejects nobody.
+    pub(crate) fn deadline_outcome(&self, deadline: Option<Instant>) -> Outcome {
+        if self.held_in_silence(deadline).is_some() {
             Outcome::Failure
         } else {
             Outcome::Neutral
@@ -102,12 +102,16 @@ impl CallGuard {
 
     /// How long the instance has held the call without answering, if that is long enough to
     /// say something of it (see [`deadline_outcome`](Self::deadline_outcome)).
-    fn held_in_silence(&self) -> Option<std::time::Duration> {
+    fn held_in_silence(&self, deadline: Option<Instant>) -> Option<std::time::Duration> {
         if self.answered {
             return None;
         }
         let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
-        let held = self.start.elapsed();
+        // Held until the deadline at most: past it the call was over whatever the instance
+        // did, and a timer that fires late (a client short of CPU) says nothing of it.
+        let now = Instant::now();
+        let until = deadline.map_or(now, |d| d.min(now));
+        let held = until.saturating_duration_since(self.start);
         let enough = DEADLINE_FLOOR
             .as_secs_f64()
             .max(usual * 1e-9 * DEADLINE_LATENCY_FACTOR);

@@ -113,11 +113,13 @@ impl End {
     }
 
     /// Records what this end says of the attempt's instance and of its connection, and
-    /// returns what it counts as for the instance (the guard's outcome).
+    /// returns what it counts as for the instance (the guard's outcome). `deadline`: the
+    /// call's, if the channel knows it.
     pub(crate) fn settle(
         self,
         guard: &CallGuard,
         e: &(dyn std::error::Error + 'static),
+        deadline: Option<tokio::time::Instant>,
     ) -> Outcome {
         let inst = guard.instance();
         match self {
@@ -149,7 +151,7 @@ impl End {
             End::Reset(code) => classify_code(code),
             End::Other => Outcome::Failure,
             End::Unreachable | End::Refused | End::Caller => Outcome::Neutral,
-            End::Timeout => guard.deadline_outcome(),
+            End::Timeout => guard.deadline_outcome(deadline),
         }
     }
 

@@ -207,6 +207,51 @@ async fn short_deadlines_on_a_sleeping_server_eject_nothing() {
     fleet::calls(&mut client, 10).await;
 }
 
+/// A deadline whose timer fires late (the client's runtime was busy) holds the instance to the
+/// deadline, not to when the timer fired: five calls with a 1 ms deadline, each seen 100 ms
+/// late because the runtime's only thread was blocked, count nothing against a healthy
+/// instance (counted against it, 5 in a row would eject it).
+#[tokio::test(flavor = "current_thread")]
+async fn a_deadline_seen_late_counts_nothing_against_the_instance() {
+    let fleet = Fleet::start(1, Behavior::Ok);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .ejection(no_success_rate(5))
+        .build()
+        .unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    fleet::calls(&mut client, 5).await;
+    fleet.instances[0].set(Behavior::Delay(Duration::from_millis(500)));
+    for id in 0..5 {
+        let mut c = client.clone();
+        let call =
+            tokio::spawn(async move { c.unary(with_timeout(id, Duration::from_millis(1))).await });
+        fleet::wait_until("the call is on the instance", LIMIT, || {
+            ch.endpoints()[0].in_flight() == 1
+        })
+        .await;
+        // A busy runtime: its only thread does something else for 100 ms, and the deadline's
+        // timer cannot fire meanwhile.
+        std::thread::sleep(Duration::from_millis(100));
+        let r = tokio::time::timeout(LIMIT, call)
+            .await
+            .expect("the call ended")
+            .expect("the call's task");
+        match r {
+            Err(s) => assert_eq!(s.code(), Code::DeadlineExceeded, "call {id}: {s:?}"),
+            Ok(reply) => panic!("call {id} answered within 1 ms: {reply:?}"),
+        }
+    }
+    let e = &ch.endpoints()[0];
+    assert_eq!(
+        (e.failed(), e.ejections(), e.state()),
+        (0, 0, State::Ready),
+        "late deadlines counted against {}:{}",
+        e.uri(),
+        dump(&ch)
+    );
+}
+
 /// The other side of the rule above: an instance that hangs is still ejected by deadlines.
 /// After fast calls, one instance of two hangs; calls with a 300 ms deadline eject it after 5
 /// of them went to it, while the other answers every call. Round robin, so that the calls keep
