@@ -164,23 +164,40 @@ fn no_success_rate(consecutive_failures: u32) -> Ejection {
         .success_rate_interval(None)
 }
 
-/// A caller's own deadline must not eject a healthy instance (gRPC's interop case
-/// timeout_on_sleeping_server): 30 calls with a 1 ms deadline on instances that take 200 ms
-/// each end DEADLINE_EXCEEDED, and neither instance is ejected (5 in a row would eject one).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn short_deadlines_on_a_sleeping_server_eject_nothing() {
-    let fleet = Fleet::start(2, Behavior::Ok);
+/// `n` instances whose latency estimates the channel has near 1 ms, then that take `delay` to
+/// answer; a channel that ejects after 5 failures in a row; a client.
+async fn sleeping(
+    n: usize,
+    delay: Duration,
+) -> (Fleet, BalancedChannel, FleetClient<BalancedChannel>) {
+    let fleet = Fleet::start(n, Behavior::Ok);
     let ch = BalancedChannel::builder()
         .uris(fleet.uris())
         .ejection(no_success_rate(5))
         .build()
         .unwrap();
     let mut client = FleetClient::new(ch.clone());
-    // Latency estimates near 1 ms.
     fleet::calls(&mut client, 20).await;
     for i in &fleet.instances {
-        i.set(Behavior::Delay(Duration::from_millis(200)));
+        i.set(Behavior::Delay(delay));
     }
+    (fleet, ch, client)
+}
+
+/// Call `id`, with a 1 ms deadline, ended DEADLINE_EXCEEDED.
+fn deadline_exceeded(id: u64, r: Result<Response<Reply>, Status>) {
+    match r {
+        Err(s) => assert_eq!(s.code(), Code::DeadlineExceeded, "call {id}: {s:?}"),
+        Ok(reply) => panic!("call {id} answered within 1 ms: {reply:?}"),
+    }
+}
+
+/// A caller's own deadline must not eject a healthy instance (gRPC's interop case
+/// timeout_on_sleeping_server): 30 calls with a 1 ms deadline on instances that take 200 ms
+/// each end DEADLINE_EXCEEDED, and neither instance is ejected (5 in a row would eject one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_deadlines_on_a_sleeping_server_eject_nothing() {
+    let (fleet, ch, mut client) = sleeping(2, Duration::from_millis(200)).await;
     for id in 0..30 {
         let r = tokio::time::timeout(
             LIMIT,
@@ -188,10 +205,7 @@ async fn short_deadlines_on_a_sleeping_server_eject_nothing() {
         )
         .await
         .expect("a call with a 1 ms deadline ended");
-        match r {
-            Err(s) => assert_eq!(s.code(), Code::DeadlineExceeded, "call {id}: {s:?}"),
-            Ok(reply) => panic!("call {id} answered within 1 ms: {reply:?}"),
-        }
+        deadline_exceeded(id, r);
     }
     for i in &fleet.instances {
         i.set(Behavior::Ok);
@@ -213,15 +227,7 @@ async fn short_deadlines_on_a_sleeping_server_eject_nothing() {
 /// instance (counted against it, 5 in a row would eject it).
 #[tokio::test(flavor = "current_thread")]
 async fn a_deadline_seen_late_counts_nothing_against_the_instance() {
-    let fleet = Fleet::start(1, Behavior::Ok);
-    let ch = BalancedChannel::builder()
-        .uris(fleet.uris())
-        .ejection(no_success_rate(5))
-        .build()
-        .unwrap();
-    let mut client = FleetClient::new(ch.clone());
-    fleet::calls(&mut client, 5).await;
-    fleet.instances[0].set(Behavior::Delay(Duration::from_millis(500)));
+    let (_fleet, ch, client) = sleeping(1, Duration::from_millis(500)).await;
     for id in 0..5 {
         let mut c = client.clone();
         let call =
@@ -237,10 +243,7 @@ async fn a_deadline_seen_late_counts_nothing_against_the_instance() {
             .await
             .expect("the call ended")
             .expect("the call's task");
-        match r {
-            Err(s) => assert_eq!(s.code(), Code::DeadlineExceeded, "call {id}: {s:?}"),
-            Ok(reply) => panic!("call {id} answered within 1 ms: {reply:?}"),
-        }
+        deadline_exceeded(id, r);
     }
     let e = &ch.endpoints()[0];
     assert_eq!(
