@@ -283,6 +283,9 @@ fn recheck(i: &Instance, now: u64) {
 /// The scan compares each instance's [`key`](crate::instance::standing::Standing::key), its
 /// count and state in one load: one out of service has more than any count, so it is chosen
 /// only if none is in service, and then the choice is `None`.
+///
+/// Not inlined: in `pick_with`, among the other strategies' code, the loop lost a register
+/// and reloaded the slice's address for every candidate (`scripts/instructions.sh pick`).
 #[inline(never)]
 fn tight<const WEIGHTED: bool, const REPORTS: bool>(
     snap: &Members,

@@ -79,7 +79,7 @@ pub fn least_pending<T>(
     let mut ties = [0u32; TIE_BUF];
     let mut t = 0usize;
     // By index rather than `enumerate`: the loop then keeps the slice's address in a register
-    // (`scripts/instructions.sh pick`: 2 instructions fewer per candidate).
+    // rather than reloading it for each candidate (`scripts/instructions.sh pick`).
     #[allow(clippy::needless_range_loop)]
     for i in 0..items.len() {
         if let Some(f) = in_flight(&items[i]) {

@@ -5,8 +5,8 @@
 //! lock, no allocation: a pick over 50 instances takes 1,048 to 1,121 instructions (callgrind,
 //! `scripts/instructions.sh pick`); on the quietest day measured, with about a tenth more
 //! instructions than now, 92 ns idle and 106-112 ns busy on one thread (see `benches/pick.rs`
-//! and docs/benchmarks.md). Being pure, they are property-tested without a network (see the tests of
-//! each file).
+//! and docs/benchmarks.md). Being pure, they are property-tested without a network (see the
+//! tests of each file).
 //!
 //! By role: [`least_pending`](mod@least_pending) (the default, with its tie-break by turns), [`simple`] (Peak EWMA,
 //! power of two choices, round robin), [`dispatch`] (the pick over a channel's set: which
