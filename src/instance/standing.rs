@@ -1,12 +1,16 @@
 //! An instance's state and its calls in flight, in one atomic word, so that the pick's scan
 //! reads one word per candidate and compares it without a branch on the state.
 //!
-//! The low [`STATE_BITS`] bits hold the state's number; the calls in flight are counted above
-//! them; above the count, one bit is set while the state says that the instance may not take
-//! calls. The scan compares [`Standing::key`], the word shifted past the state: the count, plus
-//! [`OUT`] for an instance out of service, which is more than any count (and than a count plus
-//! the other clients' reported calls) can reach. So an instance out of service never has the
-//! fewest, and if the fewest is at least [`OUT`], none is in service. One source of truth: the
+//! The low [`STATE_BITS`] bits hold the state's number; above them, the calls the instance
+//! would have with one more (its calls in flight plus one, the call being picked for); above
+//! that count, one bit is set while the state says that the instance may not take calls. The
+//! scan compares [`Standing::key`], the word shifted past the state: the count, plus [`OUT`]
+//! for an instance out of service, which is more than any count (and than a count plus the
+//! other clients' reported calls) can reach. So an instance out of service never has the
+//! fewest, and if the fewest is at least [`OUT`], none is in service. The count starts at one
+//! because that is what fewest then fastest weighs (`(calls + 1) × weight`): the scan
+//! multiplies the key as it is, one instruction fewer per candidate (an addition) than with
+//! the calls alone. One source of truth: the
 //! state moves by a compare-and-swap of the whole word, which the calls' increments and
 //! decrements (of the count's bits, never carrying past them) cannot disturb.
 
@@ -25,7 +29,7 @@ const COUNT_BITS: u32 = if usize::BITS >= 64 { 40 } else { 24 };
 
 /// In [`Standing::key`]'s units: added while the instance may not take calls. Above any count,
 /// and above a count plus the other clients' reported calls (at most 2^24 - 1, see
-/// `load::Others`); on 32 bits, the weighted count `(key + 1) × 72` stays below 2^32
+/// `load::Others`); on 32 bits, the weighted count `key × 72` stays below 2^32
 /// (3 × 2^24 × 72 < 2^32).
 pub(crate) const OUT: usize = 1 << COUNT_BITS;
 
@@ -38,7 +42,7 @@ const STATE: usize = ONE - 1;
 /// The count in the word.
 const COUNT: usize = (OUT - 1) << STATE_BITS;
 
-/// The state `s` with no call in flight.
+/// The state `s` in the word: its number, and the bit above the count out of service.
 fn word(s: State) -> usize {
     s as usize | if s.is_usable() { 0 } else { OUT << STATE_BITS }
 }
@@ -53,13 +57,14 @@ pub(crate) struct Standing(AtomicUsize);
 
 impl Standing {
     pub(crate) fn new(s: State) -> Standing {
-        Standing(AtomicUsize::new(word(s)))
+        // No call in flight: a count of one (see the module docs).
+        Standing(AtomicUsize::new(word(s) | ONE))
     }
 
     /// Its calls in flight.
     #[inline]
     pub(crate) fn calls(&self) -> usize {
-        (self.0.load(Ordering::Relaxed) & COUNT) >> STATE_BITS
+        ((self.0.load(Ordering::Relaxed) & COUNT) >> STATE_BITS) - 1
     }
 
     /// A call starts.
@@ -73,10 +78,11 @@ impl Standing {
     #[inline]
     pub(crate) fn leave(&self) {
         let before = self.0.fetch_sub(ONE, Ordering::Release);
-        debug_assert!(before & COUNT != 0, "a call ended that never started");
+        debug_assert!(before & COUNT > ONE, "a call ended that never started");
     }
 
-    /// What the pick compares: its calls in flight, plus [`OUT`] while it may not take calls.
+    /// What the pick compares: its calls in flight plus one (the call being picked for), plus
+    /// [`OUT`] while it may not take calls.
     #[inline(always)]
     pub(crate) fn key(&self) -> usize {
         self.0.load(Ordering::Relaxed) >> STATE_BITS
@@ -117,7 +123,7 @@ impl Standing {
 
     /// Sets the calls in flight (the benchmarks' and tests' fleets), keeping the state.
     pub(crate) fn set_calls(&self, n: usize) {
-        let n = n.min(OUT - 1) << STATE_BITS;
+        let n = (n + 1).min(OUT - 1) << STATE_BITS;
         let _ = self
             .0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
@@ -131,22 +137,37 @@ mod tests {
     use super::*;
 
     /// Every state keeps its own number and says whether it may take calls; the calls in
-    /// flight survive every change of state; the key is the count, plus `OUT` out of service.
+    /// flight survive every change of state; the key is the count with one more call, plus
+    /// `OUT` out of service.
     #[test]
     fn state_and_calls_share_the_word() {
         let st = Standing::new(State::Connecting);
+        assert_eq!(
+            (st.calls(), st.key() % OUT),
+            (0, 1),
+            "none in flight: one with this call"
+        );
         for _ in 0..5 {
             st.enter();
         }
         st.leave();
-        for to in State::ALL {
+        let mut calls = 4;
+        // Each state with an odd and an even count (no bit of the count is lost or gained).
+        for to in State::ALL.into_iter().chain(State::ALL) {
             let before = st.state();
             assert_eq!(st.swap(to), before);
             assert_eq!(st.state(), to);
-            assert_eq!(st.calls(), 4, "{to:?}");
+            assert_eq!(st.calls(), calls, "{to:?}");
             assert_eq!(st.is_usable(), to.is_usable(), "{to:?}");
             let key = st.key();
-            assert_eq!(key, if to.is_usable() { 4 } else { OUT + 4 }, "{to:?}");
+            let with_one_more = calls + 1;
+            let want = if to.is_usable() { 0 } else { OUT } + with_one_more;
+            assert_eq!(key, want, "{to:?}");
+            st.enter();
+            calls += 1;
+        }
+        for _ in 0..calls - 4 {
+            st.leave();
         }
         assert_eq!(
             st.compare_exchange(State::Ready, State::Failing),
@@ -158,7 +179,7 @@ mod tests {
         );
         assert_eq!((st.state(), st.calls()), (State::Ready, 4));
         st.set_calls(9);
-        assert_eq!((st.state(), st.calls(), st.key()), (State::Ready, 9, 9));
+        assert_eq!((st.state(), st.calls(), st.key()), (State::Ready, 9, 10));
     }
 
     /// Calls that start and end on other threads while the state keeps changing: none is lost,

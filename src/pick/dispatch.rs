@@ -186,7 +186,7 @@ fn pick_with(
                         usable(i).then(|| {
                             let n = counted(i, tick, true);
                             if weighted {
-                                weighted_count(n, i, now)
+                                weighted_count(n + 1, i, now)
                             } else {
                                 n
                             }
@@ -254,13 +254,13 @@ fn counted(i: &Instance, tick: u64, reports: bool) -> usize {
     i.in_flight() + if reports { i.others.get(tick) } else { 0 }
 }
 
-/// The count [`Strategy::FewestThenFastest`] compares for `i` with `n` calls in flight: the
-/// calls it would have with this one, each weighing [`Tie::weight`](crate::instance::tie::Tie)
-/// (one, or the slowness of an instance gated for a slow answer), so that among equally fast
-/// instances the order is least pending's.
+/// The count [`Strategy::FewestThenFastest`] compares for `i` with `with_this` calls in flight
+/// counting this one: each weighs [`Tie::weight`](crate::instance::tie::Tie) (one, or the
+/// slowness of an instance gated for a slow answer), so that among equally fast instances the
+/// order is least pending's.
 #[inline(always)]
-fn weighted_count(n: usize, i: &Instance, now: u64) -> usize {
-    (n + 1) * i.tie.weight(now) as usize
+fn weighted_count(with_this: usize, i: &Instance, now: u64) -> usize {
+    with_this * i.tie.weight(now) as usize
 }
 
 /// The chosen instance, if its gate for a slow answer is over, is re-checked by this call:
@@ -281,8 +281,8 @@ fn recheck(i: &Instance, now: u64) {
 /// clients' calls are read only with `REPORTS` (a loop of its own without them).
 ///
 /// The scan compares each instance's [`key`](crate::instance::standing::Standing::key), its
-/// count and state in one load: one out of service has more than any count, so it is chosen
-/// only if none is in service, and then the choice is `None`.
+/// count (with this call) and state in one load: one out of service has more than any count,
+/// so it is chosen only if none is in service, and then the choice is `None`.
 ///
 /// Not inlined: in `pick_with`, among the other strategies' code, the loop lost a register
 /// and reloaded the slice's address for every candidate (`scripts/instructions.sh pick`).

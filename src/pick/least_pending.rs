@@ -73,49 +73,55 @@ pub fn least_pending<T>(
     mut in_flight: impl FnMut(&T) -> Option<usize>,
     turn: impl FnMut(&T) -> Turn,
 ) -> Option<Chosen> {
-    // Pass 1: the fewest in flight, and where the candidates that have it are (the first
-    // TIE_BUF of them).
+    // Pass 1: the fewest in flight, and where the candidates that have it are (the last
+    // TIE_BUF of them). Every candidate with at most the fewest so far goes into the ring
+    // `ties` at `end`; a new fewest marks where its ties `start`. The count `end` only ever
+    // grows by one: a reset to zero on a new fewest made each candidate wait for the one before
+    // (a select then an increment), which the idle pick paid for in time.
     let mut min = usize::MAX;
     let mut ties = [0u32; TIE_BUF];
-    let mut t = 0usize;
+    let (mut start, mut end) = (0usize, 0usize);
     // By index rather than `enumerate`: the loop then keeps the slice's address in a register
     // rather than reloading it for each candidate (`scripts/instructions.sh pick`).
     #[allow(clippy::needless_range_loop)]
     for i in 0..items.len() {
-        if let Some(f) = in_flight(&items[i]) {
-            if f < min {
-                min = f;
-                t = 0;
-            }
-            if f == min {
-                if t < TIE_BUF {
-                    ties[t] = i as u32;
+        match in_flight(&items[i]) {
+            // One branch for the common case, a candidate with more than the fewest.
+            Some(f) if f <= min => {
+                if f < min {
+                    min = f;
+                    start = end;
                 }
-                t += 1;
+                ties[end % TIE_BUF] = i as u32;
+                end += 1;
             }
+            _ => {}
         }
     }
     if min == usize::MAX {
         return None;
     }
+    // The ties, in the order of the set; all in the ring while there are at most TIE_BUF.
+    let t = end - start;
+    let tie = |j: usize| ties[(start + j) % TIE_BUF] as usize;
     if t == 1 {
         return Some(Chosen {
-            index: ties[0] as usize,
+            index: tie(0),
             floor: 0,
         });
     }
     if t <= TIE_WINDOW {
         // Every tie is looked at (a sample only as large as needed: it is cleared first).
-        return Sample::<TIE_WINDOW>::of(ties[..t].iter().map(|&i| i as usize), items, turn);
+        return Sample::<TIE_WINDOW>::of((0..t).map(tie), items, turn);
     }
     if t <= TIE_SAMPLE {
-        return Sample::<TIE_SAMPLE>::of(ties[..t].iter().map(|&i| i as usize), items, turn);
+        return Sample::<TIE_SAMPLE>::of((0..t).map(tie), items, turn);
     }
     if t <= TIE_BUF {
         // TIE_WINDOW ties in a row from a random one on (around the end): each tie is in the
         // window with the same chance, for one random draw.
         let k = rng.below(t);
-        let window = (k..k + TIE_WINDOW).map(|j| ties[if j < t { j } else { j - t }] as usize);
+        let window = (k..k + TIE_WINDOW).map(|j| tie(if j < t { j } else { j - t }));
         return Sample::<TIE_WINDOW>::of(window, items, turn);
     }
     many_ties(items, rng, strides, min, in_flight, turn)
