@@ -26,7 +26,9 @@
 //! `weighted_round_robin` has a schedule from weights of 10 to 100 (the channel's own cycle, as
 //! its background task builds it).
 //!
-//! Target: at most 100 ns with 50 instances, 1 µs with 1,000.
+//! Target: at most 100 ns with 50 instances, 1 µs with 1,000. On a machine shared with other
+//! tenants, read the low end of the samples (`scripts/criterion-samples.py pick_channel`): the
+//! mean mixes in the spells where everything, round robin's pick too, runs twice as slow.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};

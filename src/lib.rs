@@ -48,11 +48,11 @@
 //! at random how loaded they are (Prequal's probes) and picks among the fresh answers.
 //!
 //! The pick is a scan over a lock-free snapshot of the instances: atomics only, no lock shared
-//! by the calls, no allocation: for 50 instances 92-200 ns on one thread on the machine of
-//! docs/benchmarks.md, whose speed drifts by half within an hour (`benches/pick.rs`). Idle, it
-//! is as fast as least pending's; busy, with instances gated for slow answers, it takes about a
-//! sixth more instructions (its weighted counts: 1,121 against 961, `scripts/instructions.sh
-//! pick`).
+//! by the calls, no allocation: for 50 instances about 90 ns on one thread, busy or idle, on
+//! the machine of docs/benchmarks.md in its quiet spells, and up to twice that in its slow ones
+//! (`benches/pick.rs`). Idle, it is as fast as least pending's; busy, with instances gated for
+//! slow answers, it takes about a sixth more instructions (its weighted counts: 1,063 against
+//! 917, `scripts/instructions.sh pick`).
 //!
 //! # Failures
 //!

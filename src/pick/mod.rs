@@ -2,11 +2,10 @@
 //!
 //! Each function scans the candidates once, reads each one's load through a closure that
 //! returns `None` for an instance that must not get calls, and returns the index it chose. No
-//! lock, no allocation: a pick over 50 instances takes 1,048 to 1,121 instructions (callgrind,
-//! `scripts/instructions.sh pick`); on the quietest day measured, with about a tenth more
-//! instructions than now, 92 ns idle and 106-112 ns busy on one thread (see `benches/pick.rs`
-//! and docs/benchmarks.md). Being pure, they are property-tested without a network (see the
-//! tests of each file).
+//! lock, no allocation: a pick over 50 instances takes 917 to 1,063 instructions (callgrind,
+//! `scripts/instructions.sh pick`), about 90 ns on one thread in the machine's quiet spells
+//! (see `benches/pick.rs` and docs/benchmarks.md). Being pure, they are property-tested without
+//! a network (see the tests of each file).
 //!
 //! By role: [`least_pending`](mod@least_pending) (the default, with its tie-break by turns), [`simple`] (Peak EWMA,
 //! power of two choices, round robin), [`dispatch`] (the pick over a channel's set: which
