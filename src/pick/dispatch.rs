@@ -195,7 +195,9 @@ fn pick_with(
                     |i| i.tie.turn_for(dear, now),
                 )
                 .map(|c| {
-                    if weighted {
+                    // As the quick scan's choice: the call is its re-check if its gate is
+                    // over (whether or not another instance is gated now).
+                    if picker.strategy == Strategy::FewestThenFastest {
                         recheck(&snap[c.index], now);
                     }
                     // Slow start again: a tie won costs a warming instance 1/ramp turns, so
@@ -426,6 +428,48 @@ mod tests {
                     assert_eq!(picked, Some(1), "{case}: back");
                 }
             }
+        }
+    }
+
+    /// An instance whose gate for a slow answer is over takes its re-check from whichever
+    /// scan chooses it: a retry's pick (the full scan) holds it gated until the answer, as a
+    /// first attempt's does, also when no other instance is gated any more (so that the scan
+    /// weighs no call).
+    #[tokio::test]
+    async fn a_retry_that_chooses_an_instance_due_for_a_recheck_is_its_recheck() {
+        use crate::{State, Strategy};
+        for retry in [false, true] {
+            let ch = crate::BalancedChannel::builder()
+                .strategy(Strategy::FewestThenFastest)
+                .uri("http://127.0.0.1:1")
+                .uri("http://127.0.0.1:2")
+                .build()
+                .unwrap();
+            let pool = &ch.shared;
+            let snap = pool.snapshot();
+            for inst in snap.iter() {
+                inst.set_state(State::Ready);
+            }
+            let now = pool.ctx.now_ns().max(1);
+            pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
+            // Instance 0 answered ten times slower than the method's usual time: gated until
+            // `until`; then the clock reaches it (no instance gated any more).
+            let until = snap[0]
+                .tie
+                .observe_gated(20e6, 2e6, now, now, pool.ctx.gate);
+            assert!(until > now, "gated");
+            pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
+            pool.ctx.clock.fetch_max(until, Ordering::Relaxed);
+            assert!(snap[0].tie.is_due_for_recheck(until));
+            // Instance 1 has a call in flight: instance 0 wins either way.
+            snap[1].standing.set_calls(1);
+            let tried = if retry { vec![snap[1].clone()] } else { vec![] };
+            let picked = pick(&pool.picker, &snap, &tried, Method::NONE);
+            assert_eq!(picked, Some(0), "retry {retry}");
+            assert!(
+                !snap[0].tie.is_due_for_recheck(until),
+                "retry {retry}: held until the re-check's answer"
+            );
         }
     }
 
