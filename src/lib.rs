@@ -48,7 +48,7 @@
 //! at random how loaded they are (Prequal's probes) and picks among the fresh answers.
 //!
 //! The pick is a scan over a lock-free snapshot of the instances: atomics only, no lock shared
-//! by the calls, no allocation: for 50 instances about 90 ns on one thread, busy or idle, on
+//! by the calls, no allocation: for 50 instances 86-94 ns on one thread, busy or idle, on
 //! the machine of docs/benchmarks.md in its quiet spells, and up to twice that in its slow ones
 //! (`benches/pick.rs`). Idle, it is as fast as least pending's; busy, with instances gated for
 //! slow answers, it takes about a sixth more instructions (its weighted counts: 1,063 against

@@ -372,6 +372,20 @@ pub(crate) fn no_instance_message(picker: &Picker, snap: &[Arc<Instance>]) -> St
 mod tests {
     use super::*;
 
+    /// A channel with `strategy` over `n` instances on 127.0.0.1 ports 1..=n (never connected:
+    /// the tests make no `.await`, so no connection attempt runs), and its clock started: the
+    /// channel, and the clock's reading.
+    fn fleet(strategy: crate::Strategy, n: u16) -> (crate::BalancedChannel, u64) {
+        let mut b = crate::BalancedChannel::builder().strategy(strategy);
+        for port in 1..=n {
+            b = b.uri(&format!("http://127.0.0.1:{port}"));
+        }
+        let ch = b.build().unwrap();
+        let now = ch.shared.ctx.now_ns().max(1);
+        ch.shared.ctx.clock.fetch_max(now, Ordering::Relaxed);
+        (ch, now)
+    }
+
     /// The quick scan reads an instance's state with its count: one out of service never wins,
     /// however few calls it has (fewest then fastest and least pending; without and with a
     /// gated instance, which weighs the counts; without and with fresh load reports, each a
@@ -383,15 +397,9 @@ mod tests {
             for gated in [false, true] {
                 for reports in [false, true] {
                     let case = format!("{strategy:?}, gated {gated}, reports {reports}");
-                    let mut b = crate::BalancedChannel::builder().strategy(strategy);
-                    for port in 1..=4 {
-                        b = b.uri(&format!("http://127.0.0.1:{port}"));
-                    }
-                    let ch = b.build().unwrap();
+                    let (ch, now) = fleet(strategy, 4);
                     let pool = &ch.shared;
                     let snap = pool.snapshot();
-                    let now = pool.ctx.now_ns().max(1);
-                    pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
                     // 0 and 1 idle but out of service; 2 and 3 in service with calls.
                     for (inst, (calls, state)) in snap.iter().zip([
                         (0, State::Ejected),
@@ -439,19 +447,12 @@ mod tests {
     async fn a_retry_that_chooses_an_instance_due_for_a_recheck_is_its_recheck() {
         use crate::{State, Strategy};
         for retry in [false, true] {
-            let ch = crate::BalancedChannel::builder()
-                .strategy(Strategy::FewestThenFastest)
-                .uri("http://127.0.0.1:1")
-                .uri("http://127.0.0.1:2")
-                .build()
-                .unwrap();
+            let (ch, now) = fleet(Strategy::FewestThenFastest, 2);
             let pool = &ch.shared;
             let snap = pool.snapshot();
             for inst in snap.iter() {
                 inst.set_state(State::Ready);
             }
-            let now = pool.ctx.now_ns().max(1);
-            pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
             // Instance 0 answered ten times slower than the method's usual time: gated until
             // `until`; then the clock reaches it (no instance gated any more).
             let until = snap[0]
@@ -479,16 +480,9 @@ mod tests {
     async fn peak_ewma_ignores_reported_calls() {
         use crate::Strategy;
         for (strategy, want) in [(Strategy::PeakEwma, 0), (Strategy::LeastPending, 1)] {
-            let ch = crate::BalancedChannel::builder()
-                .strategy(strategy)
-                .uri("http://127.0.0.1:1")
-                .uri("http://127.0.0.1:2")
-                .build()
-                .unwrap();
+            let (ch, now) = fleet(strategy, 2);
             let pool = &ch.shared;
             let snap = pool.snapshot();
-            let now = pool.ctx.now_ns().max(1);
-            pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
             for (inst, ns) in snap.iter().zip([2e6f64, 4e6]) {
                 inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
                 inst.latency_at.store(now, Ordering::Relaxed);

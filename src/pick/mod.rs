@@ -3,7 +3,7 @@
 //! Each function scans the candidates once, reads each one's load through a closure that
 //! returns `None` for an instance that must not get calls, and returns the index it chose. No
 //! lock, no allocation: a pick over 50 instances takes 917 to 1,063 instructions (callgrind,
-//! `scripts/instructions.sh pick`), about 90 ns on one thread in the machine's quiet spells
+//! `scripts/instructions.sh pick`), 86-94 ns on one thread in the machine's quiet spells
 //! (see `benches/pick.rs` and docs/benchmarks.md). Being pure, they are property-tested without
 //! a network (see the tests of each file).
 //!
