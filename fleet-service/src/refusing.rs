@@ -1,6 +1,7 @@
 //! A raw HTTP/2 server (h2, not tonic) that refuses streams unprocessed (RST_STREAM
-//! REFUSED_STREAM) by a rule of the test's, and answers the others as a gRPC server answers
-//! `Unary` (a `Reply` naming it "refusing", grpc-status 0). It runs on the test's runtime.
+//! REFUSED_STREAM, or a GOAWAY that names none of them) by a rule of the test's, and answers the
+//! others as a gRPC server answers `Unary` (a `Reply` naming it "refusing", grpc-status 0). It
+//! runs on the test's runtime.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,15 @@ pub enum Rule {
         limit: u32,
         linger: Duration,
         service: Duration,
+    },
+    /// Its first `connections` connections are closed at once with a GOAWAY of this reason
+    /// whose last stream id is 0: no stream on them was processed, as when a server closes a
+    /// connection it will not serve (grpc-go and grpc-java send ENHANCE_YOUR_CALM,
+    /// `too_many_pings`, to a client that pings more often than their keepalive policy
+    /// allows). Later connections are served.
+    GoAway {
+        reason: h2::Reason,
+        connections: usize,
     },
 }
 
@@ -53,11 +63,23 @@ impl Refusing {
         let (s, r, o) = (streams.clone(), refused.clone(), open.clone());
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
+            let mut nth = 0;
             while let Ok((io, _)) = listener.accept().await {
                 let _ = io.set_nodelay(true);
                 o.fetch_add(1, Ordering::SeqCst);
                 let open = Open(o.clone());
-                conns.spawn(Self::serve(io, rule, s.clone(), r.clone(), open));
+                match rule {
+                    Rule::GoAway {
+                        reason,
+                        connections,
+                    } if nth < connections => {
+                        conns.spawn(Self::go_away(io, reason, open));
+                    }
+                    _ => {
+                        conns.spawn(Self::serve(io, rule, s.clone(), r.clone(), open));
+                    }
+                }
+                nth += 1;
             }
         });
         Refusing {
@@ -67,6 +89,22 @@ impl Refusing {
             open,
             task,
         }
+    }
+
+    /// Closes the connection with a GOAWAY of `reason` before processing any stream. The
+    /// socket lingers: it reads what the client sent until the client closes it, so that the
+    /// client reads the GOAWAY before the connection ends (a socket closed with unread data
+    /// sends a TCP reset, which may reach the client before the GOAWAY does, and that is a
+    /// broken connection, not a GOAWAY).
+    async fn go_away(io: tokio::net::TcpStream, reason: h2::Reason, _open: Open) {
+        let Ok(mut conn) = h2::server::handshake(Linger(Some(io))).await else {
+            return;
+        };
+        // No stream processed yet: the GOAWAY's last stream id is 0.
+        conn.abrupt_shutdown(reason);
+        // Drives the connection until it closes; h2 ignores the streams that come after its
+        // GOAWAY, so none is accepted here.
+        while let Some(Ok(_)) = conn.accept().await {}
     }
 
     async fn serve(
@@ -90,6 +128,7 @@ impl Refusing {
             let nth = streams.fetch_add(1, Ordering::SeqCst);
             let (refuse, service, linger) = match rule {
                 Rule::First(n) => (nth < n, Duration::ZERO, Duration::ZERO),
+                Rule::GoAway { .. } => (false, Duration::ZERO, Duration::ZERO),
                 Rule::Lagging {
                     limit,
                     linger,
@@ -126,6 +165,62 @@ impl Refusing {
 
     pub fn uri(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+/// A connection's socket that, when dropped, is kept open for reading until its peer closes
+/// it (or 10 s pass): the peer reads all that was written before the connection ends.
+struct Linger(Option<tokio::net::TcpStream>);
+
+impl Drop for Linger {
+    fn drop(&mut self) {
+        let Some(mut io) = self.0.take() else { return };
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            let drained = async {
+                use tokio::io::AsyncReadExt;
+                while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(10), drained).await;
+        });
+    }
+}
+
+impl tokio::io::AsyncRead for Linger {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let io = self.0.as_mut().expect("open until dropped");
+        std::pin::Pin::new(io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Linger {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let io = self.0.as_mut().expect("open until dropped");
+        std::pin::Pin::new(io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let io = self.0.as_mut().expect("open until dropped");
+        std::pin::Pin::new(io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let io = self.0.as_mut().expect("open until dropped");
+        std::pin::Pin::new(io).poll_shutdown(cx)
     }
 }
 

@@ -7,7 +7,7 @@
 //! | could not connect | failing (reconnects with backoff); for an extra connection, nothing | an extra one is dropped, with backoff | sent again at once elsewhere, unseen by the caller |
 //! | closed before the request was written | connecting again (until an answer shows a new connection works) | gone | sent again at once, unseen (the same instance may take it) |
 //! | found unreachable while waiting for a connection | as recorded by the failed connect | - | sent again at once, unseen |
-//! | stream refused (REFUSED_STREAM, a GOAWAY that did not include it) | nothing: a stream-level answer | keeps its state | sent again at once, unseen, preferably on another connection |
+//! | stream refused (REFUSED_STREAM, a GOAWAY of any code that did not include it) | nothing: a stream-level answer (a GOAWAY's code is logged) | keeps its state | sent again at once, unseen, preferably on another connection |
 //! | stream reset by the server (RST_STREAM) | its status counts, as an answer's would | keeps its state | retried / hedged by that status |
 //! | connection broke under the call | a failure (once per break), connecting again | an extra one is dropped | retried / hedged as UNAVAILABLE |
 //! | another error (tonic's channel refused the call) | a failure | - | retried / hedged as UNAVAILABLE |
@@ -37,8 +37,8 @@ pub(crate) enum End {
     /// The instance was found unreachable while the attempt waited for its connection: nothing
     /// was sent (the connect failure is recorded by the call that saw it).
     Unreachable,
-    /// The server refused the stream without processing it: REFUSED_STREAM, or a graceful
-    /// GOAWAY whose last stream id is below it (RFC 9113 §8.7).
+    /// The server refused the stream without processing it: REFUSED_STREAM, or a GOAWAY of any
+    /// code whose last stream id is below it (RFC 9113 §6.8, §8.7).
     Refused,
     /// The server reset the stream (RST_STREAM), with the status gRPC maps its reason to.
     Reset(Code),
@@ -95,10 +95,14 @@ impl End {
                 End::Reset(code_of_reset(reason))
             };
         }
-        if h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR) {
-            // A graceful GOAWAY fails only the streams above its last stream id: unprocessed.
-            // (After a GOAWAY with an error, a stream it included can end with the same error:
-            // that one is a broken connection.)
+        if h2.is_go_away() && h2.is_remote() {
+            // h2 fails a stream with the server's GOAWAY only when the server did not process
+            // it, whatever the GOAWAY's code: its id is above the GOAWAY's last stream id
+            // (`Streams::recv_go_away`), or it was opened after the GOAWAY came
+            // (`ensure_no_conn_error`). A stream the server included and then lost to the
+            // connection's close ends with an I/O error instead (`State::recv_eof`). So the
+            // code (NO_ERROR for a graceful shutdown, ENHANCE_YOUR_CALM for a client that pings
+            // too often, an error of the server's) says nothing of this stream: RFC 9113 §6.8.
             return End::Refused;
         }
         End::Broken
@@ -150,7 +154,11 @@ impl End {
             }
             End::Reset(code) => classify_code(code),
             End::Other => Outcome::Failure,
-            End::Unreachable | End::Refused | End::Caller => Outcome::Neutral,
+            End::Refused => {
+                log_go_away(inst, e);
+                Outcome::Neutral
+            }
+            End::Unreachable | End::Caller => Outcome::Neutral,
             End::Timeout => guard.deadline_outcome(deadline),
         }
     }
@@ -195,6 +203,45 @@ impl End {
             End::Caller => Code::Internal,
             _ => Code::Unavailable,
         }
+    }
+}
+
+/// Says what a GOAWAY that refused a stream of `inst` means, once per instance every 10 s (a
+/// GOAWAY refuses the streams in flight above its last id all at once): its code decides only
+/// what is logged. ENHANCE_YOUR_CALM is how grpc-go, grpc-java and C-core servers close the
+/// connection of a client whose keep-alive pings come more often than their policy allows
+/// (grpc-go's `keepalive.EnforcementPolicy`, 5 minutes by default); the channel's pings are
+/// the `Endpoint`'s `http2_keep_alive_interval`.
+#[cold]
+fn log_go_away(inst: &crate::instance::Instance, e: &(dyn std::error::Error + 'static)) {
+    let Some(reason) = sources(e)
+        .filter_map(|err| err.downcast_ref::<h2::Error>())
+        .find_map(|h2| h2.is_go_away().then(|| h2.reason()).flatten())
+    else {
+        return;
+    };
+    let now = inst.ctx.now_ns();
+    let last = inst
+        .goaway_logged
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let quiet = reason == h2::Reason::NO_ERROR
+        || (last != 0 && now.saturating_sub(last) < 10_000_000_000)
+        || inst
+            .goaway_logged
+            .compare_exchange(
+                last,
+                now.max(1),
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_err();
+    let name = &inst.target.name;
+    if quiet {
+        tracing::debug!(server.address = %name, reason = %reason, "GOAWAY: the call is sent again");
+    } else if reason == h2::Reason::ENHANCE_YOUR_CALM {
+        tracing::warn!(server.address = %name, reason = %reason, "the server closed a connection because it was pinged too often (GOAWAY ENHANCE_YOUR_CALM): set the Endpoint's http2_keep_alive_interval to at least the server's keepalive enforcement (grpc-go: 5 minutes by default); the calls it refused are sent again");
+    } else {
+        tracing::warn!(server.address = %name, reason = %reason, "the server closed a connection with an error (GOAWAY); the calls it refused are sent again");
     }
 }
 

@@ -144,6 +144,9 @@ pub(crate) struct Instance {
     /// Time-window counters for the success-rate rule.
     pub(crate) window_ok: AtomicU64,
     pub(crate) window_err: AtomicU64,
+    /// When a GOAWAY of its server was last logged at warning level, in nanoseconds since the
+    /// channel's epoch (0: never; see `call::outcome`).
+    pub(crate) goaway_logged: AtomicU64,
     /// Notified when its connection cannot be opened: calls waiting for it move on.
     pub(crate) unreachable: Arc<tokio::sync::Notify>,
     /// Its latest probe answer (`Builder::probes`).
@@ -204,6 +207,7 @@ impl Instance {
             warm_from: AtomicU64::new(0),
             window_ok: AtomicU64::new(0),
             window_err: AtomicU64::new(0),
+            goaway_logged: AtomicU64::new(0),
             unreachable: Arc::new(tokio::sync::Notify::new()),
             probe: Default::default(),
             closed: crate::shutdown::Closed::new(),

@@ -474,6 +474,49 @@ async fn a_refused_stream_is_sent_again_a_bounded_number_of_times() {
     }
 }
 
+/// A GOAWAY fails on the client only the streams its server did not process, whatever its
+/// code (RFC 9113 §6.8; h2 hands a stream the server's GOAWAY only when its id is above the
+/// GOAWAY's last stream id, or when it was opened after the GOAWAY came): each is sent again,
+/// unseen, and nothing counts against the instance. grpc-go and grpc-java close a connection
+/// with ENHANCE_YOUR_CALM (`too_many_pings`) when the client's keep-alive pings come too
+/// often; a server in trouble may say INTERNAL_ERROR. Here the server's first two connections
+/// close at once with a GOAWAY naming no stream, under 40 concurrent calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goaway_of_any_code_loses_no_call_and_blames_no_instance() {
+    for reason in [
+        h2::Reason::ENHANCE_YOUR_CALM,
+        h2::Reason::INTERNAL_ERROR,
+        h2::Reason::NO_ERROR,
+    ] {
+        let server = Refusing::start(Rule::GoAway {
+            reason,
+            connections: 2,
+        })
+        .await;
+        let ch = BalancedChannel::builder()
+            .uri(&server.uri())
+            .build()
+            .unwrap();
+        let calls = (0..40).map(|_| {
+            let mut client = FleetClient::new(ch.clone());
+            async move { client.unary(Req::default()).await }
+        });
+        let ended = tokio::time::timeout(LIMIT, futures::future::join_all(calls))
+            .await
+            .expect("the calls ended");
+        let failed: Vec<_> = ended.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(failed.is_empty(), "{reason:?}: calls failed: {failed:?}");
+        let stats = &ch.endpoints()[0];
+        assert_eq!(
+            stats.failed(),
+            0,
+            "{reason:?}: counted against the instance"
+        );
+        assert_eq!(stats.ejections(), 0, "{reason:?}");
+        assert_eq!(stats.in_flight(), 0);
+    }
+}
+
 /// Bad connection settings are refused by build(), naming the setting.
 #[tokio::test]
 async fn bad_connection_settings_are_refused_by_name() {
