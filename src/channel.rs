@@ -84,7 +84,8 @@ impl BalancedChannel {
     /// `Channel::balance_channel`, with the same sender type (tonic's own
     /// [`Change`](crate::Change), re-exported as `tonic_balancer::Change`), so a tonic user's
     /// code that sends changes compiles unchanged. Send `Change::Insert(key, endpoint)` to add
-    /// an instance (replacing one of the same URI) and `Change::Remove(key)` to drain it; see
+    /// an instance (one of a URI already in the set stays as it is) and `Change::Remove(key)`
+    /// to drain it; see
     /// [`Builder::discover`](crate::Builder::discover). Calls made before the first insert
     /// wait for it (at most 10 s, the default
     /// [`discovery_timeout`](crate::Builder::discovery_timeout)).

@@ -92,8 +92,12 @@ impl Builder {
     /// takes) or tower's [`tower::discover::Change`] (every tower `Discover` is such a stream),
     /// as service registries with watches deliver them (Consul, Kubernetes EndpointSlices,
     /// etcd): each `Insert(key, endpoint)` adds the instance with its own settings (replacing
-    /// an instance of the same URI, and the URI the key had before); each `Remove(key)` drains
-    /// the key's instance. Until the first change arrives, calls wait for it, for at most the
+    /// the URI the key had before); each `Remove(key)` drains the key's instance. An `Insert`
+    /// of a URI already in the set changes nothing (registries announce their whole set again
+    /// every few seconds): the instance keeps its state, an ejection, its latency history and
+    /// its connections, as grpc-go keeps the subchannel of an address its resolver names again.
+    /// To give an address in the set new settings (a rotated certificate), use
+    /// [`BalancedChannel::insert`](crate::BalancedChannel::insert). Until the first change arrives, calls wait for it, for at most the
     /// [`discovery_timeout`](Builder::discovery_timeout). An error of the source is logged and
     /// the set kept; when the source ends, the set stays as it is.
     ///

@@ -111,7 +111,19 @@ pub(crate) async fn run<K>(
                 let old = keys
                     .insert(key, target.key.clone())
                     .filter(|old| *old != target.key && !keys.values().any(|u| u == old));
-                p.set().insert_in_place_of(target, None, old.as_ref());
+                let set = p.set();
+                if set.has(&target.key) {
+                    // Named again (a registry's resync: Kubernetes watchers and most registries
+                    // announce their whole set every few seconds): the instance keeps its
+                    // state, ejection, history and connections, as grpc-go keeps the
+                    // subchannel of an address its resolver names again. New settings for an
+                    // address in the set come through `BalancedChannel::insert`.
+                    if let Some(old) = old {
+                        set.remove(&old);
+                    }
+                } else {
+                    set.insert_in_place_of(target, None, old.as_ref());
+                }
                 waiting = false;
                 p.set().discovery_status(None);
             }

@@ -150,6 +150,15 @@ impl Set {
         !had
     }
 
+    /// Whether an instance of this URI is a member: in the set, or with subsetting in the full
+    /// list the subset is chosen from.
+    pub(crate) fn has(&self, key: &Key) -> bool {
+        match &self.subset {
+            Some(subset) => subset::has(subset, key),
+            None => self.members.load().iter().any(|i| i.target.key == *key),
+        }
+    }
+
     /// Removes the instance with this URI: no new calls from now on; it finishes the calls it
     /// has, then its connection closes. False if there is none.
     pub(crate) fn remove(&self, key: &Key) -> bool {

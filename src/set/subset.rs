@@ -214,6 +214,11 @@ pub(crate) fn insert(
     )
 }
 
+/// Whether the full list has an instance of this URI.
+pub(crate) fn has(subset: &Subset, key: &Key) -> bool {
+    crate::lock(&subset.all).iter().any(|t| t.key == *key)
+}
+
 /// Adds the builder's instances to the full list at once (one subset, rather than one per
 /// instance), with the connections opened already.
 pub(crate) fn extend(

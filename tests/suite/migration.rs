@@ -137,6 +137,87 @@ async fn a_pushed_stream_of_changes_drives_the_set() {
     assert_eq!(fleet::calls(&mut client, 5).await, ["one"; 5]);
 }
 
+/// A registry's resync (every key announced again with the endpoint it has, as Kubernetes
+/// watchers and most registries do every few seconds) changes nothing: an instance ejected
+/// for its failures stays ejected, with its history, through ten resyncs, and no call goes
+/// to it; a key that names a new endpoint still moves to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resync_of_unchanged_endpoints_keeps_an_ejection() {
+    use tower::discover::Change;
+    let good = Instance::start("good", Behavior::Ok);
+    let bad = Instance::start("bad", Behavior::Fail(tonic::Code::Unavailable));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Change<&str, Endpoint>, std::io::Error>>(8);
+    let ch = BalancedChannel::builder()
+        .discover(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .ejection(
+            tonic_balancer::Ejection::default()
+                .base_time(Duration::from_secs(600))
+                .max_time(Duration::from_secs(600)),
+        )
+        .build()
+        .unwrap();
+    let announced = std::sync::atomic::AtomicU64::new(0);
+    let resync = |keys: [(&'static str, String); 2]| {
+        let (tx, ch, announced) = (tx.clone(), ch.clone(), &announced);
+        async move {
+            for (key, uri) in keys {
+                tx.send(Ok(Change::Insert(key, endpoint(&uri))))
+                    .await
+                    .unwrap();
+            }
+            let want = announced.fetch_add(2, std::sync::atomic::Ordering::SeqCst) + 2;
+            fleet::wait_until("the changes read", Duration::from_secs(10), || {
+                ch.stats().discovery_lookups() >= want
+            })
+            .await;
+        }
+    };
+    let both = || [("good", good.uri()), ("bad", bad.uri())];
+    resync(both()).await;
+    let stats_of = |uri: &str| {
+        ch.endpoints()
+            .into_iter()
+            .find(|e| e.uri().trim_end_matches('/') == uri && e.state() != State::Draining)
+            .expect("in the set")
+    };
+    let mut client = FleetClient::new(ch.clone());
+    for _ in 0..50 {
+        if stats_of(&bad.uri()).state() == State::Ejected {
+            break;
+        }
+        let _ = client.unary(Req::default()).await;
+    }
+    let ejected = stats_of(&bad.uri());
+    assert_eq!(ejected.state(), State::Ejected, "{ejected}");
+    for _ in 0..10 {
+        resync(both()).await;
+    }
+    let after = stats_of(&bad.uri());
+    assert_eq!(
+        after.state(),
+        State::Ejected,
+        "a resync readmitted it: {after}"
+    );
+    assert_eq!(
+        after.failed(),
+        ejected.failed(),
+        "its history is gone: {after}"
+    );
+    assert_eq!(after.ejections(), 1, "{after}");
+    assert_eq!(ch.endpoints().len(), 2, "instances were replaced");
+    assert_eq!(fleet::calls(&mut client, 20).await, ["good"; 20]);
+
+    // A key that names another endpoint moves to it.
+    let other = Instance::start("other", Behavior::Ok);
+    resync([("good", good.uri()), ("bad", other.uri())]).await;
+    fleet::wait_until("bad moved to other", Duration::from_secs(10), || {
+        members(&ch)
+            .iter()
+            .any(|(u, s, _)| *u == other.uri() && s.is_usable())
+    })
+    .await;
+}
+
 /// Inserting an address that is in the set already, with new settings, replaces its instance:
 /// the old one drains (its call in flight finishes on its connection), new calls go to the new
 /// one, and `insert` says it replaced (`Ok(false)`).
