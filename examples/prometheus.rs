@@ -175,7 +175,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ejection(
             Ejection::default()
                 .base_time(phase)
-                .success_rate_interval(Some(phase / 2)),
+                .interval(Some(phase / 2)),
         )
         .backoff(
             Backoff::default()

@@ -112,8 +112,11 @@ impl EndpointStats {
         self.failed
     }
 
-    /// Calls in a row that failed in a way that counts against the instance (UNAVAILABLE,
-    /// RESOURCE_EXHAUSTED, deadline, transport error); reset by a success.
+    /// Calls in a row that failed in a way that counts against the instance (a server fault:
+    /// UNKNOWN, INTERNAL, DATA_LOSS, UNAVAILABLE, RESOURCE_EXHAUSTED; a deadline it held the
+    /// call silent to; a transport error), unless named ordinary
+    /// ([`Ejection::ordinary_codes`](crate::Ejection::ordinary_codes)); reset by any other
+    /// answer.
     pub fn consecutive_failures(&self) -> u32 {
         self.consecutive_failures
     }

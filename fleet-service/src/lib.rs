@@ -86,6 +86,10 @@ pub enum Behavior {
         code: Code,
         delay: Duration,
     },
+    /// Answers after `delay`, and fails each call with `code` with probability `p` (drawn
+    /// from the instance's own pseudo-random sequence, as `Stall`'s): instances that answer
+    /// the same share of errors at random, as the instances of one service do.
+    FailAtRandom { p: f64, code: Code, delay: Duration },
     /// Each call waits `stall` with probability `p`, else `base`, before its answer starts (a
     /// server-streaming call before its response headers, so that a client may still hedge
     /// it): stalls that no balancer can route around. The draws come from a fixed
@@ -434,6 +438,10 @@ impl Shared {
                     .delay(*delay)
                     .fail(*code, failed())
                     .one_in(*one_in),
+                false,
+            ),
+            Behavior::FailAtRandom { p, code, delay } => (
+                Script::new().delay(*delay).fail(*code, failed()).chance(*p),
                 false,
             ),
             Behavior::Stall { p, stall, base } => (

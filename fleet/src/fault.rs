@@ -40,7 +40,8 @@
 //! - otherwise the waits add up ([`Script::delay`], [`Script::per_call_in_flight`],
 //!   [`Script::stall`], [`Script::cold`]), then [`Script::hold`] (until [`Faults::release`])
 //!   or [`Script::hang`] (for ever), then the status of [`Script::fail`] (if
-//!   [`Script::one_in`] picks this call), all at the script's [`Point`] of the call.
+//!   [`Script::one_in`] and [`Script::chance`] pick this call), all at the script's [`Point`]
+//!   of the call.
 //!
 //! A script applies to the calls that start after it is set: calls already waiting keep the
 //! plan they started with (a held call stays held until released, even after
@@ -165,6 +166,7 @@ pub struct Script {
     fail: Option<(Code, String)>,
     trailers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
     one_in: Option<NonZeroU64>,
+    chance: Option<f64>,
     hang: bool,
     hold: bool,
     limit: Option<(usize, Code)>,
@@ -267,6 +269,23 @@ impl Script {
             panic!("Script::one_in: n must be at least 1, not 0");
         };
         self.one_in = Some(n);
+        self
+    }
+
+    /// The status of [`Script::fail`] only with probability `p`, each call drawn on its own
+    /// (the pseudo-random sequence of [`Script::stall`], seeded with [`Faults::seed`]): an
+    /// instance whose calls fail at random, as many instances of one service answer the same
+    /// share of application errors. With [`Script::one_in`] too, a call fails if both pick it.
+    ///
+    /// # Panics
+    ///
+    /// If `p` is not in `[0, 1]`.
+    pub fn chance(mut self, p: f64) -> Script {
+        assert!(
+            (0.0..=1.0).contains(&p),
+            "Script::chance: the probability {p} is not in [0, 1]"
+        );
+        self.chance = Some(p);
         self
     }
 
@@ -971,7 +990,9 @@ where
             }
         }
         let seen = armed.seen.fetch_add(1, Ordering::SeqCst) + 1;
-        if script.one_in.is_none_or(|n| seen % n.get() == 0) {
+        if script.one_in.is_none_or(|n| seen % n.get() == 0)
+            && script.chance.is_none_or(|p| self.shared.draw() < p)
+        {
             plan.status = script.fail.clone();
         }
 

@@ -176,8 +176,8 @@ impl Builder {
             }
             pool.spawn(task(Arc::downgrade(&pool), self.discovery_timeout));
         }
-        if let Some(every) = self.ejection.success_rate_interval {
-            pool.spawn(success_rate_task(Arc::downgrade(&pool), health, every));
+        if let Some(every) = self.ejection.interval {
+            pool.spawn(interval_rules_task(Arc::downgrade(&pool), health, every));
         }
         // The metrics first: weighted round robin's first schedule update is recorded.
         crate::metrics::spawn(&pool, &totals.metrics);
@@ -296,13 +296,14 @@ impl Builder {
     }
 }
 
-async fn success_rate_task(pool: Weak<Shared>, health: crate::health::Health, every: Duration) {
+/// Runs the interval rules of outlier ejection (see `health::sweep`) every `every`.
+async fn interval_rules_task(pool: Weak<Shared>, health: crate::health::Health, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
-        crate::health::success_rate_sweep(&health, &pool.snapshot());
+        crate::health::sweep(&health, &pool.snapshot());
     }
 }

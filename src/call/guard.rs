@@ -42,6 +42,9 @@ pub(crate) struct CallGuard {
     connecting: bool,
     /// The instance answered (response headers arrived).
     answered: bool,
+    /// How long its response head took, when that is a latency sample (the call was not
+    /// routed while connecting); taken once the call's status is known (see `Drop`).
+    head: Option<std::time::Duration>,
     /// The instance's count of connection breaks when the call was routed.
     breaks_at: u32,
     /// The call's method, for the tie-break's per-method reference.
@@ -64,6 +67,7 @@ impl CallGuard {
             inst,
             connecting,
             answered: false,
+            head: None,
             held: Default::default(),
             start: Instant::now(),
             outcome: None,
@@ -75,15 +79,35 @@ impl CallGuard {
         &self.inst
     }
 
-    /// The response headers arrived: one latency sample.
+    /// The response headers arrived: a latency sample, once the call's status says what kind
+    /// of answer it was (see [`sample_answer`](Self::sample_answer)).
     #[inline]
     pub(crate) fn headers_received(&mut self) {
         self.answered = true;
         crate::instance::conns::answered(&self.inst, self.held.conn);
         if !self.connecting {
-            let now = Instant::now();
-            self.inst
-                .sample_at(self.method, now.saturating_duration_since(self.start), now);
+            self.head = Some(self.start.elapsed());
+        }
+    }
+
+    /// The latency sample of an answered call (`took`: its response head's time), by how it
+    /// ended: a failed answer is never a fast answer (an instance whose handler throws answers
+    /// UNKNOWN at once, and would look the fastest). An OK answer counts as it is, and so does
+    /// an answer whose end says nothing against the instance (the caller dropped its stream, a
+    /// CANCELLED the server passed on); an answer with another status, or a broken stream,
+    /// counts only if slower than the instance's usual latency (and not at all before it has
+    /// one): evidence of slowness, never of speed.
+    #[inline]
+    fn sample_answer(&self, took: std::time::Duration, outcome: Outcome) {
+        let counts = match outcome {
+            Outcome::Answer(tonic::Code::Ok) | Outcome::Neutral => true,
+            Outcome::Answer(_) | Outcome::Failure => {
+                let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
+                usual > 0.0 && took.as_nanos() as f64 > usual
+            }
+        };
+        if counts {
+            self.inst.sample_at(self.method, took, self.start + took);
         }
     }
 
@@ -153,6 +177,9 @@ impl Drop for CallGuard {
             self.given_up();
         }
         let outcome = self.outcome.unwrap_or(Outcome::Neutral);
+        if let Some(took) = self.head {
+            self.sample_answer(took, outcome);
+        }
         self.inst.ctx.events.outcome(&self.inst, outcome);
     }
 }

@@ -105,25 +105,7 @@ pub(crate) async fn run<K>(
                         continue;
                     }
                 };
-                // The URI the key named before leaves in the same change as the new one
-                // joins (unless another key still names it): no reader sees the set without
-                // either.
-                let old = keys
-                    .insert(key, target.key.clone())
-                    .filter(|old| *old != target.key && !keys.values().any(|u| u == old));
-                let set = p.set();
-                if set.has(&target.key) {
-                    // Named again (a registry's resync: Kubernetes watchers and most registries
-                    // announce their whole set every few seconds): the instance keeps its
-                    // state, ejection, history and connections, as grpc-go keeps the
-                    // subchannel of an address its resolver names again. New settings for an
-                    // address in the set come through `BalancedChannel::insert`.
-                    if let Some(old) = old {
-                        set.remove(&old);
-                    }
-                } else {
-                    set.insert_in_place_of(target, None, old.as_ref());
-                }
+                insert(p.set(), &mut keys, key, target);
                 waiting = false;
                 p.set().discovery_status(None);
             }
@@ -135,5 +117,25 @@ pub(crate) async fn run<K>(
                 }
             }
         }
+    }
+}
+
+/// `key` names `target`: it joins the set, in the same change as the URI the key named before
+/// leaves (unless another key still names it), so that no reader sees the set without either.
+fn insert<K: Hash + Eq>(set: &crate::set::Set, keys: &mut HashMap<K, Key>, key: K, target: Target) {
+    let old = keys
+        .insert(key, target.key.clone())
+        .filter(|old| *old != target.key && !keys.values().any(|u| u == old));
+    if set.has(&target.key) {
+        // Named again (a registry's resync: Kubernetes watchers and most registries announce
+        // their whole set every few seconds): the instance keeps its state, ejection, history
+        // and connections, as grpc-go keeps the subchannel of an address its resolver names
+        // again. New settings for an address in the set come through
+        // `BalancedChannel::insert`.
+        if let Some(old) = old {
+            set.remove(&old);
+        }
+    } else {
+        set.insert_in_place_of(target, None, old.as_ref());
     }
 }

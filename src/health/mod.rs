@@ -16,23 +16,29 @@
 //! - a connect error (refused, timeout, already closed) before any byte of the request went out
 //!   marks the instance [`Failing`](crate::State::Failing); a background task probes it with
 //!   exponential backoff and marks it ready when a connection opens;
-//! - statuses UNAVAILABLE, RESOURCE_EXHAUSTED, a transport error, or a deadline that expires
-//!   while the instance holds the call count as failures of the instance; application statuses
-//!   (NOT_FOUND, INVALID_ARGUMENT, ...) are the service's answers and count as successes here;
+//! - server faults (UNKNOWN, INTERNAL, DATA_LOSS, UNAVAILABLE, RESOURCE_EXHAUSTED), a transport
+//!   error, or a deadline that expires while the instance holds the call count as failures of
+//!   the instance; application statuses (NOT_FOUND, INVALID_ARGUMENT, ...) are the service's
+//!   answers: they break no run of failures, and count as failures only in the interval rules,
+//!   where an instance is compared with the others (see [`Ejection`]); the codes the user names
+//!   ordinary never count;
 //! - with health checks on (feature `health-check`), a `grpc.health.v1.Health/Watch` stream per
 //!   instance keeps it in service only while its last status is SERVING (gRFC A17, see
 //!   `HealthCheck`).
 
 #[cfg(feature = "health-check")]
 pub(crate) mod check;
+mod ejection;
 mod outlier;
+mod sweep;
 
 pub(crate) use crate::instance::events::Outcome;
 pub use crate::instance::Backoff;
 #[cfg(feature = "health-check")]
 pub use check::HealthCheck;
-pub(crate) use outlier::success_rate_sweep;
-pub use outlier::Ejection;
+use ejection::Class;
+pub use ejection::Ejection;
+pub(crate) use sweep::sweep;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -57,37 +63,51 @@ impl Health {
 
 /// Records the outcome of one call of `inst` (from the guard's `Drop`, through the channel's
 /// events).
+#[inline]
 pub(crate) fn record(health: &Health, inst: &Arc<Instance>, outcome: Outcome) {
-    match outcome {
-        Outcome::Neutral => {}
-        Outcome::Success | Outcome::AppError => {
-            if outcome == Outcome::AppError {
-                inst.failed.fetch_add(1, Ordering::Relaxed);
-            }
+    let class = match outcome {
+        Outcome::Neutral => return,
+        Outcome::Failure => Class::Fault,
+        Outcome::Answer(code) => health.ejection.class(code),
+    };
+    if class != Class::Success {
+        inst.failed.fetch_add(1, Ordering::Relaxed);
+    }
+    match class {
+        Class::Success | Class::Ordinary => {
             inst.window_ok.fetch_add(1, Ordering::Relaxed);
-            // Writes only when there is something to reset: on the common path these are
-            // loads, and the instance's counters stay shared between cores.
-            if inst.consecutive_failures.load(Ordering::Relaxed) != 0 {
-                inst.consecutive_failures.store(0, Ordering::Relaxed);
-            }
-            if inst.probation.load(Ordering::Relaxed) {
-                inst.probation.store(false, Ordering::Relaxed);
-                tracing::debug!(server.address = %inst.target.name, "instance passed probation");
-            }
-            // A streak of ejections ends after 100 successes in a row.
-            if inst.ejection_streak.load(Ordering::Relaxed) > 0
-                && inst.consecutive_successes.fetch_add(1, Ordering::Relaxed) + 1 >= 100
-            {
-                inst.ejection_streak.store(0, Ordering::Relaxed);
-            }
+            answered(inst);
         }
-        Outcome::Failure => {
-            inst.failed.fetch_add(1, Ordering::Relaxed);
+        Class::AppError => {
+            inst.window_err.fetch_add(1, Ordering::Relaxed);
+            answered(inst);
+        }
+        Class::Fault => {
             inst.window_err.fetch_add(1, Ordering::Relaxed);
             inst.consecutive_successes.store(0, Ordering::Relaxed);
             let n = inst.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
             outlier::eject_check(health, inst, n);
         }
+    }
+}
+
+/// The instance did its job (an answer that is not a fault): its run of failures ends, and so
+/// do its probation and, after 100 such answers in a row, its streak of ejections.
+#[inline]
+fn answered(inst: &Instance) {
+    // Writes only when there is something to reset: on the common path these are loads, and
+    // the instance's counters stay shared between cores.
+    if inst.consecutive_failures.load(Ordering::Relaxed) != 0 {
+        inst.consecutive_failures.store(0, Ordering::Relaxed);
+    }
+    if inst.probation.load(Ordering::Relaxed) {
+        inst.probation.store(false, Ordering::Relaxed);
+        tracing::debug!(server.address = %inst.target.name, "instance passed probation");
+    }
+    if inst.ejection_streak.load(Ordering::Relaxed) > 0
+        && inst.consecutive_successes.fetch_add(1, Ordering::Relaxed) + 1 >= 100
+    {
+        inst.ejection_streak.store(0, Ordering::Relaxed);
     }
 }
 

@@ -1,164 +1,11 @@
-//! Outlier ejection, after gRPC's (gRFC A50) and Envoy's: an instance whose calls fail several
-//! times in a row, or whose success rate falls far below the others', is ejected for a time that
+//! Outlier ejection, after gRPC's (gRFC A50) and Envoy's: an instance found an outlier (see
+//! `ejection.rs` for the rules and `sweep.rs` for the interval rules) is ejected for a time that
 //! doubles with each ejection in a streak, then readmitted on probation.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::instance::{Instance, State};
-
-/// Outlier ejection settings (see [`Builder::ejection`](crate::Builder::ejection)).
-///
-/// Defaults: 5 failures in a row eject; 30 s the first time, doubling up to 300 s; at most half
-/// of the instances ejected at once; the success-rate rule on (every 10 s, instances with at
-/// least 20 calls in the interval whose success rate is below 1.9 standard deviations under the
-/// mean, and under 95%). Built from [`Ejection::default`] with one setter per setting, or
-/// [`Ejection::disabled`]:
-///
-/// ```
-/// use std::time::Duration;
-/// use tonic_balancer::Ejection;
-///
-/// let ejection = Ejection::default()
-///     .consecutive_failures(3)
-///     .base_time(Duration::from_secs(10))
-///     .success_rate_interval(None);
-/// # let _ = ejection;
-/// ```
-///
-/// The setters do not check their values; [`Builder::build`](crate::Builder::build) does, and
-/// refuses a value out of range with [`Error::InvalidSetting`](crate::Error::InvalidSetting).
-#[derive(Debug, Clone, PartialEq)]
-#[must_use = "settings do nothing until given to the builder"]
-pub struct Ejection {
-    pub(crate) consecutive_failures: u32,
-    pub(crate) base_time: Duration,
-    pub(crate) max_time: Duration,
-    pub(crate) max_ejected_percent: u32,
-    pub(crate) success_rate_interval: Option<Duration>,
-    pub(crate) success_rate_min_calls: u64,
-    pub(crate) success_rate_stdev_factor: f64,
-    pub(crate) success_rate_threshold: f64,
-}
-
-impl Default for Ejection {
-    fn default() -> Self {
-        Ejection {
-            consecutive_failures: 5,
-            base_time: Duration::from_secs(30),
-            max_time: Duration::from_secs(300),
-            max_ejected_percent: 50,
-            success_rate_interval: Some(Duration::from_secs(10)),
-            success_rate_min_calls: 20,
-            success_rate_stdev_factor: 1.9,
-            success_rate_threshold: 0.95,
-        }
-    }
-}
-
-impl Ejection {
-    /// No ejection at all: [`max_ejected_percent`](Self::max_ejected_percent) 0, and the
-    /// success-rate rule off ([`success_rate_interval`](Self::success_rate_interval) `None`).
-    /// Failing instances are still kept out by their connection state and, if enabled, their
-    /// health checks.
-    pub fn disabled() -> Self {
-        Ejection::default()
-            .max_ejected_percent(0)
-            .success_rate_interval(None)
-    }
-
-    /// Failures in a row that eject an instance: at least 1 (default 5).
-    pub fn consecutive_failures(mut self, n: u32) -> Self {
-        self.consecutive_failures = n;
-        self
-    }
-
-    /// How long the first ejection lasts: above zero (default 30 s). Each next ejection in a
-    /// streak lasts twice as long, up to [`max_time`](Self::max_time).
-    pub fn base_time(mut self, d: Duration) -> Self {
-        self.base_time = d;
-        self
-    }
-
-    /// Cap on the ejection time: at least [`base_time`](Self::base_time) (default 300 s).
-    pub fn max_time(mut self, d: Duration) -> Self {
-        self.max_time = d;
-        self
-    }
-
-    /// At most this share of the instances (in percent, 0 to 100) is ejected at once; 0 turns
-    /// ejection off (default 50). Above 0, one instance may always be ejected when there are
-    /// two or more, and one is always left in.
-    pub fn max_ejected_percent(mut self, percent: u32) -> Self {
-        self.max_ejected_percent = percent;
-        self
-    }
-
-    /// Interval of the success-rate rule, above zero; `None` turns the rule off (default
-    /// `Some(10 s)`).
-    pub fn success_rate_interval(mut self, every: Option<Duration>) -> Self {
-        self.success_rate_interval = every;
-        self
-    }
-
-    /// Calls an instance needs in one interval for the success-rate rule to judge it (default
-    /// 20).
-    pub fn success_rate_min_calls(mut self, n: u64) -> Self {
-        self.success_rate_min_calls = n;
-        self
-    }
-
-    /// An instance more than this many standard deviations below the mean success rate is
-    /// ejected (at least 0, default 1.9), provided its success rate is also below
-    /// [`success_rate_threshold`](Self::success_rate_threshold).
-    pub fn success_rate_stdev_factor(mut self, factor: f64) -> Self {
-        self.success_rate_stdev_factor = factor;
-        self
-    }
-
-    /// The success rate (0 to 1) below which an instance far under the mean is ejected
-    /// (default 0.95).
-    pub fn success_rate_threshold(mut self, rate: f64) -> Self {
-        self.success_rate_threshold = rate;
-        self
-    }
-
-    pub(crate) fn validate(&self) -> Result<(), crate::Error> {
-        let c = crate::checks::Checks::of("ejection");
-        c.field("consecutive_failures")
-            .at_least_one(u64::from(self.consecutive_failures))?;
-        c.field("base_time").above_zero(self.base_time)?;
-        c.field("max_time")
-            .at_least(self.max_time, self.base_time, "base_time")?;
-        c.field("max_ejected_percent")
-            .between(self.max_ejected_percent, 0, 100)?;
-        if let Some(every) = self.success_rate_interval {
-            c.field("success_rate_interval").above_zero(every)?;
-        }
-        c.field("success_rate_threshold")
-            .between(self.success_rate_threshold, 0.0, 1.0)?;
-        let factor = self.success_rate_stdev_factor;
-        c.field("success_rate_stdev_factor")
-            .that(factor >= 0.0, "must be at least 0")
-    }
-
-    /// The same settings with every duration at most 30 years (longer ones mean "never").
-    pub(crate) fn capped(mut self) -> Ejection {
-        self.base_time = crate::time::cap(self.base_time);
-        self.max_time = crate::time::cap(self.max_time);
-        self.success_rate_interval = self.success_rate_interval.map(crate::time::cap);
-        self
-    }
-
-    /// How many instances of `members` may be ejected at once.
-    pub(crate) fn cap(&self, members: usize) -> usize {
-        if members < 2 || self.max_ejected_percent == 0 {
-            return 0;
-        }
-        (members * self.max_ejected_percent as usize / 100).clamp(1, members - 1)
-    }
-}
 
 /// After a failure: eject `inst` if it failed `n` times in a row, or once on probation.
 pub(crate) fn eject_check(health: &super::Health, inst: &Arc<Instance>, n: u32) {
@@ -290,33 +137,6 @@ fn readmit(inst: &Instance, id: u32) {
     }
 }
 
-/// One round of the success-rate rule over `instances`: ejects the ones far below the mean.
-/// Resets the interval's counters.
-pub(crate) fn success_rate_sweep(health: &super::Health, instances: &[Arc<Instance>]) {
-    let cfg = &health.ejection;
-    let mut rates = Vec::with_capacity(instances.len());
-    for inst in instances {
-        let ok = inst.window_ok.swap(0, Ordering::Relaxed);
-        let err = inst.window_err.swap(0, Ordering::Relaxed);
-        let total = ok + err;
-        if total >= cfg.success_rate_min_calls && inst.state() == State::Ready {
-            rates.push((inst, ok as f64 / total as f64));
-        }
-    }
-    if rates.len() < 2 {
-        return;
-    }
-    let mean = rates.iter().map(|r| r.1).sum::<f64>() / rates.len() as f64;
-    let var = rates.iter().map(|r| (r.1 - mean).powi(2)).sum::<f64>() / rates.len() as f64;
-    let floor = mean - cfg.success_rate_stdev_factor * var.sqrt();
-    for (inst, rate) in rates {
-        if rate < floor && rate < cfg.success_rate_threshold {
-            tracing::debug!(server.address = %inst.target.name, rate, mean, "success rate far below the others");
-            eject(health, inst, "low success rate");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,7 +149,7 @@ mod tests {
         let ch = crate::BalancedChannel::from_static(uris).unwrap();
         let inst = ch.shared.snapshot()[0].clone();
         let health = super::super::Health {
-            ejection: Ejection::default(),
+            ejection: super::super::Ejection::default(),
             totals: Default::default(),
         };
         assert!(eject(&health, &inst, "test"));
@@ -368,7 +188,7 @@ mod tests {
         let inst = ch.shared.snapshot()[0].clone();
         let base = std::time::Duration::from_secs(30);
         let health = super::super::Health {
-            ejection: Ejection::default().base_time(base),
+            ejection: super::super::Ejection::default().base_time(base),
             totals: Default::default(),
         };
         (ch, inst, health, base)
@@ -399,7 +219,11 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         assert_eq!(inst.state(), State::Ready);
         // An answer ends the probation; the ejection count says two.
-        super::super::record(&health, &inst, crate::instance::events::Outcome::Success);
+        super::super::record(
+            &health,
+            &inst,
+            crate::instance::events::Outcome::Answer(tonic::Code::Ok),
+        );
         assert!(!inst.probation.load(Ordering::Relaxed));
         assert_eq!(inst.ejections.load(Ordering::Relaxed), 2);
     }
@@ -427,20 +251,5 @@ mod tests {
             State::Ready,
             "out for longer than what was left of its ejection"
         );
-    }
-
-    #[test]
-    fn cap_leaves_one_and_allows_one() {
-        let e = Ejection::default();
-        assert_eq!(e.cap(0), 0);
-        assert_eq!(e.cap(1), 0);
-        assert_eq!(e.cap(2), 1);
-        assert_eq!(e.cap(5), 2);
-        assert_eq!(e.cap(20), 10);
-        let all = Ejection::default().max_ejected_percent(100);
-        assert_eq!(all.cap(4), 3);
-        let none = Ejection::default().max_ejected_percent(0);
-        assert_eq!(none.cap(4), 0);
-        assert_eq!(Ejection::disabled().cap(4), 0);
     }
 }

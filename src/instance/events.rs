@@ -11,15 +11,17 @@ use tonic::Code;
 
 use super::Instance;
 
-/// How a call ended, as far as its instance's health is concerned.
+/// How a call ended, as far as its instance is concerned. What an answer counts as (a success,
+/// an application error, a fault of the server, an answer the user named ordinary) is for the
+/// observers to say (`health::Class`): this layer reports the status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    /// OK: the instance did its job.
-    Success,
-    /// An application status (NOT_FOUND, INVALID_ARGUMENT, ...): the instance did its job, the
-    /// call failed for the caller.
-    AppError,
-    /// A status or error that says the instance is in trouble.
+    /// The instance answered with this status (OK included). Never CANCELLED or
+    /// DEADLINE_EXCEEDED: those are [`Neutral`](Outcome::Neutral).
+    Answer(Code),
+    /// Not an answer, and the instance's doing: its connection broke under the call, a
+    /// response that is not gRPC's (no `grpc-status`), a deadline that passed while it held
+    /// the call silent for long.
     Failure,
     /// Says nothing about the instance: the caller gave up (dropped the call or the stream, or
     /// its deadline passed before the instance had held the call long enough to be blamed), a
@@ -36,17 +38,34 @@ pub(crate) fn classify_status(code: Option<Code>) -> Outcome {
     code.map_or(Outcome::Failure, classify_code)
 }
 
-/// Whether a status code the instance answered with is its fault. DEADLINE_EXCEEDED and
-/// CANCELLED from a server are the caller's deadline or cancellation, propagated: an answer,
-/// which says nothing against the instance (see `CallGuard::deadline_outcome` for a deadline
-/// that passes while the instance has not answered).
+/// The outcome of a status the instance answered with. DEADLINE_EXCEEDED and CANCELLED from a
+/// server are the caller's deadline or cancellation, propagated: they say nothing of the
+/// instance (see `CallGuard::deadline_outcome` for a deadline that passes while the instance
+/// has not answered).
+#[inline]
 pub(crate) fn classify_code(code: Code) -> Outcome {
     match code {
-        Code::Unavailable | Code::ResourceExhausted => Outcome::Failure,
-        Code::Ok => Outcome::Success,
         Code::Cancelled | Code::DeadlineExceeded => Outcome::Neutral,
-        _ => Outcome::AppError,
+        code => Outcome::Answer(code),
     }
+}
+
+/// Whether a status is one of the server faults that gRPC's and Envoy's outlier detection
+/// count against an instance whatever the service (UNKNOWN: a handler that threw; INTERNAL,
+/// DATA_LOSS; UNAVAILABLE, RESOURCE_EXHAUSTED: a server that cannot take the call), as opposed
+/// to an application's answer (NOT_FOUND, INVALID_ARGUMENT, ...). Envoy maps these to 5xx for
+/// `consecutive_5xx`
+/// (<https://www.envoyproxy.io/docs/envoy/latest/intro/arch_overview/upstream/outlier>).
+#[inline]
+pub(crate) fn is_server_fault(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unknown
+            | Code::Internal
+            | Code::DataLoss
+            | Code::Unavailable
+            | Code::ResourceExhausted
+    )
 }
 
 /// The events of the instances and the set of one channel.

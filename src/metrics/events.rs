@@ -7,26 +7,55 @@ use super::labels::{instance_labels, target, Labels};
 use super::names::*;
 use crate::instance::Instance;
 
+/// The reason label of an ejection's `why`.
+fn reason(why: &'static str) -> &'static str {
+    match why {
+        // The interval rules' (`health::sweep`).
+        "low success rate" => "success_rate",
+        "high failure percentage" => "failure_percentage",
+        "failed on probation" => "probation",
+        _ => "consecutive_failures",
+    }
+}
+
+/// A91's counters of the outliers an interval rule found (`detected`) and ejected
+/// (`enforced`), for the rule of `reason`.
+fn interval_rule(reason: &str, labels: &[Label], enforced: bool) {
+    let (detected_name, enforced_name) = match reason {
+        "success_rate" => (
+            EJECTIONS_DETECTED_SUCCESS_RATE,
+            EJECTIONS_ENFORCED_SUCCESS_RATE,
+        ),
+        "failure_percentage" => (
+            EJECTIONS_DETECTED_FAILURE_PERCENTAGE,
+            EJECTIONS_ENFORCED_FAILURE_PERCENTAGE,
+        ),
+        _ => return,
+    };
+    if enforced {
+        metrics::counter!(enforced_name, labels.iter()).increment(1);
+    }
+    metrics::counter!(detected_name, labels.iter()).increment(1);
+}
+
 pub(crate) fn ejection(labels: &Labels, inst: &Instance, why: &'static str, enforced: bool) {
     let Some(mut labels) = instance_labels(labels, inst) else {
         return;
     };
-    let reason = match why {
-        "low success rate" => "success_rate",
-        "failed on probation" => "probation",
-        _ => "consecutive_failures",
-    };
-    if reason == "success_rate" {
-        if enforced {
-            metrics::counter!(EJECTIONS_ENFORCED_SUCCESS_RATE, labels.iter()).increment(1);
-        }
-        metrics::counter!(EJECTIONS_DETECTED_SUCCESS_RATE, labels.iter()).increment(1);
-    }
+    let reason = reason(why);
+    interval_rule(reason, &labels, enforced);
     labels.push(Label::new(LABEL_EJECTION_REASON, reason));
     if enforced {
         metrics::counter!(EJECTIONS_ENFORCED, labels).increment(1);
     } else {
         metrics::counter!(EJECTIONS_OVERFLOW, labels).increment(1);
+    }
+}
+
+/// An interval rule found `inst` an outlier and its enforcement percentage's draw kept it in.
+pub(crate) fn outlier_detected(labels: &Labels, inst: &Instance, why: &'static str) {
+    if let Some(labels) = instance_labels(labels, inst) {
+        interval_rule(reason(why), &labels, false);
     }
 }
 

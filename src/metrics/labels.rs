@@ -182,6 +182,16 @@ fn describe() {
         Unit::Count,
         "outliers found by the success-rate rule, ejected or not"
     );
+    describe_counter!(
+        EJECTIONS_ENFORCED_FAILURE_PERCENTAGE,
+        Unit::Count,
+        "ejections by the failure-percentage rule"
+    );
+    describe_counter!(
+        EJECTIONS_DETECTED_FAILURE_PERCENTAGE,
+        Unit::Count,
+        "outliers found by the failure-percentage rule, ejected or not"
+    );
     describe_gauge!(
         INSTANCE_CALLS_IN_FLIGHT,
         Unit::Count,

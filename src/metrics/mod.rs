@@ -29,6 +29,8 @@
 //! | `grpc.lb.outlier_detection.ejections_overflow` | counter | `{ejection}` | target, \[instance\], reason |
 //! | `grpc.lb.outlier_detection.ejections_enforced_success_rate` | counter | `{ejection}` | target, \[instance\] |
 //! | `grpc.lb.outlier_detection.ejections_detected_success_rate` | counter | `{ejection}` | target, \[instance\] |
+//! | `grpc.lb.outlier_detection.ejections_enforced_failure_percentage` | counter | `{ejection}` | target, \[instance\] |
+//! | `grpc.lb.outlier_detection.ejections_detected_failure_percentage` | counter | `{ejection}` | target, \[instance\] |
 //! | `grpc.lb.wrr.rr_fallback` | counter | `{update}` | target |
 //! | `grpc.lb.wrr.endpoint_weight_not_yet_usable` | counter | `{endpoint}` | target |
 //! | `grpc.lb.wrr.endpoint_weight_stale` | counter | `{endpoint}` | target |
@@ -83,7 +85,7 @@
 //! The other labels: `grpc.status`, the status code's name; `grpc.disconnect_error`, A94's
 //! values (`GOAWAY <CODE>`, `connection reset`, `connection timed out`, `connection aborted`,
 //! `socket error`, `unknown`); `tonic_balancer.ejection_reason`, `consecutive_failures`,
-//! `probation` or `success_rate`; `tonic_balancer.state`, an instance's state. gRPC's
+//! `probation`, `success_rate` or `failure_percentage`; `tonic_balancer.state`, an instance's state. gRPC's
 //! `grpc.lb.locality` and `grpc.lb.backend_service` (xDS) do not apply.
 //!
 //! # Gauges
@@ -208,6 +210,7 @@ pub(crate) use call::{budget_exhausted, refused, Attempt, Call};
 #[cfg(feature = "metrics")]
 pub(crate) use events::{
     connection_failed, connection_succeeded, disconnected, discovery_answer, ejection, membership,
+    outlier_detected,
 };
 #[cfg(feature = "metrics")]
 pub(crate) use labels::{configure, Labels};

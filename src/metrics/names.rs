@@ -45,6 +45,12 @@ pub const EJECTIONS_ENFORCED_SUCCESS_RATE: &str =
 /// Outliers found by the success-rate rule, ejected or not (A91).
 pub const EJECTIONS_DETECTED_SUCCESS_RATE: &str =
     "grpc.lb.outlier_detection.ejections_detected_success_rate";
+/// Ejections made by the failure-percentage rule (A91).
+pub const EJECTIONS_ENFORCED_FAILURE_PERCENTAGE: &str =
+    "grpc.lb.outlier_detection.ejections_enforced_failure_percentage";
+/// Outliers found by the failure-percentage rule, ejected or not (A91).
+pub const EJECTIONS_DETECTED_FAILURE_PERCENTAGE: &str =
+    "grpc.lb.outlier_detection.ejections_detected_failure_percentage";
 /// Calls in flight: per target, or on each instance with the instance label.
 pub const INSTANCE_CALLS_IN_FLIGHT: &str = "tonic_balancer.instance.calls_in_flight";
 /// The instances in each state (label `tonic_balancer.state`): per target, or with the
@@ -88,5 +94,6 @@ pub const LABEL_INSTANCE: &str = "tonic_balancer.instance";
 /// An instance state (`connecting`, `ready`, `failing`, `ejected`, `unhealthy`,
 /// `draining`).
 pub const LABEL_STATE: &str = "tonic_balancer.state";
-/// Why an outlier was found (`consecutive_failures`, `probation`, `success_rate`).
+/// Why an outlier was found (`consecutive_failures`, `probation`, `success_rate`,
+/// `failure_percentage`).
 pub const LABEL_EJECTION_REASON: &str = "tonic_balancer.ejection_reason";

@@ -13,6 +13,7 @@ pub(crate) struct Labels;
 pub(crate) fn budget_exhausted(_: &Labels) {}
 #[inline(always)]
 pub(crate) fn ejection(_: &Labels, _: &Instance, _: &'static str, _: bool) {}
+pub(crate) fn outlier_detected(_: &Labels, _: &Instance, _: &'static str) {}
 #[inline(always)]
 pub(crate) fn discovery_answer(_: &Labels, _: bool) {}
 #[inline(always)]

@@ -36,7 +36,7 @@ use tonic::Status;
 
 use super::{LoadReport, IN_FLIGHT_METRIC, TRAILER};
 use crate::headers::{grpc_status, GRPC_STATUS};
-use crate::instance::events::{classify_code, classify_status, Outcome};
+use crate::instance::events::is_server_fault;
 use crate::probe::{self, ProbeAnswer};
 
 /// What a server reports of its load: its calls in flight, its queries and errors per second
@@ -264,7 +264,7 @@ impl OrcaHandle {
     /// then puts the report in `map` (the call still counted in flight, as the client counts
     /// it).
     fn attach(&self, map: &mut http::HeaderMap) {
-        let ok = classify_status(grpc_status(map)) != Outcome::Failure;
+        let ok = grpc_status(map).is_some_and(|code| !is_server_fault(code));
         self.finished(ok);
         let bytes = self.report().encode();
         let mut md = tonic::metadata::MetadataMap::from_headers(std::mem::take(map));
@@ -297,12 +297,15 @@ impl InFlight {
     }
 
     /// Its response head is out, with this status if the head is trailers-only: its latency
-    /// counts, unless it is a failure answered at once.
+    /// counts, unless it is a fault of the server answered at once (a handler that threw, a
+    /// refusal) or a call the client ended (CANCELLED, DEADLINE_EXCEEDED): those say nothing of
+    /// how long the service takes. An application's answer (NOT_FOUND) is the service's work.
     fn head(&self, status: Option<tonic::Code>) {
-        let fast_failure = status.is_some_and(|code| {
-            !matches!(classify_code(code), Outcome::Success | Outcome::AppError)
+        let not_service_time = status.is_some_and(|code| {
+            is_server_fault(code)
+                || matches!(code, tonic::Code::Cancelled | tonic::Code::DeadlineExceeded)
         });
-        if fast_failure {
+        if not_service_time {
             return;
         }
         let s = &*self.handle.shared;

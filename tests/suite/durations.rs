@@ -83,7 +83,7 @@ async fn the_longest_durations_panic_nothing() {
             Ejection::default()
                 .base_time(MAX)
                 .max_time(MAX)
-                .success_rate_interval(Some(MAX)),
+                .interval(Some(MAX)),
         )
         .retry(
             RetryPolicy::default()

@@ -161,7 +161,7 @@ async fn calls_queued_on_a_rotated_connection_are_never_cancelled() {
 fn no_success_rate(consecutive_failures: u32) -> Ejection {
     Ejection::default()
         .consecutive_failures(consecutive_failures)
-        .success_rate_interval(None)
+        .interval(None)
 }
 
 /// `n` instances whose latency estimates the channel has near 1 ms, then that take `delay` to
@@ -347,7 +347,7 @@ async fn ejected_count_survives_removals_racing_readmissions() {
         .base_time(Duration::from_millis(1))
         .max_time(Duration::from_millis(20))
         .max_ejected_percent(75)
-        .success_rate_interval(None);
+        .interval(None);
     let ch = BalancedChannel::builder()
         .uri(&good.uri())
         .uris(&xs)

@@ -252,6 +252,133 @@ async fn fail_fast_resource_exhausted_instance_is_ejected() {
     one_fail_fast_instance(Code::ResourceExhausted).await;
 }
 
+/// A handler that throws: grpcio and grpc-java answer UNKNOWN at once.
+#[tokio::test]
+async fn fail_fast_unknown_instance_is_ejected() {
+    one_fail_fast_instance(Code::Unknown).await;
+}
+
+#[tokio::test]
+async fn fail_fast_internal_instance_is_ejected() {
+    one_fail_fast_instance(Code::Internal).await;
+}
+
+#[tokio::test]
+async fn fail_fast_data_loss_instance_is_ejected() {
+    one_fail_fast_instance(Code::DataLoss).await;
+}
+
+/// `total` unary calls from `callers` concurrent callers; the failed ones' statuses.
+async fn concurrent_calls(client: &Client, callers: u64, total: u64) -> Vec<Status> {
+    let next = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let (mut client, next) = (client.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                loop {
+                    let id = next.fetch_add(1, Ordering::SeqCst);
+                    if id >= total {
+                        return failed;
+                    }
+                    if let Err(s) = unary_bounded(&mut client, id, LIMIT).await {
+                        failed.push(s);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for t in tasks {
+        failed.extend(t.await.unwrap());
+    }
+    failed
+}
+
+/// One instance of five whose handler fails at once with a server fault (a bad deploy: a
+/// handler that throws answers UNKNOWN in grpcio and grpc-java), four that answer in 5 ms, 4
+/// callers, 1,200 calls, the default settings: the failing instance, which looks idle and fast,
+/// would draw most of the calls; it is ejected after its fifth failure in a row, so at most 2%
+/// of the calls fail. Then, on a channel whose ejections are short, it comes back once it
+/// answers again.
+async fn a_server_fault_does_not_draw_the_traffic(code: Code) {
+    let fleet = Fleet::start(5, Behavior::Delay(Duration::from_millis(5)));
+    let bad = &fleet.instances[2];
+    bad.set(Behavior::Fail(code));
+    let ch = channel(&fleet.uris(), Backoff::default(), Ejection::default());
+    let failed = concurrent_calls(&FleetClient::new(ch.clone()), 4, 1200).await;
+    assert!(
+        failed.len() <= 24,
+        "{code:?}: {} of 1,200 calls failed (> 2%):{}",
+        failed.len(),
+        dump(&ch)
+    );
+    assert!(failed.iter().all(|s| s.code() == code), "{failed:?}");
+    let s = stats(&ch, &bad.uri());
+    assert_eq!(s.ejections(), 1, "{code:?}:{}", dump(&ch));
+    // Ejected after five failures in a row; four callers may have had a call on it each.
+    assert!(
+        bad.served() <= 5 + 4,
+        "{code:?}: {} calls before its ejection:{}",
+        bad.served(),
+        dump(&ch)
+    );
+
+    // It recovers: readmitted on probation after its (short) ejection, it answers and stays.
+    let ejection = Ejection::default()
+        .base_time(Duration::from_millis(100))
+        .max_time(Duration::from_millis(100));
+    let ch = channel(&fleet.uris(), Backoff::default(), ejection);
+    let mut client = FleetClient::new(ch.clone());
+    call_until(&mut client, "the failing instance ejected", || {
+        state(&ch, &bad.uri()) == State::Ejected
+    })
+    .await;
+    bad.set(Behavior::Delay(Duration::from_millis(5)));
+    let served = bad.served();
+    call_until(&mut client, "it serves calls again", || {
+        bad.served() >= served + 5
+    })
+    .await;
+    assert_eq!(state(&ch, &bad.uri()), State::Ready, "{}", dump(&ch));
+}
+
+/// Without ejection, an instance that fails at once still gets no more than its share: a
+/// failed answer teaches the latency estimate nothing fast (the default strategy would
+/// otherwise take it for the fastest instance and send it most of the calls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_answer_is_never_a_fast_answer() {
+    for code in [Code::Unknown, Code::NotFound] {
+        let fleet = Fleet::start(5, Behavior::Delay(Duration::from_millis(5)));
+        let bad = &fleet.instances[2];
+        bad.set(Behavior::Fail(code));
+        let ch = channel(&fleet.uris(), Backoff::default(), Ejection::disabled());
+        let failed = concurrent_calls(&FleetClient::new(ch.clone()), 4, 1000).await;
+        eprintln!(
+            "{code:?}: {} of 1,000 calls to the failing instance",
+            failed.len()
+        );
+        // A fifth is its share; a little more, as least pending gives an instance whose calls
+        // end sooner a little more of the ties.
+        assert!(
+            failed.len() <= 300,
+            "{code:?}: {} of 1,000 calls went to the failing instance:{}",
+            failed.len(),
+            dump(&ch)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_answering_unknown_at_once_does_not_draw_the_traffic() {
+    a_server_fault_does_not_draw_the_traffic(Code::Unknown).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_answering_internal_at_once_does_not_draw_the_traffic() {
+    a_server_fault_does_not_draw_the_traffic(Code::Internal).await;
+}
+
 // 4. An instance killed under load, then restarted on the same port.
 
 /// Call outcomes by phase of the test (by when the call *started*).
@@ -461,7 +588,7 @@ async fn ejected_then_readmitted_on_probation() {
     let ejection = Ejection::default()
         .consecutive_failures(3)
         .base_time(base)
-        .success_rate_interval(None);
+        .interval(None);
     let ch = channel(&fleet.uris(), Backoff::default(), ejection);
     let mut client = FleetClient::new(ch.clone());
 
@@ -555,7 +682,7 @@ async fn ejection_cap_keeps_half_in() {
         .base_time(Duration::from_secs(60))
         .max_time(Duration::from_secs(60))
         .max_ejected_percent(50)
-        .success_rate_interval(None);
+        .interval(None);
     let ch = channel(&fleet.uris(), Backoff::default(), ejection);
     let client = FleetClient::new(ch.clone());
 
@@ -653,48 +780,92 @@ async fn nothing_usable_fails_fast_with_unavailable() {
     assert_eq!(stats(&ch, &dead).started(), 1, "no call was routed to it");
 }
 
-// 7. Application errors are answers: they never count against an instance.
+// 7. Application errors are answers: they break no run of failures, and eject an instance
+// only if it answers them far more often than its peers (the interval rules, gRFC A50); codes
+// a user names ordinary never count.
 
-#[tokio::test]
-async fn application_errors_leave_instance_in_rotation() {
-    let fleet = Fleet::start(4, Behavior::Ok);
-    let bad = &fleet.instances[3];
-    let uri = bad.uri();
-    let ejection = Ejection::default()
-        // The success-rate rule runs several times during the test.
-        .success_rate_interval(Some(Duration::from_millis(100)));
-    let ch = channel(&fleet.uris(), Backoff::default(), ejection);
-    let mut client = FleetClient::new(ch.clone());
+/// The interval rules judging every `every`, over instances with 20 calls or more.
+fn judging_often(every: Duration) -> Ejection {
+    Ejection::default()
+        .interval(Some(every))
+        .success_rate_min_calls(20)
+        .failure_percentage_min_calls(20)
+}
 
-    let codes = [
-        Code::NotFound,
-        Code::InvalidArgument,
-        Code::PermissionDenied,
-        Code::Unimplemented,
-    ];
-    let mut app_errors = 0;
-    for code in codes {
-        bad.set(Behavior::Fail(code));
-        let served = bad.served();
-        let results = call_until(&mut client, "it serves 75 calls", || {
-            bad.served() >= served + 75
-        })
-        .await;
-        for r in results {
-            if let Err(s) = r {
-                assert_eq!(s.code(), code, "{s:?}");
-                app_errors += 1;
-            }
-        }
-        let s = stats(&ch, &uri);
-        assert_eq!(s.state(), State::Ready, "after {code:?}:{}", dump(&ch));
-        assert_eq!(s.ejections(), 0, "after {code:?}:{}", dump(&ch));
-        assert_eq!(s.consecutive_failures(), 0);
+/// Every instance answers NOT_FOUND to a call in ten, at random: chance alone spreads their
+/// success rates, and gRFC A50's rule alone (1.9 standard deviations below the mean) ejects
+/// some instance in one interval of twenty (`scripts/outlier_false_positives.py`: 4.2% with
+/// five instances; this test runs about thirty intervals); the channel also asks that its
+/// failures be beyond chance at the others' rate, so nobody is ejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_errors_that_every_instance_answers_eject_nobody() {
+    let fleet = Fleet::start(
+        5,
+        Behavior::FailAtRandom {
+            p: 0.1,
+            code: Code::NotFound,
+            delay: Duration::ZERO,
+        },
+    );
+    let ch = builder(&fleet.uris())
+        .strategy(Strategy::RoundRobin)
+        .ejection(judging_often(Duration::from_millis(250)))
+        .build()
+        .unwrap();
+    let client = FleetClient::new(ch.clone());
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    // Thirty intervals of the rules, at least, whatever the machine's speed.
+    while started.elapsed() < Duration::from_millis(250 * 30) {
+        failed.extend(concurrent_calls(&client, 4, 1000).await);
     }
-    assert_eq!(app_errors, 300);
+    assert!(
+        failed.iter().all(|s| s.code() == Code::NotFound),
+        "{failed:?}"
+    );
     for e in ch.endpoints() {
-        assert_eq!(e.ejections(), 0, "{e}");
-        assert_eq!(e.state(), State::Ready, "{e}");
+        assert_eq!(e.ejections(), 0, "{e}:{}", dump(&ch));
+        assert_eq!(e.consecutive_failures(), 0, "{e}");
+    }
+    assert_eq!(ch.stats().ejections_not_enforced(), 0);
+}
+
+/// One instance of five answers every call with an application error (FAILED_PRECONDITION:
+/// an instance whose local state is broken) while its peers answer OK: no run of failures
+/// (application errors are answers), but the interval rules eject it, whatever its code.
+/// Named an ordinary code of the service, the same answers eject nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_failing_far_more_than_its_peers_is_ejected_whatever_its_codes() {
+    for ordinary in [false, true] {
+        let fleet = Fleet::start(5, Behavior::Delay(Duration::from_millis(1)));
+        let bad = &fleet.instances[1];
+        bad.set(Behavior::Fail(Code::FailedPrecondition));
+        // Long enough for 20 sequential calls to each instance.
+        let mut ejection = judging_often(Duration::from_millis(500));
+        if ordinary {
+            ejection = ejection.ordinary_codes([Code::FailedPrecondition]);
+        }
+        let ch = builder(&fleet.uris())
+            .strategy(Strategy::RoundRobin)
+            .ejection(ejection)
+            .build()
+            .unwrap();
+        let mut client = FleetClient::new(ch.clone());
+        if !ordinary {
+            call_until(&mut client, "the instance ejected", || {
+                state(&ch, &bad.uri()) == State::Ejected
+            })
+            .await;
+            let s = stats(&ch, &bad.uri());
+            assert_eq!(s.consecutive_failures(), 0, "{s}");
+            continue;
+        }
+        // Ten intervals' worth of calls and more: nothing ejected.
+        concurrent_calls(&FleetClient::new(ch.clone()), 4, 1500).await;
+        for e in ch.endpoints() {
+            assert_eq!(e.ejections(), 0, "ordinary codes ejected {e}:{}", dump(&ch));
+        }
+        assert!(stats(&ch, &bad.uri()).failed() >= 200, "{}", dump(&ch));
     }
 }
 
@@ -709,7 +880,7 @@ async fn low_success_rate_ejects_without_consecutive_failures() {
         .consecutive_failures(5)
         .base_time(Duration::from_secs(60))
         .max_time(Duration::from_secs(60))
-        .success_rate_interval(Some(Duration::from_secs(1)))
+        .interval(Some(Duration::from_secs(1)))
         .success_rate_min_calls(20);
     // Round robin, so that every instance gets its fifth of the calls in each interval: least
     // pending with sequential calls sends most of them to the fastest instance, and the rule

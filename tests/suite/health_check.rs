@@ -423,7 +423,7 @@ async fn an_ejected_instance_whose_last_status_is_not_serving_stays_out() {
             tonic_balancer::Ejection::default()
                 .consecutive_failures(3)
                 .base_time(Duration::from_secs(10))
-                .success_rate_interval(None),
+                .interval(None),
         )
         .health_check(HealthCheck::default());
     let ch = y.add_to(x.add_to(builder)).build().unwrap();

@@ -738,7 +738,7 @@ async fn soak() {
                 Ejection::default()
                     .base_time(Duration::from_millis(200))
                     .max_time(Duration::from_secs(1))
-                    .success_rate_interval(Some(Duration::from_secs(1))),
+                    .interval(Some(Duration::from_secs(1))),
             )
             // Server streams are hedged (their attempts run beside each other), and a
             // connection carries few calls, so that extra connections open and close.

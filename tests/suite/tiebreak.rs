@@ -190,7 +190,7 @@ async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst
     let ejection = Ejection::default()
         .consecutive_failures(2)
         .base_time(Duration::from_secs(2))
-        .success_rate_interval(None);
+        .interval(None);
     let ch = fleet
         .uris()
         .iter()
