@@ -359,8 +359,15 @@ pub mod __bench {
             let ns = latency.as_nanos() as f64;
             inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
             inst.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
-            let now = pool.ctx.now_ns();
-            let gated = inst.tie.observe_gated(ns, 2e6, now, now, pool.ctx.gate);
+            // One second into the channel's life, its previous answer long before: one slow
+            // answer gates at once, as where answers come rarely.
+            let now = pool.ctx.now_ns() + 1_000_000_000;
+            inst.tie.answered_long_before(1);
+            pool.ctx.methods.noise.settle_quiet();
+            let noise = &pool.ctx.methods.noise;
+            let gated = inst
+                .tie
+                .observe_gated(ns, 2e6, now, now, pool.ctx.gate, noise);
             pool.ctx.gated_until.fetch_max(gated, Ordering::Relaxed);
             inst.latency_at.store(now, Ordering::Relaxed);
             pool.ctx.clock.fetch_max(now, Ordering::Relaxed);

@@ -329,9 +329,9 @@ impl Instance {
         let sample = sample.as_nanos() as u64 as f64;
         self.observe_latency(sample, now, ctx.latency_decay);
         let reference = ctx.methods.reference(method, sample);
-        let gated = self
-            .tie
-            .observe_gated(sample, reference, sent, now, ctx.gate);
+        let gated =
+            self.tie
+                .observe_gated(sample, reference, sent, now, ctx.gate, &ctx.methods.noise);
         if gated > 0 {
             ctx.gated_until.fetch_max(gated, Ordering::Relaxed);
         }

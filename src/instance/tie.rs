@@ -315,6 +315,13 @@ impl Tie {
         self.dear_pass.fetch_max(level.dear_pass, Ordering::Relaxed);
     }
 
+    /// Records that the instance answered at `at` (nanoseconds on the channel's clock) without
+    /// a sample: for fixtures (the benchmarks' fleet, tests) whose next answer is to be judged
+    /// as one that comes rarely, so that one slow answer gates at once.
+    pub(crate) fn answered_long_before(&self, at: u64) {
+        self.answered_at.store(at.max(1), Ordering::Relaxed);
+    }
+
     /// The slowness estimate (1.0: as fast as the method's reference), `None` before the first
     /// sample.
     pub(crate) fn slowness(&self) -> Option<f64> {
@@ -331,6 +338,7 @@ impl Tie {
             sent_ns,
             now_ns,
             GateRule::LEAST_PENDING,
+            &Noise::default(),
         );
     }
 
@@ -344,60 +352,34 @@ impl Tie {
         sent_ns: u64,
         now_ns: u64,
         rule: GateRule,
+        noise: &Noise,
     ) -> u64 {
         if !(reference_ns > 0.0 && sample_ns.is_finite()) {
             return 0;
         }
-        let x = sample_ns / reference_ns;
-        let prev = f64::from(f32::from_bits(self.slowness.load(Ordering::Relaxed)));
-        let s = if prev <= 0.0 || x < 0.5 * prev {
-            x
-        } else {
-            prev + 0.5 * (x.min(4.0 * prev) - prev)
-        };
-        self.slowness.store((s as f32).to_bits(), Ordering::Relaxed);
-        let weight = s.clamp(1.0, f64::from(MAX_WEIGHT)) * WEIGHT_ONE as f64;
-        self.weight.store(weight as u32, Ordering::Relaxed);
-        let turns = (s / KNEE).powi(2).clamp(1.0, MAX_TURNS);
-        self.stride
-            .store((turns * UNIT as f64) as u32, Ordering::Relaxed);
+        // How many slow answers in a row it takes, judged before this answer counts.
+        let confirm = noise.run_to_gate();
+        if rule.confirm && self.slow_run.load(Ordering::Relaxed) == 0 {
+            noise.observe(sample_ns > GATE_AT * reference_ns);
+        }
+        let prev = self.learn(sample_ns / reference_ns);
         let excess = sample_ns - GATE_AT * reference_ns;
+        // The instance's first answer says nothing of how often answers come (and is often a
+        // warm-up's: a new connection, a cold server).
         let sparse = rule.confirm && {
             let last = self.answered_at.swap(now_ns, Ordering::Relaxed);
-            last == 0 || now_ns.saturating_sub(last) as f64 > SPARSE_REFS * reference_ns
+            last != 0 && now_ns.saturating_sub(last) as f64 > SPARSE_REFS * reference_ns
         };
         if excess > 0.0 {
             let gated_at = self.gated_at.load(Ordering::Relaxed);
             let strikes = self.strikes.load(Ordering::Relaxed);
             let (strikes, floor) = if rule.confirm {
-                // One slow answer from an instance whose previous answer was fast is most often
-                // the tail every instance has (a pause, a dear request): where answers come
-                // often, it sets no gate. Two in a row (within the longest gate) set a gate as
-                // long as the excess says; the long minimum waits for a third in a row or a
-                // slow re-check. Where answers come rarely (see [`SPARSE_REFS`]), one slow
-                // answer sets the long gate at once. See
-                // `pick::fastest_scenarios::equal_instances_with_a_tail` for what a gate at
-                // every slow answer cost.
-                let last = self.slow_at.swap(now_ns, Ordering::Relaxed);
-                let run = if last != 0 && now_ns.saturating_sub(last) <= MAX_GATE as u64 {
-                    self.slow_run.load(Ordering::Relaxed).saturating_add(1)
-                } else {
-                    1
-                };
-                self.slow_run.store(run, Ordering::Relaxed);
-                if run < 2 && !sparse {
+                let Some(gate) =
+                    self.confirmed(now_ns, sent_ns, reference_ns, rule, confirm, sparse)
+                else {
                     return 0;
-                }
-                let floor = rule.min_refs * reference_ns;
-                let strikes = if self.recheck_at.load(Ordering::Relaxed) == 0 {
-                    0
-                } else if sent_ns >= gated_at {
-                    (strikes + 1).min(MAX_STRIKES)
-                } else {
-                    strikes
                 };
-                let long = strikes > 0 || run >= 3 || sparse;
-                (strikes, if long { floor } else { 0.0 })
+                gate
             } else {
                 // A strike: slow again when re-checked after a gate (answers to calls that
                 // were already on their way when the gate was set add none).
@@ -427,6 +409,77 @@ impl Tie {
             self.strikes.store(0, Ordering::Relaxed);
             0
         }
+    }
+}
+
+impl Tie {
+    /// The slowness estimate moves with an answer `x` times the method's reference (see the
+    /// module docs), and the stride and the weight of a gated instance's calls with it.
+    /// Returns the estimate before.
+    fn learn(&self, x: f64) -> f64 {
+        let prev = f64::from(f32::from_bits(self.slowness.load(Ordering::Relaxed)));
+        let s = if prev <= 0.0 || x < 0.5 * prev {
+            x
+        } else {
+            prev + 0.5 * (x.min(4.0 * prev) - prev)
+        };
+        self.slowness.store((s as f32).to_bits(), Ordering::Relaxed);
+        let weight = s.clamp(1.0, f64::from(MAX_WEIGHT)) * WEIGHT_ONE as f64;
+        self.weight.store(weight as u32, Ordering::Relaxed);
+        let turns = (s / KNEE).powi(2).clamp(1.0, MAX_TURNS);
+        self.stride
+            .store((turns * UNIT as f64) as u32, Ordering::Relaxed);
+        prev
+    }
+
+    /// A slow answer, under a rule that waits for confirmation: `None` if it sets no gate yet,
+    /// else the gate's strikes and floor.
+    ///
+    /// One slow answer from an instance whose previous answer was fast is most often the tail
+    /// every instance has (a pause, a dear request): where answers come often, it sets no
+    /// gate. `confirm` in a row (see [`Noise::run_to_gate`]: two on a quiet client), within
+    /// the longest gate, set a gate as long as the excess says; the long minimum waits for one
+    /// more in a row or a slow re-check. Where answers come rarely (see [`SPARSE_REFS`]), one
+    /// fewer sets the long gate at once. See
+    /// `pick::fastest_scenarios::equal_instances_with_a_tail` for what a gate at every slow
+    /// answer cost, and `a_client_that_stalls_gates_no_instance` for what a fixed two did on a
+    /// busy client.
+    fn confirmed(
+        &self,
+        now_ns: u64,
+        sent_ns: u64,
+        reference_ns: f64,
+        rule: GateRule,
+        confirm: u32,
+        sparse: bool,
+    ) -> Option<(u32, f64)> {
+        let last = self.slow_at.swap(now_ns, Ordering::Relaxed);
+        let run = if last != 0 && now_ns.saturating_sub(last) <= MAX_GATE as u64 {
+            self.slow_run.load(Ordering::Relaxed).saturating_add(1)
+        } else {
+            1
+        };
+        self.slow_run.store(run, Ordering::Relaxed);
+        if run < confirm - u32::from(sparse) {
+            return None;
+        }
+        let strikes = self.strikes.load(Ordering::Relaxed);
+        let strikes = if self.recheck_at.load(Ordering::Relaxed) == 0 {
+            0
+        } else if sent_ns >= self.gated_at.load(Ordering::Relaxed) {
+            (strikes + 1).min(MAX_STRIKES)
+        } else {
+            strikes
+        };
+        let long = strikes > 0 || run > confirm || sparse;
+        Some((
+            strikes,
+            if long {
+                rule.min_refs * reference_ns
+            } else {
+                0.0
+            },
+        ))
     }
 }
 
@@ -502,6 +555,89 @@ impl Method {
 /// A method whose reference is more than this many times the typical call's is dear.
 pub(crate) const DEAR_AT: f64 = 4.0;
 
+/// How often an answer is markedly slow (over [`GATE_AT`] times its method's reference) by
+/// chance: the share of slow answers among those whose instance's previous answer was fast, a
+/// moving average over the channel's answers. A client short of CPU (a build or a test suite
+/// beside it, its runtime's own lag) delays answers from every instance alike; so does a
+/// network's jitter. Such a slow answer says nothing of its instance, and two in a row from one
+/// instance are then no rarity: a gate that waits for confirmation waits for as many slow
+/// answers in a row as it takes for chance to give them less than once in a thousand
+/// ([`Noise::run_to_gate`]). An instance that is slow, rather than unlucky, answers slowly
+/// every time, and only its first slow answer counts here, so it does not raise the share.
+#[derive(Debug, Default)]
+pub(crate) struct Noise(AtomicU64);
+
+/// [`Noise`]'s average starts as if it had seen this many fast answers, and weighs each new
+/// answer as one of those seen (the plain mean) until it has seen [`NOISE_WINDOW`] in all;
+/// then it is a moving average over about that many. So a fresh channel on a busy client
+/// learns its share of slow answers within its first few dozen answers.
+const NOISE_PRIOR: u32 = 8;
+/// Until this many answers have counted, the channel does not know how often answers are slow
+/// by chance: a gate waits for three in a row at least.
+const NOISE_KNOWN: u32 = 32;
+/// The answers [`Noise`]'s moving average spans.
+const NOISE_WINDOW: u32 = 128;
+/// Below this share, chance counts for nothing (and the average stops being written).
+const NOISE_FLOOR: f32 = 1e-4;
+/// The longest run of slow answers a gate waits for.
+const MAX_CONFIRM: u32 = 8;
+
+impl Noise {
+    /// An answer that counts (its instance's previous answer was fast): `slow` or not. The
+    /// word holds the share (`f32` bits, low half) and the answers counted, up to
+    /// [`NOISE_WINDOW`].
+    #[inline]
+    fn observe(&self, slow: bool) {
+        let word = self.0.load(Ordering::Relaxed);
+        let share = f32::from_bits(word as u32);
+        let counted = (word >> 32) as u32;
+        if !slow && share <= NOISE_FLOOR && counted >= NOISE_WINDOW {
+            return;
+        }
+        let counted = (counted + 1).min(NOISE_WINDOW);
+        let step = 1.0 / (NOISE_PRIOR + counted).min(NOISE_WINDOW) as f32;
+        let share = share + step * (f32::from(u8::from(slow)) - share);
+        let share = if share <= NOISE_FLOOR { 0.0 } else { share };
+        self.0.store(
+            (u64::from(counted) << 32) | u64::from(share.to_bits()),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The share of answers slow by chance.
+    #[cfg(test)]
+    pub(crate) fn share(&self) -> f64 {
+        f64::from(f32::from_bits(self.0.load(Ordering::Relaxed) as u32))
+    }
+
+    /// For fixtures (the benchmarks' fleet, tests): as if the channel had seen a window of
+    /// answers, all fast.
+    pub(crate) fn settle_quiet(&self) {
+        self.0
+            .store(u64::from(NOISE_WINDOW) << 32, Ordering::Relaxed);
+    }
+
+    /// The slow answers in a row that a gate waiting for confirmation waits for: the fewest,
+    /// two at least (three before [`NOISE_KNOWN`] answers have counted), that chance gives
+    /// less than once in a thousand (2 up to a share of 3.1%, 3 up to 10%, 4 up to 17.7%, 5 at
+    /// 25%), at most [`MAX_CONFIRM`].
+    pub(crate) fn run_to_gate(&self) -> u32 {
+        let word = self.0.load(Ordering::Relaxed);
+        let share = f64::from(f32::from_bits(word as u32));
+        // Until the channel has seen enough answers to know how often they are slow by
+        // chance (its first ones are a new connection's, and its client may be busy), three.
+        let mut run = if (word >> 32) < u64::from(NOISE_KNOWN) {
+            3
+        } else {
+            2
+        };
+        while run < MAX_CONFIRM && share.powi(run as i32) > 1e-3 {
+            run += 1;
+        }
+        run
+    }
+}
+
 /// The channel's method references (see the module docs).
 pub(crate) struct Methods {
     /// Per slot: the tag of its method (high 32 bits) and its reference in nanoseconds (`f32`
@@ -511,6 +647,8 @@ pub(crate) struct Methods {
     /// moves by [`STEP`] of itself towards the reference of each answered call's method, so it
     /// settles on the median over calls (a method called nine times in ten sets it).
     typical: AtomicU32,
+    /// How often an answer is slow by chance (see [`Noise`]).
+    pub(crate) noise: Noise,
 }
 
 impl Methods {
@@ -518,6 +656,7 @@ impl Methods {
         Methods {
             slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             typical: AtomicU32::new(0),
+            noise: Noise::default(),
         }
     }
 
@@ -747,6 +886,48 @@ mod tests {
         assert_eq!(t.slowness(), Some(1.0));
     }
 
+    /// The slow answers in a row a gate waits for grow with how often answers are slow by
+    /// chance: two on a quiet client, more where a busy one delays one answer in ten or five.
+    #[test]
+    fn a_gate_waits_for_more_slow_answers_where_they_come_by_chance() {
+        let noise = Noise::default();
+        assert_eq!(noise.run_to_gate(), 3, "before it knows");
+        noise.settle_quiet();
+        assert_eq!(noise.run_to_gate(), 2);
+        let at = |share: f32| {
+            noise.0.store(
+                (u64::from(NOISE_WINDOW) << 32) | u64::from(share.to_bits()),
+                Ordering::Relaxed,
+            );
+            noise.run_to_gate()
+        };
+        assert_eq!(at(0.03), 2);
+        assert_eq!(at(0.09), 3);
+        assert_eq!(at(0.17), 4);
+        assert_eq!(at(0.25), 5);
+        assert_eq!(at(0.9), MAX_CONFIRM);
+        // One slow answer in five over the first fifty answers: it waits for four (a share of
+        // 10 in 58, with the 8 fast answers it starts from).
+        let fresh = Noise::default();
+        for k in 0..50 {
+            fresh.observe(k % 5 == 0);
+        }
+        assert_eq!(fresh.run_to_gate(), 4, "{}", fresh.share());
+        // Then a moving average: fast answers bring it down to nothing.
+        for _ in 0..5_000 {
+            fresh.observe(false);
+        }
+        assert_eq!(fresh.share(), 0.0);
+        assert_eq!(fresh.run_to_gate(), 2);
+    }
+
+    /// A quiet client's: a thousand answers, all fast.
+    fn quiet_client() -> Noise {
+        let quiet = Noise::default();
+        quiet.settle_quiet();
+        quiet
+    }
+
     /// The default's gates wait for confirmation where answers come often: one slow answer
     /// after fast ones sets none (the tail every instance has); a second in a row gates for ten
     /// times its excess; a third in a row, or a slow re-check, for at least two hundred usual
@@ -755,27 +936,35 @@ mod tests {
     fn the_default_gates_after_two_slow_answers_in_a_row() {
         let rule = GateRule::FEWEST_THEN_FASTEST;
         let t = Tie::new();
-        t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule);
-        assert_eq!(t.observe_gated(15.0 * MS, 5.0 * MS, 1_000, 2_000, rule), 0);
+        let quiet = quiet_client();
+        t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
+        assert_eq!(
+            t.observe_gated(15.0 * MS, 5.0 * MS, 1_000, 2_000, rule, &quiet),
+            0
+        );
         assert_eq!(t.weight(2_000), WEIGHT_ONE, "open");
         // A fast answer in between: the next slow one is the first again.
-        t.observe_gated(5.0 * MS, 5.0 * MS, 2_000, 3_000, rule);
-        assert_eq!(t.observe_gated(15.0 * MS, 5.0 * MS, 3_000, 4_000, rule), 0);
-        let until = t.observe_gated(15.0 * MS, 5.0 * MS, 4_000, 5_000, rule);
+        t.observe_gated(5.0 * MS, 5.0 * MS, 2_000, 3_000, rule, &quiet);
+        assert_eq!(
+            t.observe_gated(15.0 * MS, 5.0 * MS, 3_000, 4_000, rule, &quiet),
+            0
+        );
+        let until = t.observe_gated(15.0 * MS, 5.0 * MS, 4_000, 5_000, rule, &quiet);
         assert_eq!(
             until - 5_000,
             (10.0 * 5.0 * MS) as u64,
             "ten times the excess"
         );
         assert!(t.weight(5_000) > WEIGHT_ONE, "gated, its calls weigh more");
-        let until = t.observe_gated(15.0 * MS, 5.0 * MS, 4_500, 6_000, rule);
+        let until = t.observe_gated(15.0 * MS, 5.0 * MS, 4_500, 6_000, rule, &quiet);
         assert_eq!(until - 6_000, (200.0 * 5.0 * MS) as u64, "the long minimum");
         // Where answers come rarely (the previous one more than 50 usual call times before),
         // one slow answer sets the long gate at once: no second one would come in time.
         let t = Tie::new();
-        t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule);
+        let quiet = quiet_client();
+        t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
         let later = 1_000 + (50.0 * 5.0 * MS) as u64 + 1;
-        let until = t.observe_gated(15.0 * MS, 5.0 * MS, later - 1, later, rule);
+        let until = t.observe_gated(15.0 * MS, 5.0 * MS, later - 1, later, rule, &quiet);
         assert_eq!(until - later, (200.0 * 5.0 * MS) as u64);
     }
 

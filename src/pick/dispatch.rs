@@ -381,7 +381,13 @@ mod tests {
             b = b.uri(&format!("http://127.0.0.1:{port}"));
         }
         let ch = b.build().unwrap();
-        let now = ch.shared.ctx.now_ns().max(1);
+        // One second into the channel's life, every instance's previous answer long before:
+        // one slow answer gates at once, as where answers come rarely.
+        let now = ch.shared.ctx.now_ns() + 1_000_000_000;
+        for inst in ch.shared.snapshot().iter() {
+            inst.tie.answered_long_before(1);
+        }
+        ch.shared.ctx.methods.noise.settle_quiet();
         ch.shared.ctx.clock.fetch_max(now, Ordering::Relaxed);
         (ch, now)
     }
@@ -412,9 +418,14 @@ mod tests {
                     }
                     if gated {
                         // Instance 2 answered ten times slower than the method's usual time.
-                        let until = snap[2]
-                            .tie
-                            .observe_gated(20e6, 2e6, now, now, pool.ctx.gate);
+                        let until = snap[2].tie.observe_gated(
+                            20e6,
+                            2e6,
+                            now,
+                            now,
+                            pool.ctx.gate,
+                            &pool.ctx.methods.noise,
+                        );
                         pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
                         assert!(until > now, "{case}: gated");
                     }
@@ -455,9 +466,14 @@ mod tests {
             }
             // Instance 0 answered ten times slower than the method's usual time: gated until
             // `until`; then the clock reaches it (no instance gated any more).
-            let until = snap[0]
-                .tie
-                .observe_gated(20e6, 2e6, now, now, pool.ctx.gate);
+            let until = snap[0].tie.observe_gated(
+                20e6,
+                2e6,
+                now,
+                now,
+                pool.ctx.gate,
+                &pool.ctx.methods.noise,
+            );
             assert!(until > now, "gated");
             pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
             pool.ctx.clock.fetch_max(until, Ordering::Relaxed);

@@ -233,3 +233,106 @@ async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst
     // With the passes it left with, it would take nine of the next ten.
     takes_turns_not_a_burst(&fleet, &mut client, &ch, "back from its ejection, it").await;
 }
+
+/// Threads that spin on the CPU until dropped: the client's machine busy with other work, as a
+/// build or another test suite beside it makes it (here two, on a two-core machine). Bounded:
+/// they stop when the test's hog is dropped.
+struct Hog {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hog {
+    fn start(threads: usize) -> Hog {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                })
+            })
+            .collect();
+        Hog { stop, threads }
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The default strategy on a busy client (two threads spinning beside it): one caller, one
+/// call at a time, for 3 s, over four equal instances that answer in 2 ms. The client's own
+/// scheduling delays some answers of every instance alike; they say nothing of the instance
+/// and must not gate it: every instance gets at least half its fair share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_client_shares_sequential_calls_with_the_default() {
+    let fleet = Fleet::start(4, Behavior::Delay(2 * MS));
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let _hog = Hog::start(2);
+    let before = fleet.served();
+    let started = std::time::Instant::now();
+    let mut id = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        client.unary(req(id)).await.unwrap();
+        id += 1;
+    }
+    let got = since(&fleet, &before);
+    let fair = got.iter().sum::<u64>() as f64 / 4.0;
+    assert!(
+        got.iter().all(|&n| n as f64 >= fair / 2.0),
+        "served {got:?} of {id}: {:?}",
+        ch.endpoints()
+    );
+}
+
+/// An idle instance never loses to one with a call in flight on the evidence of its first
+/// answers (a new connection's) or of a busy client: two instances, a server stream held open
+/// on one, then ten sequential calls, with two threads spinning beside the client: every call
+/// goes to the instance without the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_is_not_lost_on_warm_up_or_scheduling_evidence() {
+    let fleet = Fleet::start(2, Behavior::HoldStreams);
+    let ch = BalancedChannel::from_static(fleet.uris()).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let _hog = Hog::start(2);
+    let mut stream = client
+        .server_stream(fleet::pb::Req {
+            count: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream
+        .message()
+        .await
+        .unwrap()
+        .expect("the stream's message");
+    let busy = first.instance;
+    let before = fleet.served();
+    let mut to_busy = 0;
+    for id in 0..10 {
+        let reply = client.unary(req(id)).await.unwrap().into_inner();
+        to_busy += u32::from(reply.instance == busy);
+    }
+    assert_eq!(
+        to_busy,
+        0,
+        "{to_busy} of 10 calls went to the instance with a call in flight: {:?} {:?}",
+        since(&fleet, &before),
+        ch.endpoints()
+    );
+    drop(stream);
+}
