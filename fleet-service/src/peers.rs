@@ -469,13 +469,18 @@ fn built(kind: Kind) -> Option<PathBuf> {
     match cell.get_or_init(|| with_build_lock(|| build(kind))) {
         Ok(path) => Some(path.clone()),
         Err(Missing(what)) => {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+            let verdict = if ci {
+                "With CI=true the tests that need it fail."
+            } else {
+                "The tests that need it pass without running (with CI=true they fail)."
+            };
             let message = format!(
                 "\n=====================================================================\n\
-                 SKIPPED: the {kind} test peer cannot run here.\n{what}\n\
-                 Tests that need it pass without running. (With CI=true this fails.)\n\
+                 The {kind} test peer cannot run here.\n{what}\n{verdict}\n\
                  =====================================================================\n"
             );
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
+            if ci {
                 panic!("{message}");
             }
             // Straight to the process's stderr: the test harness captures `eprintln!`.

@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -62,6 +63,7 @@ type server struct {
 	inflight atomic.Int64     // peer.Peer calls being handled now
 	peak     atomic.Int64     // the most ever handled at once
 	release  chan struct{}    // closed by `release`: hanging calls answer OK
+	conns    atomic.Int64     // connections that carried a peer.Peer call (not the control's)
 	health   *health.Server
 	grpc     *grpc.Server
 	stopped  chan struct{} // closed when a graceful stop is over
@@ -283,6 +285,7 @@ func (s *server) bidi(stream grpc.ServerStream) error {
 //	health SERVING|NOT_SERVING [service]   the health service's answer ("" = the server)
 //	count      "total=N ok=N status=N ..." calls to peer.Peer by the mode that served them
 //	inflight   "inflight=N peak=N"
+//	conns      "conns=N": connections that carried a peer.Peer call
 //	release    hanging calls answer OK (new ones hang again while the mode is hang)
 //	graceful-stop [drain=D]   GracefulStop: GOAWAY on every connection, new connections
 //	           refused; after D (default 100ms) hanging calls are released; exits when done
@@ -323,6 +326,8 @@ func (s *server) control(_ context.Context, in *wrapperspb.StringValue) (*wrappe
 		answer = strings.Join(parts, " ")
 	case "inflight":
 		answer = fmt.Sprintf("inflight=%d peak=%d", s.inflight.Load(), s.peak.Load())
+	case "conns":
+		answer = fmt.Sprintf("conns=%d", s.conns.Load())
 	case "release":
 		s.releaseHanging()
 	case "graceful-stop":
@@ -359,6 +364,29 @@ func (s *server) releaseHanging() {
 	s.release = make(chan struct{})
 	s.mu.Unlock()
 }
+
+// connCounter counts the connections that carried a peer.Peer call: a stats.Handler marks each
+// connection (TagConn) and counts it at its first such call (TagRPC's context derives from the
+// connection's).
+type connCounter struct{ s *server }
+
+type connKey struct{}
+
+func (c connCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return context.WithValue(ctx, connKey{}, new(atomic.Bool))
+}
+
+func (c connCounter) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	if counted, ok := ctx.Value(connKey{}).(*atomic.Bool); ok && strings.HasPrefix(info.FullMethodName, "/peer.Peer/") {
+		if counted.CompareAndSwap(false, true) {
+			c.s.conns.Add(1)
+		}
+	}
+	return ctx
+}
+
+func (connCounter) HandleConn(context.Context, stats.ConnStats) {}
+func (connCounter) HandleRPC(context.Context, stats.RPCStats)   {}
 
 // recoverUnary and recoverStream are the recovery interceptor production grpc-go servers add
 // (grpc-ecosystem/go-grpc-middleware's recovery, whose default answers INTERNAL; here the code
@@ -454,6 +482,7 @@ func main() {
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(recoverUnary),
 		grpc.ChainStreamInterceptor(recoverStream),
+		grpc.StatsHandler(connCounter{s}),
 	}
 	if *maxStreams > 0 {
 		// Advertised in SETTINGS; a stream past it is refused with RST_STREAM REFUSED_STREAM

@@ -176,6 +176,7 @@ class Peer:
         count      "total=N ok=N status=N ..." calls to peer.Peer by the mode that served them
         inflight   "inflight=N peak=N"
         release    hanging calls answer OK
+        (no `conns`, which the Go peer has: grpcio's servers offer no hook on connections)
         graceful-stop [drain=D]   server.stop(grace): new calls refused, the ones in flight
                    go on; after D (default 100ms) hanging calls are released; exits when done
         """
