@@ -24,11 +24,14 @@
 //! - `kill-restart`: it is killed (SIGKILL) after 400 calls and started again on the same port
 //!   300 ms later; "to bad" counts what both processes served.
 //! - `goaway`: every instance rotates its connections (max connection age 200 ms, ±10%, grace
-//!   1 s): GOAWAY NO_ERROR "max_age" from grpc-go, GOAWAY from C-core.
+//!   1 s): GOAWAY NO_ERROR "max_age" from both, twice (last stream id 2^31-1, then the real
+//!   one).
 //! - `refused`: every instance allows 10 streams per connection; 45 callers for 3 s.
 //! - `keepalive`: every instance enforces keepalive (one ping in 10 s without data sent
 //!   between); the clients ping every 10 ms, idle or not: GOAWAY ENHANCE_YOUR_CALM
-//!   "too_many_pings".
+//!   "too_many_pings" after the third early ping. Under this load a busy connection rarely
+//!   pings (hyper pings after 10 ms without a frame received) and each answer resets the
+//!   server's strikes: connections that go idle are the ones closed.
 //! - `health`: after 400 calls it turns NOT_SERVING (and keeps answering, as a draining server
 //!   does); this channel has health checks on (`HealthCheck::default()`); "to bad" counts the
 //!   calls it served from then on.

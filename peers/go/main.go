@@ -486,7 +486,8 @@ func main() {
 	}
 	if *maxStreams > 0 {
 		// Advertised in SETTINGS; a stream past it is refused with RST_STREAM REFUSED_STREAM
-		// (internal/transport/http2_server.go, operateHeaders).
+		// (internal/transport/http2_server.go, operateHeaders), which a client that opens
+		// streams before it has read the SETTINGS meets on a new connection.
 		opts = append(opts, grpc.MaxConcurrentStreams(uint32(*maxStreams)))
 	}
 	if *minTime > 0 {
@@ -495,7 +496,11 @@ func main() {
 		// that pings more often than MinTime (or at all while it has no call, unless
 		// PermitWithoutStream) earns a strike; past 2 strikes the server sends GOAWAY
 		// ENHANCE_YOUR_CALM with debug data "too_many_pings" and closes the connection.
-		// Strikes reset whenever the server sends headers or data.
+		// Strikes reset whenever the server sends headers or data. The GOAWAY's last stream id
+		// covers the calls open, which get no status: grpc-go closes the socket when the
+		// client does or 1 s later (internal/transport/http2_server.go, grpc-go#5358), and a
+		// call still open then sees the connection end (h2: "stream closed because of a broken
+		// pipe"); seen with ./frames.
 		opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             *minTime,
 			PermitWithoutStream: false,
@@ -505,7 +510,8 @@ func main() {
 		// https://pkg.go.dev/google.golang.org/grpc/keepalive#ServerParameters: after
 		// MaxConnectionAge the server drains the connection (GOAWAY NO_ERROR "max_age", sent
 		// twice: first with the last stream id 2^31-1 and a ping, then with the real one),
-		// and closes it MaxConnectionAgeGrace later.
+		// and closes it MaxConnectionAgeGrace later (plus up to 1 s, as above); calls still
+		// open then get no status. GracefulStop sends the same pair with "graceful_stop".
 		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      *maxAge,
 			MaxConnectionAgeGrace: *maxAgeGrace,

@@ -254,19 +254,25 @@ def main():
     # port could share it with a process still there.
     options = [("grpc.so_reuseport", 0)]
     if args.max_concurrent_streams:
-        # Advertised in SETTINGS_MAX_CONCURRENT_STREAMS; C-core refuses a stream past it
-        # (RST_STREAM REFUSED_STREAM).
+        # Advertised in SETTINGS_MAX_CONCURRENT_STREAMS. C-core resets a stream past it with
+        # RST_STREAM ENHANCE_YOUR_CALM when the client opened it before reading the SETTINGS
+        # (a burst on a new connection), and with REFUSED_STREAM later, when its count of a
+        # connection's streams (each until closed on both sides) lags behind the client's.
         options.append(("grpc.max_concurrent_streams", args.max_concurrent_streams))
     if args.max_connection_age_ms:
-        # GOAWAY (NO_ERROR) after this long, +/-10% jitter; the connection closes
-        # max_connection_age_grace_ms later.
+        # GOAWAY NO_ERROR "max_age" after this long, +/-10% jitter, sent twice (last stream id
+        # 2^31-1 and a ping, then the real one), as grpc-go does; max_connection_age_grace_ms
+        # later the calls still open get UNAVAILABLE "max connection age" and the connection
+        # closes. (server.stop() sends the same pair with "Server shutdown".)
         options.append(("grpc.max_connection_age_ms", args.max_connection_age_ms))
     if args.max_connection_age_grace_ms:
         options.append(("grpc.max_connection_age_grace_ms", args.max_connection_age_grace_ms))
     if args.min_ping_interval_ms:
         # Keepalive enforcement: a ping sooner than this after the previous one, with no data
         # sent between, is a strike; past max_ping_strikes the server sends GOAWAY
-        # ENHANCE_YOUR_CALM "too_many_pings" (https://github.com/grpc/grpc/blob/master/doc/keepalive.md).
+        # ENHANCE_YOUR_CALM "too_many_pings" (https://github.com/grpc/grpc/blob/master/doc/keepalive.md),
+        # answers the calls open UNAVAILABLE "Too many pings" and closes the connection at once.
+        # The defaults (5 min, 2 strikes) already do this to a client pinging every few ms.
         options.append(("grpc.http2.min_ping_interval_without_data_ms", args.min_ping_interval_ms))
     if args.max_ping_strikes >= 0:
         options.append(("grpc.http2.max_ping_strikes", args.max_ping_strikes))
