@@ -10,3 +10,9 @@ tonic::include_proto!("fleet.v1");
 pub mod helloworld {
     tonic::include_proto!("helloworld");
 }
+
+/// The service of the test peers (`proto/peer.proto`): grpc-go and grpcio servers that the tests
+/// start as processes (`fleet_service::peers`).
+pub mod peer {
+    tonic::include_proto!("peer");
+}

@@ -19,6 +19,7 @@ pub use tonic_balancer_fleet::{
 
 pub mod fields;
 pub mod memory;
+pub mod peers;
 pub mod prom;
 pub mod refusing;
 

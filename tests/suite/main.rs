@@ -31,6 +31,7 @@ mod observe;
 mod orca; // feature orca
 mod orca_oob; // feature orca
 mod orca_wire;
+mod peers;
 mod probe;
 mod probed_pick;
 mod prometheus_example; // feature metrics
