@@ -107,6 +107,13 @@ impl ResponseFuture {
                 );
             }
         }
+        if timeout.is_some_and(|d| d.is_zero()) {
+            // A deadline that has passed already (a service config's `"0s"`): nothing is sent,
+            // as in grpc-go.
+            let mut obs = CallObs::new(&shared.totals, &req);
+            obs.finish(tonic::Code::DeadlineExceeded);
+            return ResponseFuture::over(deadline_exceeded(), obs);
+        }
         let deadline = timeout.map(|d| {
             // The timer is made on the channel's runtime: the caller may be on any executor.
             let _rt = shared.ctx.runtime.enter();

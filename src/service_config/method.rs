@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::json::Node;
 use crate::error::Error;
@@ -38,13 +39,7 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
         }
         let timeout = match entry.field("timeout")? {
             None => None,
-            Some(t) => {
-                let d = t.duration()?;
-                if d.is_zero() {
-                    return Err(t.refuse("must be above zero (a call's deadline)"));
-                }
-                Some(crate::time::cap(d))
-            }
+            Some(t) => timeout(&t)?,
         };
         // Parsed, and ignored (see the `ServiceConfig` docs).
         if let Some(w) = entry.field("waitForReady")? {
@@ -101,6 +96,24 @@ fn part<'a>(n: &Node<'a>, key: &str) -> Result<&'a str, Error> {
     Ok(s)
 }
 
+/// A `timeout`, read as grpc-go reads it: any duration in protobuf's JSON form. `"0s"` is a
+/// deadline that has passed when the call starts (grpc-go fails such a call at once with
+/// DEADLINE_EXCEEDED); a negative one sets no deadline (grpc-go applies a timeout only if it is
+/// at least zero).
+fn timeout(t: &Node<'_>) -> Result<Option<Duration>, Error> {
+    if let Some(positive) = t.str().ok().and_then(|s| s.strip_prefix('-')) {
+        super::json::parse_duration(positive).map_err(|_| {
+            t.refuse(format_args!(
+                "\"-{positive}\" is not a duration: seconds with up to nine decimals, then `s` \
+                 (\"1.5s\")"
+            ))
+        })?;
+        tracing::debug!(path = %t.path, "service config: a negative timeout sets no deadline (as in grpc-go)");
+        return Ok(None);
+    }
+    Ok(Some(crate::time::cap(t.duration()?)))
+}
+
 /// `maxAttempts` of a retry or hedging policy: at least 2; above 5 counts as 5, as in gRPC.
 fn max_attempts(policy: &Node<'_>) -> Result<u32, Error> {
     let node = policy.required("maxAttempts")?;
@@ -121,7 +134,7 @@ fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
         let n = node.required(key)?;
         let d = n.duration()?;
         if d.is_zero() {
-            return Err(n.refuse("must be above zero"));
+            return Err(n.refuse("must be above zero (a duration such as \"0.1s\")"));
         }
         Ok(crate::time::cap(d))
     };
@@ -130,12 +143,8 @@ fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
     let m = node.required("backoffMultiplier")?;
     let multiplier = m.number()?;
     if multiplier <= 0.0 {
-        return Err(m.refuse(format_args!("must be above zero, not {multiplier}")));
-    }
-    if multiplier < 1.0 {
         return Err(m.refuse(format_args!(
-            "must be at least 1, not {multiplier}: this channel's backoff never shrinks (gRPC \
-             takes any number above zero)"
+            "must be a number above zero (2, 1.5, 0.5), not {multiplier}"
         )));
     }
     let codes_node = node.required("retryableStatusCodes")?;
@@ -156,8 +165,11 @@ fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
 /// A `hedgingPolicy`.
 fn hedging(node: &Node<'_>) -> Result<HedgingPolicy, Error> {
     let max_attempts = max_attempts(node)?;
-    // Zero: every attempt at once.
-    let delay = node.required("hedgingDelay")?.duration()?;
+    // Optional (gRFC A6); absent or zero: every attempt at once.
+    let delay = match node.field("hedgingDelay")? {
+        Some(d) => d.duration()?,
+        None => Duration::ZERO,
+    };
     let non_fatal = match node.field("nonFatalStatusCodes")? {
         Some(codes) => codes.codes()?,
         None => Vec::new(),

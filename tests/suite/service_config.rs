@@ -195,6 +195,75 @@ async fn non_fatal_status_codes_send_the_next_hedge_at_once() {
     }
 }
 
+/// `timeout` as grpc-go reads it: `"0s"` is a deadline already passed, so every call fails at
+/// once with DEADLINE_EXCEEDED and nothing is sent; a negative one sets no deadline.
+#[tokio::test(start_paused = true)]
+async fn a_zero_timeout_fails_calls_at_once_and_a_negative_one_sets_none() {
+    let a = MemoryInstance::start("a", Behavior::Delay(5 * SEC));
+    let ch = channel(
+        &[&a],
+        r#"{ "methodConfig": [
+              { "name": [ { "service": "fleet.v1.Fleet", "method": "Unary" } ], "timeout": "0s" },
+              { "name": [ { "service": "fleet.v1.Fleet" } ], "timeout": "-1.5s" } ] }"#,
+    );
+    let mut client = FleetClient::new(ch);
+    let start = Instant::now();
+    let status = client.unary(req(1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(a.served(), 0, "sent nothing");
+    // The service's entry: no deadline, the answer after 5 s.
+    client_stream(&mut client, None).await.unwrap();
+    assert_eq!(start.elapsed(), 5 * SEC);
+}
+
+/// `hedgingDelay` is optional (gRFC A6): without it, every attempt goes out at once.
+#[tokio::test(start_paused = true)]
+async fn a_hedging_policy_without_a_delay_sends_every_attempt_at_once() {
+    let a = MemoryInstance::start("a", Behavior::Delay(100 * MS));
+    let b = MemoryInstance::start("b", Behavior::Delay(100 * MS));
+    let c = MemoryInstance::start("c", Behavior::Delay(100 * MS));
+    let all = [&a, &b, &c];
+    let ch = channel(
+        &all,
+        r#"{ "methodConfig": [ {
+              "name": [ { "service": "fleet.v1.Fleet", "method": "Unary" } ],
+              "hedgingPolicy": { "maxAttempts": 3 } } ] }"#,
+    );
+    let mut client = FleetClient::new(ch);
+    let start = Instant::now();
+    client.unary(req(1)).await.unwrap();
+    assert_eq!(start.elapsed(), 100 * MS);
+    assert_eq!(served(&all), 3, "three attempts at once");
+}
+
+/// `backoffMultiplier` below 1 (grpc-go takes any number above zero): each backoff is shorter
+/// than the one before. 1 s, then at most 0.5 s, then at most 0.25 s.
+#[tokio::test(start_paused = true)]
+async fn a_backoff_multiplier_below_one_shrinks_the_backoff() {
+    let instances: Vec<_> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| MemoryInstance::start(n, Behavior::Fail(Code::Unavailable)))
+        .collect();
+    let all: Vec<_> = instances.iter().collect();
+    let ch = channel(
+        &all,
+        r#"{ "methodConfig": [ {
+              "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 4, "initialBackoff": "1s", "maxBackoff": "1s",
+                               "backoffMultiplier": 0.5, "retryableStatusCodes": [ 14 ] } } ] }"#,
+    );
+    let mut client = FleetClient::new(ch);
+    for id in 0..20 {
+        let before = served(&all);
+        let start = Instant::now();
+        client.unary(req(id)).await.unwrap_err();
+        assert_eq!(served(&all) - before, 4);
+        // A6's jitter is 0.8 to 1.2 times each backoff.
+        assert!(start.elapsed() <= 2100 * MS, "{:?}", start.elapsed());
+    }
+}
+
 /// `waitForReady` and the message size limits are read and ignored: a call to an instance
 /// that cannot be reached fails at once with UNAVAILABLE (no waiting for it), and a message
 /// above the limits goes through.
@@ -649,12 +718,8 @@ fn malformed_configs_are_refused_naming_their_path() {
             "methodConfig[0].timeout: must be a duration such as \"1.5s\", not a number",
         ),
         (
-            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "-1s"}]}"#.into(),
-            "methodConfig[0].timeout: \"-1s\": must not be negative",
-        ),
-        (
-            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "0s"}]}"#.into(),
-            "methodConfig[0].timeout: must be above zero",
+            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "-1ms"}]}"#.into(),
+            "methodConfig[0].timeout: \"-1ms\" is not a duration",
         ),
         (
             r#"{"methodConfig": [{"name": [{"service": "s.S"}], "waitForReady": "yes"}]}"#.into(),
@@ -678,11 +743,11 @@ fn malformed_configs_are_refused_naming_their_path() {
         ),
         (
             retry(r#""maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 0, "retryableStatusCodes": ["UNAVAILABLE"]"#),
-            "methodConfig[0].retryPolicy.backoffMultiplier: must be above zero",
+            "methodConfig[0].retryPolicy.backoffMultiplier: must be a number above zero",
         ),
         (
-            retry(r#""maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 0.5, "retryableStatusCodes": ["UNAVAILABLE"]"#),
-            "methodConfig[0].retryPolicy.backoffMultiplier: must be at least 1",
+            retry(r#""maxAttempts": 2, "initialBackoff": "-1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#),
+            "methodConfig[0].retryPolicy.initialBackoff: \"-1s\": must not be negative (a duration such as \"1.5s\"",
         ),
         (
             retry(&format!(r#"{ok_retry}, "retryableStatusCodes": []"#)),
@@ -709,8 +774,8 @@ fn malformed_configs_are_refused_naming_their_path() {
             "methodConfig[0].hedgingPolicy.maxAttempts: must be at least 2, not 1",
         ),
         (
-            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "hedgingPolicy": {"maxAttempts": 2}}]}"#.into(),
-            "methodConfig[0].hedgingPolicy.hedgingDelay: required",
+            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "-0.5s"}}]}"#.into(),
+            "methodConfig[0].hedgingPolicy.hedgingDelay: \"-0.5s\": must not be negative",
         ),
         (
             r#"{"methodConfig": [{"name": [{"service": "s.S"}], "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0s", "nonFatalStatusCodes": ["NOPE"]}}]}"#.into(),
@@ -814,6 +879,12 @@ fn malformed_configs_are_refused_naming_their_path() {
         r#"{"retryThrottling": {"maxTokens": 1000, "tokenRatio": 0.001}, "unknownField": [1, 2]}"#,
         r#"{"loadBalancingConfig": [{"weighted_round_robin": {"weightUpdatePeriod": "0.01s", "errorUtilizationPenalty": 0}}]}"#,
         r#"{"connectionScaling": {"maxConnectionsPerSubchannel": 50}}"#,
+        // grpc-go takes these: a deadline of zero, a negative timeout (no deadline), a
+        // multiplier below 1; gRFC A6 makes hedgingDelay optional.
+        r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "0s"}]}"#,
+        r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "-1s"}]}"#,
+        r#"{"methodConfig": [{"name": [{"service": "s.S"}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 0.5, "retryableStatusCodes": [14]}}]}"#,
+        r#"{"methodConfig": [{"name": [{"service": "s.S"}], "hedgingPolicy": {"maxAttempts": 2}}]}"#,
     ] {
         ServiceConfig::from_json(json).unwrap_or_else(|e| panic!("{json}: {e}"));
     }
