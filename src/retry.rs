@@ -103,6 +103,9 @@ pub struct RetryPolicy {
     pub(crate) multiplier: f64,
     pub(crate) budget_ratio: f64,
     pub(crate) budget_min_per_sec: u32,
+    /// Made from a service config's `retryPolicy`: gRFC A6's rules (its jitter; no budget but
+    /// `retryThrottling`) rather than the builder's.
+    pub(crate) from_config: bool,
 }
 
 impl Default for RetryPolicy {
@@ -119,6 +122,7 @@ impl Default for RetryPolicy {
             multiplier: 2.0,
             budget_ratio: DEFAULT_BUDGET.0,
             budget_min_per_sec: DEFAULT_BUDGET.1,
+            from_config: false,
         }
     }
 }
@@ -160,7 +164,9 @@ impl RetryPolicy {
 
     /// Backoff before the first retry (default 25 ms); each next one is
     /// [`multiplier`](Self::multiplier) times longer, up to [`max_backoff`](Self::max_backoff),
-    /// each drawn at random between zero and that value (gRPC's retry design).
+    /// each drawn at random between zero and that value ("full jitter"; a service config's
+    /// `retryPolicy` draws between 0.8 and 1.2 times it, as gRFC A6 says). After a server's
+    /// `grpc-retry-pushback-ms`, the backoff starts again from this one (gRFC A6).
     pub fn initial_backoff(mut self, d: Duration) -> Self {
         self.initial_backoff = d;
         self
@@ -215,12 +221,20 @@ impl RetryPolicy {
         )
     }
 
-    /// The backoff before retry number `retry` (1 for the first), with full jitter.
+    /// The backoff before retry number `retry` (1 for the first; counted from the server's
+    /// last pushback, if any): min(initial × multiplier^(retry - 1), max), jittered. A service
+    /// config's policy draws it between 0.8 and 1.2 times that (gRFC A6, grpc-go); the
+    /// builder's between zero and that (full jitter).
     pub(crate) fn backoff(&self, retry: u32) -> Duration {
-        let cap = (self.initial_backoff.as_secs_f64()
-            * self.multiplier.powi(retry.saturating_sub(1).min(64) as i32))
-        .min(self.max_backoff.as_secs_f64());
-        crate::time::from_secs_f64(cap * crate::rng::random_unit())
+        let exp = retry.saturating_sub(1).min(1024) as i32;
+        let cap = (self.initial_backoff.as_secs_f64() * self.multiplier.powi(exp))
+            .min(self.max_backoff.as_secs_f64());
+        let jitter = if self.from_config {
+            0.8 + 0.4 * crate::rng::random_unit()
+        } else {
+            crate::rng::random_unit()
+        };
+        crate::time::from_secs_f64(cap * jitter)
     }
 
     /// The same policy with every duration at most 30 years (longer ones mean "never").

@@ -25,6 +25,9 @@ pub(crate) struct Attempt {
     step: Step,
     /// Its id in the call's replay slot (meaningless for a call that keeps no replay).
     pub(crate) id: AttemptId,
+    /// The attempts of the call's policy before it (its `grpc-previous-rpc-attempts`): 0 for
+    /// the first; a transparent replay carries the number of the attempt it replaces.
+    pub(crate) previous: u32,
     /// Set while the attempt waits on an instance whose connection is being opened, if the call
     /// could go elsewhere: wakes the call when that connection fails, so that it moves on at
     /// once instead of waiting in the connection's queue for its own connect attempt.
@@ -75,6 +78,7 @@ impl Attempt {
             channel,
             step: Step::Waiting(Some(req)),
             id,
+            previous: 0,
             unreachable,
             obs,
         }

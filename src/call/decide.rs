@@ -12,7 +12,7 @@ use tower::BoxError;
 use super::attempt::{Attempt, Polled};
 use super::outcome::{head_status, End};
 use super::plan::{Plan, MAX_REFUSED_REPLAYS, MAX_SAME_INSTANCE_REPLAYS, RECHECK};
-use super::replay::{Copied, Replay};
+use super::replay::Replay;
 use super::{CallResult, Phase, ResponseFuture};
 use crate::call::guard::GuardedBody;
 use crate::error::{deadline_exceeded, no_usable_instance};
@@ -233,7 +233,7 @@ impl ResponseFuture {
                 return false;
             }
         };
-        let Some((mut req, id)) = again.replay.instead_of(a.id, time_left) else {
+        let Some((mut req, id)) = again.replay.instead_of(a.id, time_left, a.previous) else {
             tracing::debug!(reason = %e, "call cannot be sent again: its request body is gone");
             return false;
         };
@@ -256,19 +256,24 @@ impl ResponseFuture {
             .attempt(&again.shared.totals, &to, Kind::Transparent);
         obs.count_sent(&mut req);
         let method = again.method;
-        self.attempts
-            .push(Attempt::start(&to, method, req, id, true, avoid, obs));
+        let mut replayed = Attempt::start(&to, method, req, id, true, avoid, obs);
+        replayed.previous = a.previous;
+        self.attempts.push(replayed);
         true
     }
 
     /// The plan's next attempt: a retry after its backoff, or a hedge.
     pub(super) fn next_attempt(&mut self, cx: &mut Context<'_>) -> Made {
-        let again = self.again.as_mut().expect("a plan");
-        match again.plan {
-            Plan::Hedge => {}
-            Plan::Retry => return self.retry(),
-            Plan::Replay => return Made::Waits,
+        match self.again.as_ref().expect("a plan").plan {
+            Plan::Hedge => self.hedge(cx),
+            Plan::Retry => self.retry(),
+            Plan::Replay => Made::Waits,
         }
+    }
+
+    /// The hedging policy's next attempt, if it can go now.
+    fn hedge(&mut self, cx: &mut Context<'_>) -> Made {
+        let again = self.again.as_mut().expect("a plan");
         let next = again.next.as_mut().expect("a hedged call's state");
         let policy = next.hedging.clone().expect("a hedged call's policy");
         next.hedge_now = false;
@@ -277,6 +282,8 @@ impl ResponseFuture {
             next.armed = false;
             return Made::Waits;
         }
+        // The attempts so far, before this hedge.
+        let previous = next.made;
         let Some(time_left) = again.time_left() else {
             return Made::Waits;
         };
@@ -289,30 +296,8 @@ impl ResponseFuture {
             }
             return Made::Waits;
         }
-        let (mut req, id) = match again.replay.copy(time_left, cx) {
-            Copied::Ready(req, id) => (req, id),
-            Copied::Later if busy => {
-                // The first attempt has not sent the whole request yet: the hedge waits for it.
-                again.next().hedge_waits = true;
-                return Made::Waits;
-            }
-            Copied::Later | Copied::Unread if !busy => match again.replay.request(time_left) {
-                // No attempt in flight has the request: this one takes it.
-                Some(r) => r,
-                None => {
-                    again.stop();
-                    return Made::Waits;
-                }
-            },
-            Copied::Unread => {
-                again.next().hedge_waits = true;
-                return Made::Waits;
-            }
-            Copied::Never | Copied::Later => {
-                tracing::debug!("request not kept (larger than max_replay_body): not hedged");
-                again.stop();
-                return Made::Waits;
-            }
+        let Some((mut req, id)) = again.hedge_request(time_left, previous, busy, cx) else {
+            return Made::Waits;
         };
         if let Some(budget) = &again.shared.budget {
             if !budget.withdraw() {
@@ -341,19 +326,21 @@ impl ResponseFuture {
         let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Hedge);
         obs.count_sent(&mut req);
         let watch = again.shared.replay;
-        self.attempts.push(Attempt::start(
-            &inst, method, req, id, watch, UNCOUNTED, obs,
-        ));
+        let mut hedge = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
+        hedge.previous = previous;
+        self.attempts.push(hedge);
         Made::Sent
     }
 
     /// The retry policy's next attempt, its backoff over.
     fn retry(&mut self) -> Made {
         let again = self.again.as_mut().expect("a plan");
+        // `made` counts this retry already.
+        let previous = again.next().made - 1;
         let sent = again.time_left().and_then(|time_left| {
             let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
             let inst = snap[picked?].clone();
-            let (req, id) = again.replay.request(time_left)?;
+            let (req, id) = again.replay.request(time_left, previous)?;
             Some((inst, req, id))
         });
         let Some((inst, mut req, id)) = sent else {
@@ -365,9 +352,9 @@ impl ResponseFuture {
         let watch = again.shared.replay;
         let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Retry);
         obs.count_sent(&mut req);
-        self.attempts.push(Attempt::start(
-            &inst, method, req, id, watch, UNCOUNTED, obs,
-        ));
+        let mut retry = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
+        retry.previous = previous;
+        self.attempts.push(retry);
         Made::Sent
     }
 

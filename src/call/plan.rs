@@ -12,7 +12,7 @@ use tokio::time::{Instant, Sleep};
 use tonic::Code;
 
 use super::attempt::Attempt;
-use super::replay::Replay;
+use super::replay::{AttemptId, Copied, Replay};
 use super::shared::Shared;
 use super::CallResult;
 use crate::hedge::HedgingPolicy;
@@ -81,6 +81,10 @@ pub(super) struct Next {
     pub(super) hedging: Option<Arc<HedgingPolicy>>,
     /// Attempts made under the policy, the first included (transparent replays do not count).
     pub(super) made: u32,
+    /// Retries since the server's last pushback (or since the first attempt): the next
+    /// backoff is the policy's for retry number `since_pushback + 1`, so that after a pushback
+    /// it starts again from the initial backoff (gRFC A6).
+    pub(super) since_pushback: u32,
     /// The latest answer that did not end the call (a status retried or non-fatal): the
     /// caller's if no further attempt answers.
     pub(super) last: Option<CallResult>,
@@ -102,6 +106,7 @@ impl Next {
         Box::new(Next {
             hedging,
             made: 1,
+            since_pushback: 0,
             last: None,
             timer: None,
             armed: false,
@@ -195,6 +200,40 @@ impl Again {
         }
     }
 
+    /// The request for a hedge with `previous` attempts before it, if it can go now (`busy`:
+    /// attempts are in flight); else the call waits for it (the first attempt has not sent the
+    /// request whole yet: the replay slot wakes the call then) or hedging stops (the request
+    /// was not kept).
+    pub(super) fn hedge_request(
+        &mut self,
+        time_left: Option<Duration>,
+        previous: u32,
+        busy: bool,
+        cx: &mut Context<'_>,
+    ) -> Option<(http::Request<tonic::body::Body>, AttemptId)> {
+        match self.replay.copy(time_left, previous, cx) {
+            Copied::Ready(req, id) => Some((req, id)),
+            Copied::Later | Copied::Unread if !busy => {
+                // No attempt in flight has the request: this one takes it.
+                let request = self.replay.request(time_left, previous);
+                if request.is_none() {
+                    self.stop();
+                }
+                request
+            }
+            Copied::Later | Copied::Unread => {
+                // The first attempt has not sent the whole request yet: the hedge waits for it.
+                self.next().hedge_waits = true;
+                None
+            }
+            Copied::Never => {
+                tracing::debug!("request not kept (larger than max_replay_body): not hedged");
+                self.stop();
+                None
+            }
+        }
+    }
+
     /// Whether the retry policy sends this failure again, and if so the backoff to wait first
     /// (or the server's pushback instead: a wait it asks for, or no retry). Everything that
     /// could make the retry impossible is checked before a token of the budget is taken, so
@@ -212,7 +251,10 @@ impl Again {
         if let Some(budget) = &self.shared.budget {
             budget.failed();
         }
-        let made = self.next.as_ref().map_or(1, |n| n.made);
+        let (made, since_pushback) = self
+            .next
+            .as_ref()
+            .map_or((1, 0), |n| (n.made, n.since_pushback));
         if made >= policy.max_attempts {
             return None;
         }
@@ -220,7 +262,7 @@ impl Again {
             return None;
         }
         let delay = match pushback {
-            None => policy.backoff(made),
+            None => policy.backoff(since_pushback + 1),
             Some(Pushback::After(wait)) => wait,
             Some(Pushback::Stop) => {
                 tracing::debug!(
@@ -245,7 +287,12 @@ impl Again {
             crate::observe::budget_exhausted(&self.shared.totals);
             return None;
         }
-        self.next().made += 1;
+        let next = self.next();
+        next.made += 1;
+        next.since_pushback = match pushback {
+            None => since_pushback + 1,
+            Some(_) => 0,
+        };
         Some(delay)
     }
 }

@@ -154,7 +154,11 @@ fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
     }
     // The backoff before retry n is min(initial × multiplier^(n-1), max): with a max below
     // the initial backoff, every retry waits up to the max.
-    Ok(RetryPolicy::default()
+    let policy = RetryPolicy {
+        from_config: true,
+        ..RetryPolicy::default()
+    };
+    Ok(policy
         .max_attempts(max_attempts)
         .codes(codes)
         .initial_backoff(initial.min(max))

@@ -36,6 +36,7 @@ mod probed_pick;
 mod prometheus_example; // feature metrics
 mod retry;
 mod routing;
+mod scripted;
 mod service_config; // feature service-config
 mod smoke;
 mod soak;

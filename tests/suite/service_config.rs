@@ -84,10 +84,14 @@ async fn a_retry_policy_retries_the_methods_it_names_after_its_backoff() {
         assert_eq!(served(&all) - before, 3, "call {id}: 3 attempts");
         waits.push(start.elapsed());
     }
-    // Two backoffs: up to 1 s, then up to 1.5 s (2 s capped).
-    assert!(waits.iter().all(|w| *w <= SEC * 5 / 2), "{waits:?}");
-    assert!(waits.iter().any(|w| *w > SEC * 5 / 4), "{waits:?}");
-    assert!(waits.iter().any(|w| *w < SEC * 5 / 4), "{waits:?}");
+    // Two backoffs: 1 s, then 1.5 s (2 s capped), each 0.8 to 1.2 times that (gRFC A6's
+    // jitter): 2 s to 3 s in all; random, so neither always the least nor always the most.
+    assert!(
+        waits.iter().all(|w| *w >= 2 * SEC && *w <= 3 * SEC),
+        "{waits:?}"
+    );
+    assert!(waits.iter().any(|w| *w > SEC * 5 / 2), "{waits:?}");
+    assert!(waits.iter().any(|w| *w < SEC * 5 / 2), "{waits:?}");
     // Not named: sent once, failed at once.
     let before = served(&all);
     let start = Instant::now();
@@ -259,8 +263,9 @@ async fn a_backoff_multiplier_below_one_shrinks_the_backoff() {
         let start = Instant::now();
         client.unary(req(id)).await.unwrap_err();
         assert_eq!(served(&all) - before, 4);
-        // A6's jitter is 0.8 to 1.2 times each backoff.
-        assert!(start.elapsed() <= 2100 * MS, "{:?}", start.elapsed());
+        // 1.75 s in all, 0.8 to 1.2 times each backoff (gRFC A6's jitter).
+        let took = start.elapsed();
+        assert!(took >= 1400 * MS && took <= 2100 * MS, "{took:?}");
     }
 }
 
@@ -350,6 +355,44 @@ async fn config_and_builder_policies_take_part_together() {
             ),
         "{err}"
     );
+}
+
+/// After a server's pushback, the next retry's backoff starts again from `initialBackoff`
+/// (gRFC A6), and each attempt after the first says how many went before it
+/// (`grpc-previous-rpc-attempts`). The attempts: UNAVAILABLE, UNAVAILABLE with a pushback of
+/// 0 ms, UNAVAILABLE, then an answer; the backoffs 50 ms, then 5 s, then 10 s (capped) were it
+/// not for the pushback.
+#[tokio::test]
+async fn a_pushback_restarts_the_backoff_and_each_attempt_counts_those_before() {
+    use crate::scripted::{self, status_with, Script};
+    let unavailable = || Some(tonic::Status::unavailable("scripted"));
+    let pushback = status_with(
+        tonic::Status::unavailable("pushback"),
+        "grpc-retry-pushback-ms",
+        "0",
+    );
+    let script = Script::new([unavailable(), Some(pushback), unavailable()]);
+    let instances = scripted::start(4, &script);
+    let ch = BalancedChannel::builder()
+        .uris(instances.iter().map(|i| i.uri()).collect::<Vec<_>>())
+        .ejection(Ejection::disabled())
+        .service_config(config(
+            r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 4, "initialBackoff": "0.05s", "maxBackoff": "10s",
+                               "backoffMultiplier": 100, "retryableStatusCodes": [ 14 ] } } ] }"#,
+        ))
+        .build()
+        .unwrap();
+    let start = std::time::Instant::now();
+    FleetClient::new(ch).unary(req(1)).await.unwrap();
+    let took = start.elapsed();
+    assert_eq!(script.calls(), 4);
+    assert_eq!(
+        script.header("grpc-previous-rpc-attempts"),
+        [None, Some("1".into()), Some("2".into()), Some("3".into())]
+    );
+    // 50 ms × (0.8 to 1.2) twice, and nothing for the pushback.
+    assert!(took >= 80 * MS && took < 4 * SEC, "{took:?}");
 }
 
 // -------------------------------------------------------------------------------------------
