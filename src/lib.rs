@@ -68,8 +68,10 @@
 //!   4× its usual latency) several times in a row, or far more often than the others', is
 //!   ejected for a while and readmitted on probation ([`Ejection`]). Application statuses
 //!   (NOT_FOUND, INVALID_ARGUMENT, ...) never count against an instance.
-//! - With a [`RetryPolicy`], a failed call is retried on an instance it has not tried; when no
-//!   retry is possible the caller gets the last answer (status, message, trailers) unchanged.
+//! - With a [`RetryPolicy`], a failed call is retried after a backoff on an instance it has not
+//!   tried, else on one it tried that is still usable (one address: on it, as gRPC does); when
+//!   no retry is possible the caller gets the last answer (status, message, trailers)
+//!   unchanged.
 //! - With a [`HedgingPolicy`] for the idempotent methods that need it, a call without an
 //!   answer after a delay is sent again to an instance it has not tried; the first answer wins
 //!   and the other attempts are cancelled. A server's `grpc-retry-pushback-ms` delays or stops

@@ -60,7 +60,9 @@ const DEFAULT_BUDGET: (f64, u32) = (0.2, 10);
 ///
 /// A call so covered is retried when it ends, before any response message, with one of the
 /// [`codes`](RetryPolicy::codes) (or a transport error, which is UNAVAILABLE), while: it has
-/// attempts left; some instance it has not tried is usable; its request body was kept (at most
+/// attempts left; some instance is usable (a retry goes to one the call has not tried if there
+/// is one, else to one it tried that is still usable: over one address, a Kubernetes Service or
+/// a VIP, every retry goes to it, as in gRPC); its request body was kept (at most
 /// [`max_replay_body`](crate::Builder::max_replay_body) bytes); its deadline leaves room for
 /// the backoff; and the [retry budget](RetryPolicy::budget_ratio) allows it (or, with a
 /// service config's `retryThrottling`, gRPC's token bucket). A call whose response has started

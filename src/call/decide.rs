@@ -338,8 +338,7 @@ impl ResponseFuture {
         // `made` counts this retry already.
         let previous = again.next().made - 1;
         let sent = again.time_left().and_then(|time_left| {
-            let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
-            let inst = snap[picked?].clone();
+            let inst = again.retry_pick()?;
             let (req, id) = again.replay.request(time_left, previous)?;
             Some((inst, req, id))
         });

@@ -18,7 +18,7 @@ use super::CallResult;
 use crate::hedge::HedgingPolicy;
 use crate::instance::tie::Method;
 use crate::instance::Instance;
-use crate::pick::dispatch::could_take;
+use crate::pick::dispatch::{could_take, pick_now};
 use crate::pushback::Pushback;
 use crate::retry::RetryPolicy;
 
@@ -237,7 +237,8 @@ impl Again {
     /// Whether the retry policy sends this failure again, and if so the backoff to wait first
     /// (or the server's pushback instead: a wait it asks for, or no retry). Everything that
     /// could make the retry impossible is checked before a token of the budget is taken, so
-    /// that a call with nowhere to go keeps the answer it has; nothing of the pick moves.
+    /// that a call with nowhere to go keeps the answer it has; nothing of the pick moves. A
+    /// retry may go to an instance the call tried (see [`retry_pick`](Self::retry_pick)).
     pub(super) fn retry_after(
         &mut self,
         code: Code,
@@ -278,7 +279,8 @@ impl Again {
         {
             return None;
         }
-        if !could_take(&self.shared.picker, &self.tried) {
+        // Any usable instance will do, one the call tried included (see `retry_pick`).
+        if !could_take(&self.shared.picker, &[]) {
             return None;
         }
         let budget = self.shared.budget.as_ref()?;
@@ -294,6 +296,21 @@ impl Again {
             Some(_) => 0,
         };
         Some(delay)
+    }
+}
+
+impl Again {
+    /// The instance for a retry: one the call has not tried if one is usable, else one it
+    /// tried that is still usable (gRFC A6 picks a retry's instance afresh, and the pick may
+    /// choose the same one: with one address, a Kubernetes Service or a VIP, there is no
+    /// other). `None` if no instance is usable.
+    pub(super) fn retry_pick(&self) -> Option<Arc<Instance>> {
+        let picker = &self.shared.picker;
+        let (snap, picked) = match pick_now(picker, &self.tried, self.method) {
+            (snap, Some(idx)) => (snap, Some(idx)),
+            _ => pick_now(picker, &[], self.method),
+        };
+        picked.map(|idx| snap[idx].clone())
     }
 }
 

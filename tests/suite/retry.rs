@@ -4,7 +4,7 @@ use fleet_service as fleet;
 use std::time::{Duration, Instant};
 
 use fleet::pb::{fleet_client::FleetClient, Req};
-use fleet::{Behavior, Fleet};
+use fleet::{Behavior, Fleet, Instance};
 use tonic::Code;
 use tonic_balancer::{BalancedChannel, Ejection, RetryPolicy};
 
@@ -164,6 +164,33 @@ async fn attempts_go_to_untried_instances() {
     let mut client = FleetClient::new(ch);
     let names = fleet::calls(&mut client, 100).await;
     assert!(names.iter().all(|n| n == "i1"), "{names:?}");
+}
+
+/// A channel over one address (a Kubernetes Service, a VIP) retries on it: with no other
+/// instance, a retry goes to the one the call tried, still usable, after its backoff (gRFC A6
+/// picks each retry afresh, and the pick may choose the same instance).
+#[tokio::test]
+async fn a_single_instance_is_retried() {
+    let only = Instance::start("only", Behavior::Fail(Code::Unavailable));
+    let policy = RetryPolicy::default()
+        .max_attempts(3)
+        .initial_backoff(Duration::from_millis(1))
+        .max_backoff(Duration::from_millis(1));
+    let ch = retrying(vec![only.uri()], policy, Ejection::default());
+    let mut client = FleetClient::new(ch);
+    for id in 0..3 {
+        let before = only.served();
+        let err = client.unary(fleet::req(id)).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+        assert_eq!(
+            only.served() - before,
+            3,
+            "call {id}: 3 attempts on the one instance"
+        );
+    }
+    // An answer on a later attempt is the call's.
+    only.set(Behavior::Ok);
+    client.unary(fleet::req(9)).await.unwrap();
 }
 
 /// Bad retry settings are refused by build(), naming the setting.

@@ -101,6 +101,31 @@ async fn a_retry_policy_retries_the_methods_it_names_after_its_backoff() {
     assert_eq!(start.elapsed(), Duration::ZERO);
 }
 
+/// A channel over one address (a Kubernetes Service, a VIP) retries on it, as gRPC does: each
+/// retry goes to the instance the call tried, after its backoff. `maxAttempts` 5: five
+/// attempts, four backoffs of 1 s × (0.8 to 1.2).
+#[tokio::test(start_paused = true)]
+async fn a_channel_over_one_address_retries_on_it() {
+    let only = MemoryInstance::start("only", Behavior::Fail(Code::Unavailable));
+    let ch = channel(
+        &[&only],
+        r#"{ "methodConfig": [ {
+              "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 5, "initialBackoff": "1s", "maxBackoff": "1s",
+                               "backoffMultiplier": 1, "retryableStatusCodes": [ "UNAVAILABLE" ] } } ] }"#,
+    );
+    let mut client = FleetClient::new(ch);
+    for id in 0..5 {
+        let before = only.served();
+        let start = Instant::now();
+        let status = client.unary(req(id)).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(only.served() - before, 5, "call {id}");
+        let took = start.elapsed();
+        assert!(took >= 3200 * MS && took <= 4800 * MS, "{took:?}");
+    }
+}
+
 /// `timeout` is the deadline of a call that sets none, or a later one; a call that sets an
 /// earlier one keeps it. The most specific name gives it (the method's, else its service's).
 #[tokio::test(start_paused = true)]
