@@ -65,8 +65,9 @@ const DEFAULT_BUDGET: (f64, u32) = (0.2, 10);
 /// a VIP, every retry goes to it, as in gRPC); its request body was kept (at most
 /// [`max_replay_body`](crate::Builder::max_replay_body) bytes); its deadline leaves room for
 /// the backoff; and the [retry budget](RetryPolicy::budget_ratio) allows it (or, with a
-/// service config's `retryThrottling`, gRPC's token bucket). A call whose response has started
-/// (headers with messages) is never retried.
+/// service config's `retryThrottling`, gRPC's token bucket); the budget's token is taken only
+/// when the retry goes out. A call whose response has started (headers with messages) is never
+/// retried.
 ///
 /// ```
 /// use std::time::Duration;
@@ -189,7 +190,9 @@ impl RetryPolicy {
     /// Retries may add at most this share of the calls (0.2: one retry per five calls), 0 to
     /// 10 (default 0.2), plus [`budget_min_per_sec`](Self::budget_min_per_sec). There is one
     /// budget per channel: with other retry policies or hedging policies, all must say the
-    /// same.
+    /// same. It is the crate's own: it limits the builder's policies only; a service config's
+    /// retries and hedges are limited by its `retryThrottling` alone, as in gRPC (which, when
+    /// given, replaces this budget for every policy).
     pub fn budget_ratio(mut self, ratio: f64) -> Self {
         self.budget_ratio = ratio;
         self
@@ -350,6 +353,8 @@ pub(crate) struct MethodPolicies {
     timeouts: bool,
     /// Some entry sets a retry or hedging policy.
     policies: bool,
+    /// Some entry sets a policy of the builder's (which the crate's budget limits).
+    budgeted: bool,
 }
 
 impl MethodPolicies {
@@ -363,41 +368,7 @@ impl MethodPolicies {
         hedged: Option<&Hedging>,
         configs: &[MethodConfig],
     ) -> Result<MethodPolicies, Error> {
-        let mut entries = Vec::with_capacity(retry.len() + hedging.len() + configs.len());
-        for p in retry {
-            let names = match &p.methods {
-                None => vec![Name::Every],
-                Some(m) => m
-                    .iter()
-                    .map(|n| Name::parse(n, CHECKS))
-                    .collect::<Result<_, _>>()?,
-            };
-            entries.push(MethodConfig {
-                names,
-                timeout: None,
-                policy: Some(Policy::Retry(Arc::new(p.clone()))),
-                setting: "retry",
-                origin: "a retry policy".into(),
-            });
-        }
-        if let Some(hedged) = hedged {
-            for p in hedging {
-                for name in &p.methods {
-                    let name = Name::parse(name, Checks::of("hedging"))?;
-                    // The policy as `Hedging` keeps it: the one a call to that path gets.
-                    let Some(policy) = hedged.policy(name.path()) else {
-                        continue;
-                    };
-                    entries.push(MethodConfig {
-                        names: vec![name],
-                        timeout: None,
-                        policy: Some(Policy::Hedge(policy.clone())),
-                        setting: "hedging",
-                        origin: "a hedging policy".into(),
-                    });
-                }
-            }
-        }
+        let mut entries = builder_entries(retry, hedging, hedged)?;
         entries.extend(configs.iter().cloned());
 
         #[derive(Default)]
@@ -441,6 +412,8 @@ impl MethodPolicies {
             let e = slot.entry;
             table.timeouts |= e.timeout.is_some();
             table.policies |= e.retry.is_some() || e.hedging.is_some();
+            table.budgeted |= e.retry.as_ref().is_some_and(|r| !r.from_config)
+                || e.hedging.as_ref().is_some_and(|h| !h.from_config);
             match name {
                 Name::Every => table.default = e,
                 Name::Service(p) => table.services.push((p, e)),
@@ -486,8 +459,10 @@ impl MethodPolicies {
     }
 
     /// The channel's budget of retries and hedges, if any policy needs one: gRPC's token
-    /// bucket with `throttling`, else the builder's policies' budget (`set`, all the same) or
-    /// the default one.
+    /// bucket with `throttling` (for every policy, as gRFC A6 says), else, if the builder
+    /// gave a policy, the crate's budget for those (`set`: the builder's policies' budget, all
+    /// the same; else the default one). A service config's policies without `retryThrottling`
+    /// have no budget, as in gRPC.
     pub(crate) fn budget(
         &self,
         set: Option<(f64, u32)>,
@@ -496,14 +471,60 @@ impl MethodPolicies {
         if !self.policies {
             return None;
         }
-        Some(match throttling {
-            Some(t) => Budget::throttled(t),
-            None => {
+        match throttling {
+            Some(t) => Some(Budget::throttled(t)),
+            None if self.budgeted => {
                 let (ratio, min_per_sec) = set.unwrap_or(DEFAULT_BUDGET);
-                Budget::with(ratio, min_per_sec)
+                Some(Budget::with(ratio, min_per_sec))
             }
-        })
+            None => None,
+        }
     }
+}
+
+/// The entries of the builder's retry policies (each checked already) and hedging policies
+/// (`hedged`: as [`Hedging::new`] checked them, delays capped), as method configs.
+fn builder_entries(
+    retry: &[RetryPolicy],
+    hedging: &[HedgingPolicy],
+    hedged: Option<&Hedging>,
+) -> Result<Vec<MethodConfig>, Error> {
+    let mut entries = Vec::with_capacity(retry.len() + hedging.len());
+    for p in retry {
+        let names = match &p.methods {
+            None => vec![Name::Every],
+            Some(m) => m
+                .iter()
+                .map(|n| Name::parse(n, CHECKS))
+                .collect::<Result<_, _>>()?,
+        };
+        entries.push(MethodConfig {
+            names,
+            timeout: None,
+            policy: Some(Policy::Retry(Arc::new(p.clone()))),
+            setting: "retry",
+            origin: "a retry policy".into(),
+        });
+    }
+    if let Some(hedged) = hedged {
+        for p in hedging {
+            for name in &p.methods {
+                let name = Name::parse(name, Checks::of("hedging"))?;
+                // The policy as `Hedging` keeps it: the one a call to that path gets.
+                let Some(policy) = hedged.policy(name.path()) else {
+                    continue;
+                };
+                entries.push(MethodConfig {
+                    names: vec![name],
+                    timeout: None,
+                    policy: Some(Policy::Hedge(policy.clone())),
+                    setting: "hedging",
+                    origin: "a hedging policy".into(),
+                });
+            }
+        }
+    }
+    Ok(entries)
 }
 
 /// The one budget that the builder's retry policies set (they must all set the same), if
@@ -581,12 +602,44 @@ impl Budget {
         }
     }
 
-    /// Takes one retry or hedge from the budget; false if it is spent (or throttled).
-    pub(crate) fn withdraw(&self) -> bool {
+    /// Whether it is gRPC's throttle (which limits every policy), rather than the crate's
+    /// budget (which limits the builder's policies only).
+    #[inline]
+    pub(crate) fn is_throttle(&self) -> bool {
+        matches!(self, Budget::Tokens(_))
+    }
+
+    /// Whether one more retry or hedge may go now; takes nothing. gRPC's throttle is asked
+    /// when a retry is decided (gRFC A6), the crate's budget whether it holds a retry.
+    pub(crate) fn allows(&self) -> bool {
         match self {
-            Budget::Ratio(r) => r.withdraw(),
+            Budget::Ratio(r) => r.allows(),
             Budget::Tokens(t) => t.above_threshold(),
         }
+    }
+
+    /// What one retry going out costs, taken just before its pick: a token of the crate's
+    /// budget (false if it is spent); nothing of gRPC's throttle, asked when the retry was
+    /// decided. [`refund`](Self::refund) gives it back if the pick then finds no instance.
+    pub(crate) fn take(&self) -> bool {
+        match self {
+            Budget::Ratio(r) => r.withdraw(),
+            Budget::Tokens(_) => true,
+        }
+    }
+
+    /// Gives back what [`take`](Self::take) took: the retry or hedge did not go out after all.
+    pub(crate) fn refund(&self) {
+        if let Budget::Ratio(r) = self {
+            r.balance.fetch_add(1000, Ordering::Relaxed);
+        }
+    }
+
+    /// Asks for one hedge going out now and takes what it costs: false if the crate's budget
+    /// is spent, or gRPC's throttle holds half its tokens or fewer (gRFC A6 asks it for each
+    /// hedge).
+    pub(crate) fn withdraw(&self) -> bool {
+        self.allows() && self.take()
     }
 }
 
@@ -625,6 +678,16 @@ impl Ratio {
         if b > self.cap_milli {
             self.balance.fetch_sub(self.ratio_milli, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a retry could be taken now (the top-up due since the last one counted), without
+    /// taking it.
+    fn allows(&self) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let last = self.topped_at.load(Ordering::Relaxed);
+        let refill = (now.saturating_sub(last) as i64).saturating_mul(self.min_per_sec);
+        let b = self.balance.load(Ordering::Acquire);
+        b.saturating_add(refill).min(self.cap_milli.max(b)) >= 1000
     }
 
     fn withdraw(&self) -> bool {

@@ -154,15 +154,21 @@ impl ResponseFuture {
                 true
             }
             Plan::Hedge => {
-                let runtime = &again.shared.ctx.runtime;
-                let next = again.next.as_mut().expect("a hedged call's state");
-                let policy = next.hedging.as_ref().expect("a hedged call's policy");
-                if !policy.non_fatal.contains(&code) {
+                let non_fatal = again
+                    .next
+                    .as_ref()
+                    .and_then(|n| n.hedging.as_ref())
+                    .expect("a hedged call's policy")
+                    .non_fatal
+                    .contains(&code);
+                if !non_fatal {
                     return false;
                 }
-                if let Some(budget) = &again.shared.budget {
+                if let Some(budget) = again.budget() {
                     budget.failed();
                 }
+                let runtime = &again.shared.ctx.runtime;
+                let next = again.next.as_mut().expect("a hedged call's state");
                 // A non-fatal answer: the next hedge at once, or when the server says.
                 match pushback {
                     None => next.hedge_now = true,
@@ -299,17 +305,18 @@ impl ResponseFuture {
         let Some((mut req, id)) = again.hedge_request(time_left, previous, busy, cx) else {
             return Made::Waits;
         };
-        if let Some(budget) = &again.shared.budget {
-            if !budget.withdraw() {
-                tracing::debug!("retry budget spent: no further hedge");
-                crate::observe::budget_exhausted(&again.shared.totals);
-                again.stop();
-                return Made::Waits;
-            }
+        if again.budget().is_some_and(|b| !b.withdraw()) {
+            tracing::debug!("retry budget spent: no further hedge");
+            crate::observe::budget_exhausted(&again.shared.totals);
+            again.stop();
+            return Made::Waits;
         }
         let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
         let Some(idx) = picked else {
-            // The set changed since the look above.
+            // The set changed since the look above: the hedge did not go out.
+            if let Some(budget) = again.budget() {
+                budget.refund();
+            }
             again.arm(policy.delay.max(RECHECK));
             return Made::Waits;
         };
@@ -337,6 +344,17 @@ impl ResponseFuture {
         let again = self.again.as_mut().expect("a plan");
         // `made` counts this retry already.
         let previous = again.next().made - 1;
+        // The budget's token, taken as the retry goes out (given back if it does not).
+        let shared = again.shared.clone();
+        let budget = shared
+            .budget
+            .as_ref()
+            .filter(|b| again.budgeted || b.is_throttle());
+        if budget.is_some_and(|b| !b.take()) {
+            tracing::debug!("retry budget spent: not retrying");
+            crate::observe::budget_exhausted(&shared.totals);
+            return Made::Over(self.last_word());
+        }
         let sent = again.time_left().and_then(|time_left| {
             let inst = again.retry_pick()?;
             let (req, id) = again.replay.request(time_left, previous)?;
@@ -344,6 +362,9 @@ impl ResponseFuture {
         });
         let Some((inst, mut req, id)) = sent else {
             // The set changed while the call waited: the caller gets the last answer as it was.
+            if let Some(budget) = budget {
+                budget.refund();
+            }
             return Made::Over(self.last_word());
         };
         tracing::debug!(server.address = %inst.target.name, attempt = again.next().made, "call retried");

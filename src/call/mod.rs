@@ -42,7 +42,7 @@ use tower::BoxError;
 
 use self::attempt::Attempt;
 use self::decide::Made;
-use self::plan::{Again, Attempts, Next, Plan};
+use self::plan::{Again, Attempts, Plan};
 use self::replay::Replay;
 use self::shared::Shared;
 use crate::error::{deadline_exceeded, no_usable_instance};
@@ -196,43 +196,13 @@ fn route(
         _ => (snap, picked),
     };
     let Some(idx) = picked else {
-        if snap.is_empty() && !*shared.set().discovered.borrow() {
-            // Discovery has not answered yet: wait for its first answer (bounded by the
-            // lookup's timeout, and by the call's deadline).
-            let mut rx = shared.set().discovered.subscribe();
-            let wait = Box::pin(async move {
-                let _ = rx.wait_for(|done| *done).await;
-            });
-            return ResponseFuture {
-                attempts: Attempts::none(),
-                again: None,
-                deadline,
-                obs,
-                phase: Phase::Discovering(Box::new(Discovering {
-                    wait,
-                    req: Some(req),
-                    shared: shared.clone(),
-                })),
-            };
-        }
-        let msg = no_instance_message(&shared.picker, &snap);
-        tracing::debug!(reason = %msg, "call refused");
-        obs.refused(&shared.totals);
-        return ResponseFuture::over(no_usable_instance(msg), CallObs::default());
+        return unrouted(shared, req, deadline, obs, &snap);
     };
     let inst = &snap[idx];
     tracing::trace!(server.address = %inst.target.name, in_flight = inst.in_flight(), "call routed");
     // The method's policy, looked up once per call (at most one of the two).
-    let policies = shared.methods.get(req.uri().path());
-    let hedging = policies.hedging.clone();
-    let retry = policies.retry.clone();
-    let plan = match (&hedging, &retry) {
-        (Some(_), _) => Some(Plan::Hedge),
-        (None, Some(_)) => Some(Plan::Retry),
-        (None, None) if shared.replay => Some(Plan::Replay),
-        (None, None) => None,
-    };
-    let Some(plan) = plan else {
+    let policy = shared.methods.get(req.uri().path());
+    let Some(plan) = Plan::of(policy, shared.replay) else {
         // Nothing will send it again: the request goes as it is.
         let mut req = req;
         let a = obs.attempt(&shared.totals, inst, Kind::First);
@@ -262,23 +232,10 @@ fn route(
         UNCOUNTED,
         a,
     ));
-    let mut again = Box::new(Again {
-        shared: shared.clone(),
-        replay,
-        method,
-        deadline_at: deadline.as_ref().map(|d| d.deadline()),
-        plan,
-        retry,
-        same_instance: 0,
-        refusals: 0,
-        tried: Vec::new(),
-        next: None,
-    });
-    if let Some(policy) = hedging {
-        let delay = policy.delay;
-        again.next = Some(Next::new(Some(policy)));
-        again.tried(inst);
-        again.arm(delay);
+    let deadline_at = deadline.as_ref().map(|d| d.deadline());
+    let mut again = Again::new(shared, replay, method, deadline_at, plan, policy);
+    if let Some(hedging) = &policy.hedging {
+        again.start_hedging(hedging, inst);
     }
     ResponseFuture {
         attempts,
@@ -287,6 +244,41 @@ fn route(
         obs,
         phase: Phase::Running,
     }
+}
+
+/// A call that found no instance to take it: it waits for discovery's first answer if there
+/// has been none, else it is refused.
+#[cold]
+fn unrouted(
+    shared: &Arc<Shared>,
+    req: http::Request<Body>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    mut obs: CallObs,
+    snap: &crate::set::Snapshot,
+) -> ResponseFuture {
+    if snap.is_empty() && !*shared.set().discovered.borrow() {
+        // Discovery has not answered yet: wait for its first answer (bounded by the
+        // lookup's timeout, and by the call's deadline).
+        let mut rx = shared.set().discovered.subscribe();
+        let wait = Box::pin(async move {
+            let _ = rx.wait_for(|done| *done).await;
+        });
+        return ResponseFuture {
+            attempts: Attempts::none(),
+            again: None,
+            deadline,
+            obs,
+            phase: Phase::Discovering(Box::new(Discovering {
+                wait,
+                req: Some(req),
+                shared: shared.clone(),
+            })),
+        };
+    }
+    let msg = no_instance_message(&shared.picker, snap);
+    tracing::debug!(reason = %msg, "call refused");
+    obs.refused(&shared.totals);
+    ResponseFuture::over(no_usable_instance(msg), CallObs::default())
 }
 
 impl Future for ResponseFuture {

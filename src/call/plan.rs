@@ -20,7 +20,7 @@ use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::pick::dispatch::{could_take, pick_now};
 use crate::pushback::Pushback;
-use crate::retry::RetryPolicy;
+use crate::retry::{Budget, MethodPolicy, RetryPolicy};
 
 /// At most this many transparent replays of one call on instances it has tried already (a
 /// connection closed before the request was written: the same instance may take the call on a
@@ -52,6 +52,20 @@ pub(super) enum Plan {
     Hedge,
 }
 
+impl Plan {
+    /// The plan for a call to a method with `policy`; `None` if nothing will send the call
+    /// again (no policy, transparent replay off: `replay`).
+    #[inline]
+    pub(super) fn of(policy: &MethodPolicy, replay: bool) -> Option<Plan> {
+        match (&policy.hedging, &policy.retry) {
+            (Some(_), _) => Some(Plan::Hedge),
+            (None, Some(_)) => Some(Plan::Retry),
+            (None, None) if replay => Some(Plan::Replay),
+            (None, None) => None,
+        }
+    }
+}
+
 /// What a call needs to make another attempt.
 pub(super) struct Again {
     pub(super) shared: Arc<Shared>,
@@ -65,6 +79,9 @@ pub(super) struct Again {
     pub(super) same_instance: u8,
     /// Refused streams sent again (see [`MAX_REFUSED_REPLAYS`]).
     pub(super) refusals: u8,
+    /// The crate's budget limits this call's policy (a builder's policy; gRPC's throttle, if
+    /// the channel has one, limits every policy).
+    pub(super) budgeted: bool,
     /// The instances the call must not go to again: those whose attempt ended without success
     /// and, for a hedged call, every one an attempt went to (empty until then: no allocation on
     /// a call's first attempt).
@@ -158,6 +175,44 @@ impl Next {
 }
 
 impl Again {
+    /// What a call to `method` routed with `plan` (for its method's `policy`) needs for its
+    /// attempts after the first: its request in `replay`, its deadline.
+    #[inline]
+    pub(super) fn new(
+        shared: &Arc<Shared>,
+        replay: Replay,
+        method: Method,
+        deadline_at: Option<Instant>,
+        plan: Plan,
+        policy: &MethodPolicy,
+    ) -> Box<Again> {
+        let budgeted = match (&policy.hedging, &policy.retry) {
+            (Some(h), _) => !h.from_config,
+            (None, Some(r)) => !r.from_config,
+            (None, None) => false,
+        };
+        Box::new(Again {
+            shared: shared.clone(),
+            replay,
+            method,
+            deadline_at,
+            plan,
+            budgeted,
+            retry: policy.retry.clone(),
+            same_instance: 0,
+            refusals: 0,
+            tried: Vec::new(),
+            next: None,
+        })
+    }
+
+    /// A hedged call's first attempt went to `first`: the next goes after the policy's delay.
+    pub(super) fn start_hedging(&mut self, policy: &Arc<HedgingPolicy>, first: &Arc<Instance>) {
+        self.next = Some(Next::new(Some(policy.clone())));
+        self.tried(first);
+        self.arm(policy.delay);
+    }
+
     /// The time left before the deadline (`Some(None)`: no deadline); `None` if it has passed.
     pub(super) fn time_left(&self) -> Option<Option<Duration>> {
         match self.deadline_at {
@@ -167,6 +222,15 @@ impl Again {
                 (!left.is_zero()).then_some(Some(left))
             }
         }
+    }
+
+    /// What limits this call's retries and hedges: gRPC's throttle, or the crate's budget for a
+    /// builder's policy; `None` for a service config's policy without `retryThrottling`.
+    pub(super) fn budget(&self) -> Option<&Budget> {
+        self.shared
+            .budget
+            .as_ref()
+            .filter(|b| self.budgeted || b.is_throttle())
     }
 
     /// The policy's state, made now if it was not needed before.
@@ -236,8 +300,9 @@ impl Again {
 
     /// Whether the retry policy sends this failure again, and if so the backoff to wait first
     /// (or the server's pushback instead: a wait it asks for, or no retry). Everything that
-    /// could make the retry impossible is checked before a token of the budget is taken, so
-    /// that a call with nowhere to go keeps the answer it has; nothing of the pick moves. A
+    /// could make the retry impossible is checked first, and the budget only asked (its token
+    /// is taken when the retry goes out), so that a call with nowhere to go keeps the answer
+    /// it has and the budget its token; nothing of the pick moves. A
     /// retry may go to an instance the call tried (see [`retry_pick`](Self::retry_pick)).
     pub(super) fn retry_after(
         &mut self,
@@ -249,7 +314,7 @@ impl Again {
             return None;
         }
         // gRPC's throttle counts every failure with a retryable status, retried or not.
-        if let Some(budget) = &self.shared.budget {
+        if let Some(budget) = self.budget() {
             budget.failed();
         }
         let (made, since_pushback) = self
@@ -283,8 +348,8 @@ impl Again {
         if !could_take(&self.shared.picker, &[]) {
             return None;
         }
-        let budget = self.shared.budget.as_ref()?;
-        if !budget.withdraw() {
+        // Asked now; the crate's budget gives its token when the retry goes out (`retry`).
+        if self.budget().is_some_and(|b| !b.allows()) {
             tracing::debug!("retry budget spent: not retrying");
             crate::observe::budget_exhausted(&self.shared.totals);
             return None;

@@ -178,9 +178,9 @@ fn hedging(node: &Node<'_>) -> Result<HedgingPolicy, Error> {
         Some(codes) => codes.codes()?,
         None => Vec::new(),
     };
-    Ok(
-        HedgingPolicy::new(Vec::<String>::new(), crate::time::cap(delay))
-            .max_attempts(max_attempts)
-            .non_fatal_codes(non_fatal),
-    )
+    let policy = HedgingPolicy {
+        from_config: true,
+        ..HedgingPolicy::new(Vec::<String>::new(), crate::time::cap(delay))
+    };
+    Ok(policy.max_attempts(max_attempts).non_fatal_codes(non_fatal))
 }

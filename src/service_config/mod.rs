@@ -99,10 +99,11 @@ const MAX_CONNECTIONS: u64 = 10;
 /// is retried; each call answered without an error status gives `tokenRatio` back; while the
 /// bucket holds half of `maxTokens` or less, no call is retried and no hedge is sent. gRPC
 /// counts a call as a success when it ends OK; the channel counts it when its answer starts
-/// without an error status (a stream that fails later has counted as a success). Without
-/// `retryThrottling`, the policies share the channel's budget (`budget_ratio` and
-/// `budget_min_per_sec` of the builder's policies, else 20% of the calls plus 10 per second),
-/// where gRPC would not limit retries at all.
+/// without an error status (a stream that fails later has counted as a success). The bucket
+/// limits the builder's own policies too. Without `retryThrottling`, nothing limits a config's
+/// retries and hedges but their `maxAttempts`, as in gRPC; the builder's own policies keep the
+/// crate's budget (`budget_ratio` and `budget_min_per_sec` of
+/// [`RetryPolicy`](crate::RetryPolicy)).
 ///
 /// A config from gRPC's documentation configures the channel as it does a grpc-go client
 /// (grpc-go itself ignores `hedgingPolicy`; this channel hedges, as grpc-java does).

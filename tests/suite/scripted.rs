@@ -82,7 +82,20 @@ impl tower::Service<http::Request<Body>> for Scripted {
         self.script.seen.lock().unwrap().push(req.headers().clone());
         let answer = self.script.answers.lock().unwrap().pop_front().flatten();
         match answer {
-            Some(status) => Box::pin(std::future::ready(Ok(status.into_http()))),
+            Some(status) => {
+                // The whole request first, as a server's handler reads it: so that the client
+                // has sent it whole, and kept it for another attempt.
+                let mut body = req.into_body();
+                Box::pin(async move {
+                    use http_body::Body as _;
+                    let mut body = Pin::new(&mut body);
+                    while let Some(Ok(_)) =
+                        std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await
+                    {
+                    }
+                    Ok(status.into_http())
+                })
+            }
             None => self.inner.call(req),
         }
     }

@@ -463,6 +463,55 @@ async fn retry_throttling_stops_retries_while_failures_outnumber_successes() {
     }
 }
 
+/// Without `retryThrottling` nothing but `maxAttempts` limits a config's retries, as in gRPC:
+/// 20 calls failing everywhere make 60 attempts (the crate's budget for the builder's policies
+/// would have stopped them at about 36).
+#[tokio::test(start_paused = true)]
+async fn without_retry_throttling_nothing_limits_a_configs_retries() {
+    let a = MemoryInstance::start("a", Behavior::Fail(Code::Unavailable));
+    let b = MemoryInstance::start("b", Behavior::Fail(Code::Unavailable));
+    let c = MemoryInstance::start("c", Behavior::Fail(Code::Unavailable));
+    let all = [&a, &b, &c];
+    let mut client = FleetClient::new(channel(
+        &all,
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+                               "backoffMultiplier": 1, "retryableStatusCodes": [ "UNAVAILABLE" ] } } ] }"#,
+    ));
+    let attempts: Vec<u64> = {
+        let mut v = Vec::new();
+        for _ in 0..20 {
+            v.push(failing_call(&mut client, &all).await);
+        }
+        v
+    };
+    assert_eq!(attempts, [3; 20]);
+}
+
+/// Nor its hedges: each call's first attempt goes to `a`, which answers UNAVAILABLE
+/// (non-fatal), and its hedge to `b`, which answers; not one of 60 calls fails (the crate's
+/// budget, 10 hedges and one per five calls, would have failed a third of them).
+#[tokio::test(start_paused = true)]
+async fn without_retry_throttling_nothing_limits_a_configs_hedges() {
+    let a = MemoryInstance::start("a", Behavior::Fail(Code::Unavailable));
+    let b = MemoryInstance::start("b", Behavior::Ok);
+    let mut client = FleetClient::new(channel(
+        &[&a, &b],
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "hedgingPolicy": { "maxAttempts": 2, "hedgingDelay": "10s",
+                                 "nonFatalStatusCodes": [ "UNAVAILABLE" ] } } ],
+             "loadBalancingConfig": [ { "round_robin": {} } ] }"#,
+    ));
+    let mut failed = 0;
+    for id in 0..60 {
+        if client.unary(req(id)).await.is_err() {
+            failed += 1;
+        }
+    }
+    assert!(a.served() >= 30, "a got {} first attempts", a.served());
+    assert_eq!(failed, 0);
+}
+
 /// The attempts of one unary call that fails with UNAVAILABLE.
 async fn failing_call(client: &mut FleetClient<BalancedChannel>, all: &[&MemoryInstance]) -> u64 {
     let before = served(all);
