@@ -81,7 +81,7 @@
 //! - With no usable instance a call fails at once with UNAVAILABLE and a message that says why;
 //!   no call waits without bound. A call's deadline (`grpc-timeout`, from
 //!   `tonic::Request::set_timeout`) bounds the whole call, stream included, and ends it with
-//!   DEADLINE_EXCEEDED.
+//!   DEADLINE_EXCEEDED; an answer that had arrived is still the caller's when it polls late.
 //!
 //! # Many clients: server-reported load
 //!

@@ -102,6 +102,11 @@ impl Attempt {
         (guard, std::mem::take(&mut self.obs))
     }
 
+    /// Whether its request went to its connection (its answer may be there).
+    pub(crate) fn is_sent(&self) -> bool {
+        matches!(self.step, Step::Sent(_))
+    }
+
     #[inline]
     pub(crate) fn instance(&self) -> &Arc<Instance> {
         self.guard().instance()

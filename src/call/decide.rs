@@ -3,7 +3,7 @@
 //! next attempt.
 
 use std::sync::Arc;
-use std::task::Context;
+use std::task::{Context, Poll};
 
 use tonic::body::Body;
 use tonic::Code;
@@ -57,9 +57,12 @@ impl ResponseFuture {
             .deadline
             .as_deref()
             .is_some_and(crate::deadline::passed)
+            && timed_out(&resp)
         {
-            // The deadline passed as the answer came (often the server's own timer answering
-            // CANCELLED "Timeout expired"): report it as what it is. The instance answered.
+            // The deadline passed and the answer is the server's own timer's (CANCELLED
+            // "Timeout expired", DEADLINE_EXCEEDED): report it as what it is. The instance
+            // answered. (Any other answer already there is the call's, however late the
+            // caller polls.)
             let outcome = a.guard().deadline_outcome(None);
             a.guard_mut().finish(outcome);
             a.obs.ended(Code::DeadlineExceeded);
@@ -433,6 +436,31 @@ impl ResponseFuture {
         Err(error)
     }
 
+    /// The call's deadline has come: an answer already there wins over it (the response head
+    /// an attempt has received, a caller who polls late); else the call ends with
+    /// DEADLINE_EXCEEDED. Nothing new is sent: no attempt goes after the deadline.
+    pub(super) fn at_deadline(&mut self, cx: &mut Context<'_>) -> CallResult {
+        let mut i = 0;
+        while i < self.attempts.len() {
+            let replay = self.again.as_deref().map(|a| &a.replay);
+            let a = self.attempts.get_mut(i);
+            if !a.is_sent() {
+                i += 1;
+                continue;
+            }
+            match a.poll(cx, replay) {
+                Poll::Pending => i += 1,
+                Poll::Ready(polled) => {
+                    if let Some(result) = self.ended(i, polled) {
+                        return result;
+                    }
+                    // Attempt `i` is another one now (or none).
+                }
+            }
+        }
+        self.deadline_passed()
+    }
+
     /// The call's deadline passed before its answer: each attempt is over, with what that
     /// says of its instance.
     pub(super) fn deadline_passed(&mut self) -> CallResult {
@@ -449,6 +477,16 @@ impl ResponseFuture {
         }
         self.end_with(deadline_exceeded().into())
     }
+}
+
+/// Whether a response head is the answer of the server's own timer to the call's deadline
+/// (its `grpc-timeout`): a trailers-only DEADLINE_EXCEEDED, or CANCELLED as tonic's servers
+/// answer ("Timeout expired").
+fn timed_out(resp: &http::Response<Body>) -> bool {
+    matches!(
+        head_status(resp),
+        Some((Code::DeadlineExceeded | Code::Cancelled, _))
+    )
 }
 
 /// What the plan's next attempt came to.

@@ -313,7 +313,7 @@ impl Future for ResponseFuture {
         }
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(this.deadline_passed());
+                return Poll::Ready(this.at_deadline(cx));
             }
         }
         this.drive(cx)

@@ -13,6 +13,7 @@
 
 mod common;
 
+mod answers_in_time;
 mod api;
 mod call_path;
 mod calls;
