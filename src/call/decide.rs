@@ -51,8 +51,8 @@ impl ResponseFuture {
     /// Attempt `i`'s response head arrived.
     #[inline]
     fn answered(&mut self, i: usize, mut resp: http::Response<Body>) -> Option<CallResult> {
+        let deadline_at = self.deadline_at();
         let a = self.attempts.get_mut(i);
-        a.guard_mut().headers_received();
         if self
             .deadline
             .as_deref()
@@ -60,14 +60,16 @@ impl ResponseFuture {
             && timed_out(&resp)
         {
             // The deadline passed and the answer is the server's own timer's (CANCELLED
-            // "Timeout expired", DEADLINE_EXCEEDED): report it as what it is. The instance
-            // answered. (Any other answer already there is the call's, however late the
-            // caller polls.)
-            let outcome = a.guard().deadline_outcome(None);
+            // "Timeout expired", DEADLINE_EXCEEDED): report it as what it is. The service
+            // never answered the call: for the instance, a deadline it let pass (no latency
+            // sample). (Any other answer already there is the call's, however late the caller
+            // polls.)
+            let outcome = a.guard().deadline_outcome(deadline_at);
             a.guard_mut().finish(outcome);
             a.obs.ended(Code::DeadlineExceeded);
             return Some(self.end_with(deadline_exceeded().into()));
         }
+        a.guard_mut().headers_received();
         let inst = a.guard().instance();
         inst.connected();
         resp.extensions_mut()
