@@ -124,6 +124,42 @@ fn an_empty_body_polled_to_its_end_was_sent() {
     assert!(replay.was_read(0));
 }
 
+/// A connection sends the body as `is_end_stream` says: hyper sends a body that says it is over
+/// with its head (END_STREAM) and never polls it. Sends `body` so, and says whether it was
+/// polled.
+fn send_as_hyper_does(body: &mut Body) -> bool {
+    if body.is_end_stream() {
+        return false;
+    }
+    read_all(body);
+    true
+}
+
+/// A copy of an empty recording (a hedge or a retry of a client stream with no message) goes
+/// out as the others do, and then counts as sent: were it to say it is over before it is
+/// polled, its connection would send it unpolled, and the call would take it for never sent
+/// (and could send it again: the server would run it twice).
+#[test]
+fn a_copy_of_an_empty_body_that_went_out_was_sent() {
+    let (req, replay) = Replay::wrap(request(&[]), true, 1024);
+    let mut first = req.into_body();
+    assert!(send_as_hyper_does(&mut first));
+    let Copied::Ready(hedge, id) = copy(&replay) else {
+        panic!("an empty recording is whole");
+    };
+    let mut hedge = hedge.into_body();
+    assert!(send_as_hyper_does(&mut hedge), "sent without being polled");
+    assert!(
+        replay.was_read(id),
+        "an empty body that went out reads as never sent"
+    );
+    assert!(hedge.is_end_stream(), "over once sent");
+    let (again, id) = replay.request(None, 0).unwrap();
+    let mut again = again.into_body();
+    assert!(send_as_hyper_does(&mut again));
+    assert!(replay.was_read(id));
+}
+
 /// The caller's own body failing (an encoder refusing a message) is the call's answer:
 /// the body is not handed back, nothing can be sent again, and the error is kept.
 #[test]
