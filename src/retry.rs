@@ -317,13 +317,13 @@ pub(crate) enum Policy {
     Hedge(Arc<HedgingPolicy>),
 }
 
-/// What one entry sets for the methods it names: a policy, a default deadline, or nothing
-/// (which still takes the place of a less specific entry, as in gRPC).
+/// What one entry sets for the methods it names: a policy, a service config's settings, or
+/// nothing (which still takes the place of a less specific entry, as in gRPC).
 #[derive(Debug, Clone)]
 pub(crate) struct MethodConfig {
     pub(crate) names: Vec<Name>,
-    /// The deadline of a call that sets none (or a later one).
-    pub(crate) timeout: Option<Duration>,
+    /// A service config's settings (none for a builder's policy).
+    pub(crate) settings: CallSettings,
     pub(crate) policy: Option<Policy>,
     /// The builder method that took it, for the refusals (`retry`, `service_config`).
     pub(crate) setting: &'static str,
@@ -331,13 +331,40 @@ pub(crate) struct MethodConfig {
     pub(crate) origin: String,
 }
 
+/// What a service config's method config sets for its calls besides a policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CallSettings {
+    /// The deadline of a call that sets none (or a later one).
+    pub(crate) timeout: Option<Duration>,
+    /// Whether a call waits for a usable instance (gRPC's wait-for-ready), unless it says
+    /// itself ([`WaitForReady`](crate::WaitForReady)).
+    pub(crate) wait_for_ready: Option<bool>,
+    /// The largest request message a call may send, in bytes.
+    pub(crate) max_request: Option<u32>,
+    /// The largest response message a call may receive, in bytes.
+    pub(crate) max_response: Option<u32>,
+}
+
+impl CallSettings {
+    /// Whether it sets nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        *self == CallSettings::default()
+    }
+
+    /// Whether it limits the size of the messages.
+    #[inline]
+    pub(crate) fn limits(&self) -> bool {
+        self.max_request.is_some() || self.max_response.is_some()
+    }
+}
+
 /// What applies to the calls of one method: at most one of a retry and a hedging policy, and
-/// the default deadline.
+/// a service config's settings.
 #[derive(Debug, Default)]
 pub(crate) struct MethodPolicy {
     pub(crate) retry: Option<Arc<RetryPolicy>>,
     pub(crate) hedging: Option<Arc<HedgingPolicy>>,
-    pub(crate) timeout: Option<Duration>,
+    pub(crate) settings: CallSettings,
 }
 
 /// Every entry of a channel, by the paths it covers: the table a call's path is looked up in.
@@ -349,8 +376,8 @@ pub(crate) struct MethodPolicies {
     services: Vec<(Box<str>, MethodPolicy)>,
     /// For every other method.
     default: MethodPolicy,
-    /// Some entry sets a deadline.
-    timeouts: bool,
+    /// Some entry sets a service config's settings.
+    settings: bool,
     /// Some entry sets a retry or hedging policy.
     policies: bool,
     /// Some entry sets a policy of the builder's (which the crate's budget limits).
@@ -375,7 +402,7 @@ impl MethodPolicies {
         struct Slot {
             entry: MethodPolicy,
             policy_from: Option<String>,
-            timeout_from: Option<String>,
+            settings_from: Option<String>,
         }
         let mut slots: BTreeMap<Name, Slot> = BTreeMap::new();
         for c in &entries {
@@ -397,12 +424,13 @@ impl MethodPolicies {
                     }
                     slot.policy_from = Some(c.origin.clone());
                 }
-                if let Some(t) = c.timeout {
-                    if let Some(prev) = &slot.timeout_from {
-                        return Err(refuse(prev, "one timeout at most"));
+                if !c.settings.is_empty() {
+                    if let Some(prev) = &slot.settings_from {
+                        return Err(refuse(prev, "one method config at most"));
                     }
-                    slot.entry.timeout = Some(crate::time::cap(t));
-                    slot.timeout_from = Some(c.origin.clone());
+                    slot.entry.settings = c.settings;
+                    slot.entry.settings.timeout = c.settings.timeout.map(crate::time::cap);
+                    slot.settings_from = Some(c.origin.clone());
                 }
             }
         }
@@ -410,7 +438,7 @@ impl MethodPolicies {
         // In the map's order: each list sorted by its paths.
         for (name, slot) in slots {
             let e = slot.entry;
-            table.timeouts |= e.timeout.is_some();
+            table.settings |= !e.settings.is_empty();
             table.policies |= e.retry.is_some() || e.hedging.is_some();
             table.budgeted |= e.retry.as_ref().is_some_and(|r| !r.from_config)
                 || e.hedging.as_ref().is_some_and(|h| !h.from_config);
@@ -451,8 +479,8 @@ impl MethodPolicies {
     /// some entry does).
     #[inline]
     pub(crate) fn timeout(&self, path: &str) -> Option<Duration> {
-        if self.timeouts {
-            self.get(path).timeout
+        if self.settings {
+            self.get(path).settings.timeout
         } else {
             None
         }
@@ -500,7 +528,7 @@ fn builder_entries(
         };
         entries.push(MethodConfig {
             names,
-            timeout: None,
+            settings: CallSettings::default(),
             policy: Some(Policy::Retry(Arc::new(p.clone()))),
             setting: "retry",
             origin: "a retry policy".into(),
@@ -516,7 +544,7 @@ fn builder_entries(
                 };
                 entries.push(MethodConfig {
                     names: vec![name],
-                    timeout: None,
+                    settings: CallSettings::default(),
                     policy: Some(Policy::Hedge(policy.clone())),
                     setting: "hedging",
                     origin: "a hedging policy".into(),
@@ -907,7 +935,10 @@ mod tests {
         let config =
             |names: Vec<Name>, timeout: u64, policy: Option<Policy>, at: usize| MethodConfig {
                 names,
-                timeout: (timeout > 0).then(|| Duration::from_millis(timeout)),
+                settings: CallSettings {
+                    timeout: (timeout > 0).then(|| Duration::from_millis(timeout)),
+                    ..CallSettings::default()
+                },
                 policy,
                 setting: "service_config",
                 origin: format!("methodConfig[{at}]"),

@@ -404,7 +404,9 @@ impl ResponseFuture {
     #[inline]
     fn deliver(&mut self, i: usize, resp: http::Response<Body>) -> CallResult {
         let (guard, obs) = self.attempts.get_mut(i).take_answer();
+        let mut max_response = None;
         if let Some(again) = self.again.as_mut() {
+            max_response = again.settings.max_response;
             again.replay.commit();
             again.stop();
             if self.attempts.len() > 1 {
@@ -421,7 +423,13 @@ impl ResponseFuture {
         let deadline = self.deadline.take();
         self.phase = Phase::Over(None);
         let obs = std::mem::take(&mut self.obs);
-        Ok(resp.map(|body| Body::new(GuardedBody::new(body, guard, deadline, obs))))
+        Ok(resp.map(|body| {
+            let body = GuardedBody::new(body, guard, deadline, obs);
+            match max_response {
+                None => Body::new(body),
+                Some(max) => Body::new(super::limits::LimitedResponse::new(body, max)),
+            }
+        }))
     }
 
     /// The call ends with this error: every attempt left is cancelled.

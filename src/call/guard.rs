@@ -238,6 +238,20 @@ impl GuardedBody {
     }
 }
 
+impl GuardedBody {
+    /// Ends the call here, before its stream did, with `outcome` for its instance and `code`
+    /// for its caller: a check of the channel's own failed it (a response message above the
+    /// method's limit, see `call::limits`). The count is released; dropping the body then
+    /// cancels the stream.
+    pub(crate) fn end_here(&mut self, outcome: Outcome, code: tonic::Code) {
+        if let Some(mut guard) = self.guard.take() {
+            guard.finish(outcome);
+        }
+        self.deadline = None;
+        self.obs.finish(code);
+    }
+}
+
 /// The call is over with this outcome, and this status for its caller: the guard (and with it
 /// the count) goes, and the deadline with it.
 fn end(this: &mut GuardedBodyProj<'_>, outcome: Outcome, code: tonic::Code) {

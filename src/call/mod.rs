@@ -26,6 +26,7 @@
 mod attempt;
 mod decide;
 pub(crate) mod guard;
+mod limits;
 mod outcome;
 mod plan;
 mod replay;
@@ -202,7 +203,9 @@ fn route(
     tracing::trace!(server.address = %inst.target.name, in_flight = inst.in_flight(), "call routed");
     // The method's policy, looked up once per call (at most one of the two).
     let policy = shared.methods.get(req.uri().path());
-    let Some(plan) = Plan::of(policy, shared.replay) else {
+    // A call with a message size limit goes through the replay slot, which keeps a failed
+    // limit as the caller's error.
+    let Some(plan) = Plan::of(policy, shared.replay || policy.settings.limits()) else {
         // Nothing will send it again: the request goes as it is.
         let mut req = req;
         let a = obs.attempt(&shared.totals, inst, Kind::First);
@@ -220,6 +223,10 @@ fn route(
     }
     // The request is recorded (up to `max_replay_body`) whatever the plan: a stream the server
     // refuses has had its body read already, and is sent again from the copy.
+    let req = match policy.settings.max_request {
+        None => req,
+        Some(max) => req.map(|body| Body::new(limits::LimitedRequest::new(body, max))),
+    };
     let (mut req, replay) = Replay::wrap(req, true, shared.max_replay_body);
     let a = obs.attempt(&shared.totals, inst, Kind::First);
     a.count_sent(&mut req);

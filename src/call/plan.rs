@@ -20,7 +20,7 @@ use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::pick::dispatch::{could_take, pick_now};
 use crate::pushback::Pushback;
-use crate::retry::{Budget, MethodPolicy, RetryPolicy};
+use crate::retry::{Budget, CallSettings, MethodPolicy, RetryPolicy};
 
 /// At most this many transparent replays of one call on instances it has tried already (a
 /// connection closed before the request was written: the same instance may take the call on a
@@ -79,6 +79,8 @@ pub(super) struct Again {
     pub(super) same_instance: u8,
     /// Refused streams sent again (see [`MAX_REFUSED_REPLAYS`]).
     pub(super) refusals: u8,
+    /// What the method's service config sets (its limits, wait-for-ready).
+    pub(super) settings: CallSettings,
     /// The crate's budget limits this call's policy (a builder's policy; gRPC's throttle, if
     /// the channel has one, limits every policy).
     pub(super) budgeted: bool,
@@ -197,6 +199,7 @@ impl Again {
             method,
             deadline_at,
             plan,
+            settings: policy.settings,
             budgeted,
             retry: policy.retry.clone(),
             same_instance: 0,

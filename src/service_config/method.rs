@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::json::Node;
 use crate::error::Error;
 use crate::hedge::HedgingPolicy;
-use crate::retry::{MethodConfig, Name, Policy, RetryPolicy};
+use crate::retry::{CallSettings, MethodConfig, Name, Policy, RetryPolicy};
 
 /// gRFC A6's cap on a policy's attempts: a config asking for more gets this many.
 const MAX_ATTEMPTS: u64 = 5;
@@ -37,19 +37,15 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
             seen.insert(name.clone(), n.path.clone());
             parsed.push(name);
         }
-        let timeout = match entry.field("timeout")? {
-            None => None,
-            Some(t) => timeout(&t)?,
+        let settings = CallSettings {
+            timeout: match entry.field("timeout")? {
+                None => None,
+                Some(t) => timeout(&t)?,
+            },
+            wait_for_ready: entry.field("waitForReady")?.map(|w| w.bool()).transpose()?,
+            max_request: message_size(&entry, "maxRequestMessageBytes")?,
+            max_response: message_size(&entry, "maxResponseMessageBytes")?,
         };
-        // Parsed, and ignored (see the `ServiceConfig` docs).
-        if let Some(w) = entry.field("waitForReady")? {
-            w.bool()?;
-        }
-        for key in ["maxRequestMessageBytes", "maxResponseMessageBytes"] {
-            if let Some(n) = entry.field(key)? {
-                n.whole()?;
-            }
-        }
         let policy =
             match (entry.field("retryPolicy")?, entry.field("hedgingPolicy")?) {
                 (Some(_), Some(_)) => return Err(entry.refuse(
@@ -62,7 +58,7 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
             };
         out.push(MethodConfig {
             names: parsed,
-            timeout,
+            settings,
             policy,
             setting: "service_config",
             origin: format!("methodConfig[{i}]"),
@@ -94,6 +90,15 @@ fn part<'a>(n: &Node<'a>, key: &str) -> Result<&'a str, Error> {
         )));
     }
     Ok(s)
+}
+
+/// `maxRequestMessageBytes` or `maxResponseMessageBytes`: a whole number of bytes. A message's
+/// length is 32 bits: a limit of 4 GiB or more limits nothing (grpc-go caps it at its int).
+fn message_size(entry: &Node<'_>, key: &str) -> Result<Option<u32>, Error> {
+    let Some(n) = entry.field(key)? else {
+        return Ok(None);
+    };
+    Ok(Some(n.whole()?.min(u64::from(u32::MAX)) as u32))
 }
 
 /// A `timeout`, read as grpc-go reads it: any duration in protobuf's JSON form. `"0s"` is a

@@ -294,31 +294,105 @@ async fn a_backoff_multiplier_below_one_shrinks_the_backoff() {
     }
 }
 
-/// `waitForReady` and the message size limits are read and ignored: a call to an instance
-/// that cannot be reached fails at once with UNAVAILABLE (no waiting for it), and a message
-/// above the limits goes through.
-#[tokio::test]
-async fn wait_for_ready_and_message_sizes_are_ignored() {
-    let json = r#"{ "methodConfig": [ {
-          "name": [ { "service": "fleet.v1.Fleet" } ],
-          "waitForReady": true, "maxRequestMessageBytes": 1, "maxResponseMessageBytes": 1 } ] }"#;
-    let up = Instance::start("up", Behavior::Ok);
-    let ch = BalancedChannel::builder()
-        .uri(&up.uri())
+/// A channel over `inst` with this config (the builder's defaults otherwise).
+fn channel_to(inst: &Instance, json: &str) -> BalancedChannel {
+    BalancedChannel::builder()
+        .uri(&inst.uri())
         .service_config(config(json))
         .build()
-        .unwrap();
-    let mut client = FleetClient::new(ch);
-    let reply = client
-        .unary(Req {
-            id: 1,
-            payload: vec![7; 100],
-            ..Default::default()
-        })
-        .await
         .unwrap()
-        .into_inner();
-    assert_eq!(reply.payload.len(), 100);
+}
+
+/// A request with a payload of `n` bytes.
+fn with_payload(id: u64, n: usize) -> Req {
+    Req {
+        id,
+        payload: vec![7; n],
+        ..Default::default()
+    }
+}
+
+/// `maxRequestMessageBytes`: a request message above it fails the call with RESOURCE_EXHAUSTED
+/// before it is sent, as grpc-go does: the message reaches no handler, the call is not retried
+/// (though its policy retries RESOURCE_EXHAUSTED), and the instance is not blamed. Smaller
+/// messages go, and so do the messages of a client stream before the one that is too large.
+#[tokio::test]
+async fn max_request_message_bytes_fails_a_call_before_its_message_is_sent() {
+    let up = Instance::start("up", Behavior::Ok);
+    let ch = channel_to(
+        &up,
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "maxRequestMessageBytes": 16,
+              "retryPolicy": { "maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+                               "backoffMultiplier": 1, "retryableStatusCodes": [ "RESOURCE_EXHAUSTED" ] } } ] }"#,
+    );
+    let mut client = FleetClient::new(ch.clone());
+    client.unary(with_payload(1, 8)).await.unwrap();
+    let status = client.unary(with_payload(2, 100)).await.unwrap_err();
+    assert_eq!(
+        up.shared.handled(),
+        1,
+        "the large message reached no handler"
+    );
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "trying to send message larger than max (104 vs. 16)"
+    );
+    let messages = [with_payload(3, 1), with_payload(4, 1), with_payload(5, 100)];
+    let status = client
+        .client_stream(futures::stream::iter(messages))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let stats = fleet::stats(&ch, &up.uri());
+    assert_eq!(
+        (stats.started(), stats.failed()),
+        (3, 0),
+        "sent once each, no failure"
+    );
+    fleet::wait_until("counts back to zero", LIMIT, || {
+        fleet::total_in_flight(&ch) == 0
+    })
+    .await;
+}
+
+/// `maxResponseMessageBytes`: a response message above it fails the call with
+/// RESOURCE_EXHAUSTED "grpc: received message larger than max", as grpc-go does; the instance
+/// answered, and is not blamed. Smaller answers go through.
+#[tokio::test]
+async fn max_response_message_bytes_fails_a_call_whose_answer_is_larger() {
+    let up = Instance::start("up", Behavior::Ok);
+    let ch = channel_to(
+        &up,
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "maxResponseMessageBytes": 16 } ] }"#,
+    );
+    let mut client = FleetClient::new(ch.clone());
+    client.unary(with_payload(1, 0)).await.unwrap();
+    let status = client.unary(with_payload(2, 100)).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("grpc: received message larger than max (")
+            && status.message().ends_with(" vs. 16)"),
+        "{status:?}"
+    );
+    let stats = fleet::stats(&ch, &up.uri());
+    assert_eq!(stats.failed(), 0, "the instance answered");
+    fleet::wait_until("counts back to zero", LIMIT, || {
+        fleet::total_in_flight(&ch) == 0
+    })
+    .await;
+}
+
+/// `waitForReady: false` (gRPC's default): a call that finds no usable instance fails at once
+/// with UNAVAILABLE.
+#[tokio::test]
+async fn without_wait_for_ready_a_call_with_no_usable_instance_fails_at_once() {
+    let json = r#"{ "methodConfig": [ {
+          "name": [ { "service": "fleet.v1.Fleet" } ], "waitForReady": false } ] }"#;
     let down = BalancedChannel::builder()
         .uri(&fleet::unreachable_uri())
         .service_config(config(json))
