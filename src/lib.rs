@@ -78,8 +78,10 @@
 //!   retries and hedges.
 //! - Membership changes ([`BalancedChannel::replace_all`], discovery) publish the new set in
 //!   one step: no call ever sees a set in between.
-//! - With no usable instance a call fails at once with UNAVAILABLE and a message that says why;
-//!   no call waits without bound. A call's deadline (`grpc-timeout`, from
+//! - With no usable instance a call fails at once with UNAVAILABLE and a message that says why,
+//!   unless it is a wait-for-ready call ([`WaitForReady`], a service config's `waitForReady`):
+//!   that one waits for a usable instance until its deadline (without a deadline, until one is
+//!   usable). A call's deadline (`grpc-timeout`, from
 //!   `tonic::Request::set_timeout`) bounds the whole call, stream included, and ends it with
 //!   DEADLINE_EXCEEDED; an answer that had arrived is still the caller's when it polls late.
 //!
@@ -158,7 +160,7 @@ mod target;
 mod time;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
-pub use call::ResponseFuture;
+pub use call::{ResponseFuture, WaitForReady};
 pub use channel::BalancedChannel;
 #[cfg(feature = "hickory-dns")]
 pub use discover::DnsSettings;

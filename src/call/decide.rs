@@ -11,7 +11,7 @@ use tower::BoxError;
 
 use super::attempt::{Attempt, Polled};
 use super::outcome::{head_status, End};
-use super::plan::{Plan, MAX_REFUSED_REPLAYS, MAX_SAME_INSTANCE_REPLAYS, RECHECK};
+use super::plan::{Plan, RECHECK};
 use super::replay::Replay;
 use super::{CallResult, Phase, ResponseFuture};
 use crate::call::guard::GuardedBody;
@@ -212,21 +212,8 @@ impl ResponseFuture {
             return false;
         };
         let inst = a.instance();
-        // May the same instance take it again?
-        let same_ok = match end {
-            End::Refused => {
-                if again.refusals >= MAX_REFUSED_REPLAYS {
-                    return false;
-                }
-                true
-            }
-            End::ClosedUnsent | End::ConnectFailed
-                if again.same_instance < MAX_SAME_INSTANCE_REPLAYS
-                    && (end == End::ClosedUnsent || a.guard().held.extra.is_some()) =>
-            {
-                true
-            }
-            _ => false,
+        let Some(same_ok) = again.same_instance_may_take(a, end) else {
+            return false;
         };
         if end != End::Refused && again.replay.was_read(a.id) {
             // Something of it may have gone out.
@@ -239,6 +226,13 @@ impl ResponseFuture {
         let to = match picked {
             Some(idx) => snap[idx].clone(),
             None if same_ok && inst.is_usable() => inst.clone(),
+            None if again.wait_for_ready() && again.replay.replayable() => {
+                // Wait-for-ready goes through transient failures: the call waits for an
+                // instance to come back, then is sent again.
+                tracing::debug!(server.address = %inst.target.name, reason = %e, "no instance can take the call: it waits for one (wait-for-ready)");
+                again.park(Kind::Transparent, a.previous);
+                return true;
+            }
             None => {
                 tracing::debug!(server.address = %inst.target.name, reason = %e, "no other instance to send the call to");
                 return false;
@@ -360,10 +354,18 @@ impl ResponseFuture {
             crate::observe::budget_exhausted(&shared.totals);
             return Made::Over(self.last_word());
         }
+        let inst = again.retry_pick();
+        if inst.is_none() && again.wait_for_ready() && again.replay.replayable() {
+            // Wait-for-ready: the retry waits for a usable instance.
+            if let Some(budget) = budget {
+                budget.refund();
+            }
+            again.park(Kind::Retry, previous);
+            return Made::Waits;
+        }
         let sent = again.time_left().and_then(|time_left| {
-            let inst = again.retry_pick()?;
             let (req, id) = again.replay.request(time_left, previous)?;
-            Some((inst, req, id))
+            Some((inst?, req, id))
         });
         let Some((inst, mut req, id)) = sent else {
             // The set changed while the call waited: the caller gets the last answer as it was.
@@ -380,6 +382,58 @@ impl ResponseFuture {
         let mut retry = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
         retry.previous = previous;
         self.attempts.push(retry);
+        Made::Sent
+    }
+
+    /// Wait-for-ready: an instance may be usable now. The parked attempt goes to one (a retry
+    /// through the retry policy), or the call waits again.
+    pub(super) fn resume(&mut self, cx: &mut Context<'_>) -> Made {
+        let again = self.again.as_mut().expect("a plan");
+        let Some(parked) = again.parked.take() else {
+            return Made::Waits;
+        };
+        let made = match parked.kind {
+            Kind::Retry => self.retry(),
+            _ => self.send_unseen(parked.previous),
+        };
+        let again = self.again.as_mut().expect("a plan");
+        if again.parked.as_ref().is_some_and(|p| !p.notified()) {
+            // An instance is usable, but the pick just found none (the set changed between the
+            // two looks): look again at the next poll.
+            cx.waker().wake_by_ref();
+        }
+        made
+    }
+
+    /// Wait-for-ready: sends the call again, unseen by the caller, to a usable instance (the
+    /// request whole, with `previous` attempts before it), or parks it again.
+    fn send_unseen(&mut self, previous: u32) -> Made {
+        let again = self.again.as_mut().expect("a plan");
+        let Some(time_left) = again.time_left() else {
+            // The deadline ends the call.
+            again.park(Kind::Transparent, previous);
+            return Made::Waits;
+        };
+        let (snap, picked) = pick_now(&again.shared.picker, &[], again.method);
+        let Some(idx) = picked else {
+            again.park(Kind::Transparent, previous);
+            return Made::Waits;
+        };
+        let Some((mut req, id)) = again.replay.request(time_left, previous) else {
+            return Made::Over(self.last_word());
+        };
+        let inst = snap[idx].clone();
+        if again.plan == Plan::Hedge {
+            again.tried(&inst);
+        }
+        tracing::debug!(server.address = %inst.target.name, "call sent again: an instance is usable (wait-for-ready)");
+        let obs = self
+            .obs
+            .attempt(&again.shared.totals, &inst, Kind::Transparent);
+        obs.count_sent(&mut req);
+        let mut attempt = Attempt::start(&inst, again.method, req, id, true, UNCOUNTED, obs);
+        attempt.previous = previous;
+        self.attempts.push(attempt);
         Made::Sent
     }
 

@@ -29,6 +29,7 @@ pub(crate) mod guard;
 mod limits;
 mod outcome;
 mod plan;
+mod ready;
 mod replay;
 pub(crate) mod shared;
 
@@ -53,6 +54,8 @@ use crate::instance::tie::Method;
 use crate::observe::CallObs;
 use crate::pick::dispatch::{no_instance_message, pick_now};
 
+pub use self::ready::WaitForReady;
+
 pub(crate) type CallResult = Result<http::Response<Body>, BoxError>;
 
 /// The future of one call through a [`BalancedChannel`](crate::BalancedChannel).
@@ -70,15 +73,17 @@ pub struct ResponseFuture {
 enum Phase {
     /// Attempts in flight, or a wait for the next one.
     Running,
-    /// Waiting for the first answer of discovery (rare: boxed, so that the future of every
-    /// other call does not carry room for a request).
-    Discovering(Box<Discovering>),
+    /// Waiting, before it is routed, for the first answer of discovery, or (wait-for-ready)
+    /// for a usable instance (rare: boxed, so that the future of every other call does not
+    /// carry room for a request).
+    Held(Box<Held>),
     /// Over: refused before routing (the status to give), or delivered.
     Over(Option<tonic::Status>),
 }
 
-/// A call waiting for the first answer of discovery.
-struct Discovering {
+/// A call waiting before it is routed: for the first answer of discovery, or for a usable
+/// instance.
+struct Held {
     wait: Pin<Box<dyn Future<Output = ()> + Send>>,
     req: Option<http::Request<Body>>,
     shared: Arc<Shared>,
@@ -169,6 +174,15 @@ impl ResponseFuture {
                     }
                 }
             }
+            // Wait-for-ready: an instance may be usable now.
+            let parked = self.again.as_mut().and_then(|a| a.parked.as_mut());
+            if parked.is_some_and(|p| p.ready(cx)) {
+                match self.resume(cx) {
+                    Made::Sent => moved = true,
+                    Made::Waits => {}
+                    Made::Over(result) => return Poll::Ready(result),
+                }
+            }
             if self.attempts.is_empty() && !self.again.as_ref().is_some_and(|a| a.waiting()) {
                 return Poll::Ready(self.last_word());
             }
@@ -184,7 +198,7 @@ fn route(
     shared: &Arc<Shared>,
     req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
-    mut obs: CallObs,
+    obs: CallObs,
 ) -> ResponseFuture {
     let method = Method::of(req.uri().path());
     let (snap, picked) = pick_now(&shared.picker, &[], method);
@@ -196,6 +210,19 @@ fn route(
         }
         _ => (snap, picked),
     };
+    route_to(shared, req, deadline, obs, snap, picked)
+}
+
+/// Routes one call to the instance the pick chose (`picked` of `snap`), if any.
+fn route_to(
+    shared: &Arc<Shared>,
+    req: http::Request<Body>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    mut obs: CallObs,
+    snap: arc_swap::Guard<crate::set::Snapshot>,
+    picked: Option<usize>,
+) -> ResponseFuture {
+    let method = Method::of(req.uri().path());
     let Some(idx) = picked else {
         return unrouted(shared, req, deadline, obs, &snap);
     };
@@ -254,7 +281,7 @@ fn route(
 }
 
 /// A call that found no instance to take it: it waits for discovery's first answer if there
-/// has been none, else it is refused.
+/// has been none, or, wait-for-ready, for a usable instance; else it is refused.
 #[cold]
 fn unrouted(
     shared: &Arc<Shared>,
@@ -270,22 +297,46 @@ fn unrouted(
         let wait = Box::pin(async move {
             let _ = rx.wait_for(|done| *done).await;
         });
-        return ResponseFuture {
-            attempts: Attempts::none(),
-            again: None,
-            deadline,
-            obs,
-            phase: Phase::Discovering(Box::new(Discovering {
-                wait,
-                req: Some(req),
-                shared: shared.clone(),
-            })),
-        };
+        return held(shared, req, deadline, obs, wait);
+    }
+    let path = req.uri().path();
+    let method_says = shared.methods.get(path).settings.wait_for_ready;
+    if ready::WaitForReady::of(req.extensions(), method_says) {
+        // Wait for a usable instance: the notification first, then one more look at the set,
+        // so that an instance back in the meantime is not missed.
+        let wait = ready::notified(&shared.usable);
+        let (snap, picked) = pick_now(&shared.picker, &[], Method::of(path));
+        if picked.is_some() {
+            return route_to(shared, req, deadline, obs, snap, picked);
+        }
+        tracing::debug!("no usable instance: the call waits for one (wait-for-ready)");
+        return held(shared, req, deadline, obs, wait);
     }
     let msg = no_instance_message(&shared.picker, snap);
     tracing::debug!(reason = %msg, "call refused");
     obs.refused(&shared.totals);
     ResponseFuture::over(no_usable_instance(msg), CallObs::default())
+}
+
+/// A call that waits for `wait` before it is routed.
+fn held(
+    shared: &Arc<Shared>,
+    req: http::Request<Body>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    obs: CallObs,
+    wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+) -> ResponseFuture {
+    ResponseFuture {
+        attempts: Attempts::none(),
+        again: None,
+        deadline,
+        obs,
+        phase: Phase::Held(Box::new(Held {
+            wait,
+            req: Some(req),
+            shared: shared.clone(),
+        })),
+    }
 }
 
 impl Future for ResponseFuture {
@@ -302,8 +353,8 @@ impl Future for ResponseFuture {
                     .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
                 return Poll::Ready(Err(status.into()));
             }
-            Phase::Discovering(d) => {
-                let Discovering { wait, req, shared } = &mut **d;
+            Phase::Held(d) => {
+                let Held { wait, req, shared } = &mut **d;
                 if let Some(deadline) = this.deadline.as_mut() {
                     if deadline.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(this.end_with(deadline_exceeded().into()));

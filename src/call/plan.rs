@@ -8,14 +8,17 @@ use std::sync::Arc;
 use std::task::Context;
 use std::time::Duration;
 
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 use tonic::Code;
 
 use super::attempt::Attempt;
+use super::outcome::End;
 use super::replay::{AttemptId, Copied, Replay};
 use super::shared::Shared;
 use super::CallResult;
 use crate::hedge::HedgingPolicy;
+use crate::instance::events::Kind;
 use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::pick::dispatch::{could_take, pick_now};
@@ -88,10 +91,38 @@ pub(super) struct Again {
     /// and, for a hedged call, every one an attempt went to (empty until then: no allocation on
     /// a call's first attempt).
     pub(super) tried: Vec<Arc<Instance>>,
+    /// Wait-for-ready: the call waits for a usable instance to send its request to again.
+    pub(super) parked: Option<Parked>,
     /// The retry or hedging policy's state, from when it is first needed (a hedged call's
     /// start, a call's first retry): boxed, so that the calls that never need it (nearly all)
     /// carry a word.
     pub(super) next: Option<Box<Next>>,
+}
+
+/// A call waiting (wait-for-ready) for a usable instance to send its request to again: its
+/// attempt could not reach its instance, or its retry found none, and no other could take it.
+pub(super) struct Parked {
+    /// Woken when an instance may have become usable; `None`: one may be already, look now.
+    wait: Option<Pin<Box<OwnedNotified>>>,
+    /// The attempt that goes once one is usable: sent again unseen, or a retry.
+    pub(super) kind: Kind,
+    /// Its `grpc-previous-rpc-attempts`.
+    pub(super) previous: u32,
+}
+
+impl Parked {
+    /// Whether an instance may be usable now.
+    pub(super) fn ready(&mut self, cx: &mut Context<'_>) -> bool {
+        match &mut self.wait {
+            None => true,
+            Some(w) => w.as_mut().poll(cx).is_ready(),
+        }
+    }
+
+    /// Whether it waits for a notification (rather than looking at once).
+    pub(super) fn notified(&self) -> bool {
+        self.wait.is_some()
+    }
 }
 
 /// The state of a retry or hedging policy in one call.
@@ -205,6 +236,7 @@ impl Again {
             same_instance: 0,
             refusals: 0,
             tried: Vec::new(),
+            parked: None,
             next: None,
         })
     }
@@ -249,16 +281,57 @@ impl Again {
             .arm(after, runtime);
     }
 
-    /// Whether the call waits for a next attempt of its policy.
+    /// Whether the call waits for a next attempt of its policy, or for a usable instance.
     pub(super) fn waiting(&self) -> bool {
-        self.next.as_ref().is_some_and(|n| n.waiting())
+        self.parked.is_some() || self.next.as_ref().is_some_and(|n| n.waiting())
     }
 
-    /// No further attempt of the policy.
+    /// No further attempt of the policy, nor any wait for a usable instance.
     pub(super) fn stop(&mut self) {
+        self.parked = None;
         if let Some(n) = self.next.as_mut() {
             n.stop();
         }
+    }
+
+    /// After attempt `a`, which the server did not process (`end`): whether the instance it
+    /// went to may take the call again, sent unseen (`None`: the call may not be sent again
+    /// that way at all, its refused streams spent).
+    pub(super) fn same_instance_may_take(&self, a: &Attempt, end: End) -> Option<bool> {
+        Some(match end {
+            End::Refused => {
+                if self.refusals >= MAX_REFUSED_REPLAYS {
+                    return None;
+                }
+                true
+            }
+            End::ClosedUnsent | End::ConnectFailed
+                if self.same_instance < MAX_SAME_INSTANCE_REPLAYS
+                    && (end == End::ClosedUnsent || a.guard().held.extra.is_some()) =>
+            {
+                true
+            }
+            _ => false,
+        })
+    }
+
+    /// Whether the call waits for a usable instance rather than fail when none can take it: its
+    /// own [`WaitForReady`](super::WaitForReady), else its method's `waitForReady`.
+    pub(super) fn wait_for_ready(&self) -> bool {
+        super::ready::WaitForReady::of(self.replay.extensions(), self.settings.wait_for_ready)
+    }
+
+    /// Parks the call until an instance may be usable; then its request goes again as `kind`
+    /// (sent again unseen, or a retry), with `previous` attempts before it.
+    pub(super) fn park(&mut self, kind: Kind, previous: u32) {
+        // The notification first, then a look at the set: a change in between is not missed.
+        let wait = super::ready::notified(&self.shared.usable);
+        let now = could_take(&self.shared.picker, &[]);
+        self.parked = Some(Parked {
+            wait: (!now).then_some(wait),
+            kind,
+            previous,
+        });
     }
 
     pub(super) fn tried(&mut self, inst: &Arc<Instance>) {

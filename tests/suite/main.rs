@@ -46,4 +46,5 @@ mod tiebreak;
 mod timers;
 mod tls; // feature hickory-dns
 mod transports;
+mod wait_for_ready;
 mod wrr;

@@ -387,6 +387,54 @@ async fn max_response_message_bytes_fails_a_call_whose_answer_is_larger() {
     .await;
 }
 
+/// `waitForReady: true`: a call that finds no usable instance (here its only instance refuses
+/// connections) waits for one until its deadline, the config's `timeout`, and then fails with
+/// DEADLINE_EXCEEDED, as in gRPC, instead of failing at once with UNAVAILABLE.
+#[tokio::test]
+async fn wait_for_ready_makes_a_call_wait_for_a_usable_instance() {
+    let json = r#"{ "methodConfig": [ {
+          "name": [ { "service": "fleet.v1.Fleet" } ], "waitForReady": true, "timeout": "0.3s" } ] }"#;
+    let down = BalancedChannel::builder()
+        .uri(&fleet::unreachable_uri())
+        .service_config(config(json))
+        .build()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = FleetClient::new(down).unary(req(1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(start.elapsed() >= 300 * MS, "{:?}", start.elapsed());
+}
+
+/// A call's own `WaitForReady` wins over its method's `waitForReady`, as grpc-go's call option
+/// does: `false` fails at once where the config waits, `true` waits where it does not.
+#[tokio::test]
+async fn a_calls_own_wait_for_ready_wins_over_the_configs() {
+    use tonic_balancer::WaitForReady;
+    for (config_says, call_says, code) in [
+        (true, false, Code::Unavailable),
+        (false, true, Code::DeadlineExceeded),
+    ] {
+        let json = format!(
+            r#"{{ "methodConfig": [ {{ "name": [ {{ "service": "fleet.v1.Fleet" }} ],
+                  "waitForReady": {config_says} }} ] }}"#
+        );
+        let down = BalancedChannel::builder()
+            .uri(&fleet::unreachable_uri())
+            .service_config(config(&json))
+            .build()
+            .unwrap();
+        let mut r = tonic::Request::new(req(1));
+        r.set_timeout(300 * MS);
+        r.extensions_mut().insert(WaitForReady(call_says));
+        let status = FleetClient::new(down).unary(r).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            code,
+            "config {config_says}, call {call_says}"
+        );
+    }
+}
+
 /// `waitForReady: false` (gRPC's default): a call that finds no usable instance fails at once
 /// with UNAVAILABLE.
 #[tokio::test]

@@ -111,6 +111,12 @@ impl Replay {
         (http::Request::from_parts(parts, body), replay)
     }
 
+    /// The request's extensions (what the caller put in them: a
+    /// [`WaitForReady`](crate::WaitForReady), say).
+    pub(crate) fn extensions(&self) -> &http::Extensions {
+        &self.extensions
+    }
+
     /// Whether another attempt could send the request exactly as the caller sent it.
     pub(crate) fn replayable(&self) -> bool {
         lock(&self.slot).replayable()
