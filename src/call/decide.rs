@@ -166,11 +166,16 @@ impl ResponseFuture {
                     .expect("a hedged call's policy")
                     .non_fatal
                     .contains(&code);
+                let stop = pushback == Some(Pushback::Stop);
+                if stop || non_fatal {
+                    // gRPC's throttle counts a non-fatal status, and an answer whose pushback
+                    // says not to retry, whatever its status (gRFC A6).
+                    if let Some(budget) = again.budget() {
+                        budget.failed();
+                    }
+                }
                 if !non_fatal {
                     return false;
-                }
-                if let Some(budget) = again.budget() {
-                    budget.failed();
                 }
                 let runtime = &again.shared.ctx.runtime;
                 let next = again.next.as_mut().expect("a hedged call's state");

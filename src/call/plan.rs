@@ -386,12 +386,21 @@ impl Again {
         pushback: Option<Pushback>,
     ) -> Option<Duration> {
         let policy = self.retry.as_deref()?;
-        if !policy.retries(code) {
+        let stop = pushback == Some(Pushback::Stop);
+        if !policy.retries(code) && !stop {
             return None;
         }
-        // gRPC's throttle counts every failure with a retryable status, retried or not.
+        // gRPC's throttle counts every failure with a retryable status, retried or not, and
+        // every answer whose pushback says not to retry, whatever its status (gRFC A6).
         if let Some(budget) = self.budget() {
             budget.failed();
+        }
+        if stop {
+            tracing::debug!(
+                rpc.grpc.status_code = code as i32,
+                "the server's pushback says not to retry"
+            );
+            return None;
         }
         let (made, since_pushback) = self
             .next
@@ -404,15 +413,8 @@ impl Again {
             return None;
         }
         let delay = match pushback {
-            None => policy.backoff(since_pushback + 1),
             Some(Pushback::After(wait)) => wait,
-            Some(Pushback::Stop) => {
-                tracing::debug!(
-                    rpc.grpc.status_code = code as i32,
-                    "the server's pushback says not to retry"
-                );
-                return None;
-            }
+            _ => policy.backoff(since_pushback + 1),
         };
         if self
             .deadline_at

@@ -634,6 +634,35 @@ async fn without_retry_throttling_nothing_limits_a_configs_hedges() {
     assert_eq!(failed, 0);
 }
 
+/// gRPC's throttle counts as a failure an answer whose pushback says not to retry, whatever its
+/// status (gRFC A6, grpc-go): two INVALID_ARGUMENT answers with `grpc-retry-pushback-ms: -1`
+/// take 4 tokens to 2, and the next UNAVAILABLE is not retried.
+#[tokio::test(start_paused = true)]
+async fn retry_throttling_counts_a_pushback_that_says_not_to_retry() {
+    let refusal = Behavior::FailWith {
+        code: Code::InvalidArgument,
+        message: "no".into(),
+        key: "grpc-retry-pushback-ms",
+        value: "-1".into(),
+    };
+    let a = MemoryInstance::start("a", refusal.clone());
+    let b = MemoryInstance::start("b", refusal);
+    let all = [&a, &b];
+    let mut client = FleetClient::new(channel(
+        &all,
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 2, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+                               "backoffMultiplier": 1, "retryableStatusCodes": [ "UNAVAILABLE" ] } } ],
+             "retryThrottling": { "maxTokens": 4, "tokenRatio": 0.1 } }"#,
+    ));
+    for id in 0..2 {
+        let status = client.unary(req(id)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+    }
+    set(&all, Behavior::Fail(Code::Unavailable));
+    assert_eq!(failing_call(&mut client, &all).await, 1, "throttled");
+}
+
 /// The attempts of one unary call that fails with UNAVAILABLE.
 async fn failing_call(client: &mut FleetClient<BalancedChannel>, all: &[&MemoryInstance]) -> u64 {
     let before = served(all);
