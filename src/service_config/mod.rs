@@ -95,8 +95,9 @@ const MAX_CONNECTIONS: u64 = 10;
 ///
 /// With `retryThrottling`, retries and hedges are limited by gRPC's token bucket instead of
 /// the channel's budget: it starts full, at `maxTokens`; each attempt that fails with a status
-/// its policy retries (or a non-fatal one, for a hedged call) takes a token, whether or not it
-/// is retried; each call answered without an error status gives `tokenRatio` back; while the
+/// its policy retries (or a non-fatal one, for a hedged call), or whose server's
+/// `grpc-retry-pushback-ms` says not to retry, takes a token, whether or not it is retried;
+/// each call answered without an error status gives `tokenRatio` back; while the
 /// bucket holds half of `maxTokens` or less, no call is retried and no hedge is sent. gRPC
 /// counts a call as a success when it ends OK; the channel counts it when its answer starts
 /// without an error status (a stream that fails later has counted as a success). The bucket
@@ -105,8 +106,16 @@ const MAX_CONNECTIONS: u64 = 10;
 /// crate's budget (`budget_ratio` and `budget_min_per_sec` of
 /// [`RetryPolicy`](crate::RetryPolicy)).
 ///
+/// A retry goes to an instance the call has not tried if one is usable, else to one it tried
+/// that is still usable (over one address, every retry goes to it, as in gRPC), after a backoff
+/// drawn between 0.8 and 1.2 times min(`initialBackoff` × `backoffMultiplier`^(n-1),
+/// `maxBackoff`), n counted from the server's last pushback (gRFC A6). Every attempt after the
+/// first carries `grpc-previous-rpc-attempts`.
+///
 /// A config from gRPC's documentation configures the channel as it does a grpc-go client
-/// (grpc-go itself ignores `hedgingPolicy`; this channel hedges, as grpc-java does).
+/// (grpc-go itself ignores `hedgingPolicy`; this channel hedges, as grpc-java does). Where the
+/// channel differs from gRPC on purpose is listed in the repository's `docs/design.md`
+/// ("Where the channel differs from gRPC").
 #[derive(Debug, Clone, Default)]
 pub struct ServiceConfig {
     pub(crate) methods: Vec<MethodConfig>,
