@@ -149,7 +149,12 @@ impl HttpBody for LimitedRequest {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.over.as_ref().is_some_and(Option::is_none) || self.inner.is_end_stream()
+        match &self.over {
+            // The error must still be polled: the request must not end as if it were whole.
+            Some(Some(_)) => false,
+            Some(None) => true,
+            None => self.inner.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -282,6 +287,46 @@ mod tests {
                 .map(|(_, len)| len);
             assert_eq!(found, Some(17), "pieces of {step}");
         }
+    }
+
+    /// A request body whose one frame holds a message within the limit and then one above it:
+    /// the first goes, the body does not end there (it would end the request as if whole: the
+    /// server would take the messages before for all of it), and the error follows.
+    #[test]
+    fn a_request_fails_after_the_messages_within_its_limit() {
+        struct One(Option<Bytes>);
+        impl HttpBody for One {
+            type Data = Bytes;
+            type Error = tonic::Status;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+                Poll::Ready(self.0.take().map(|d| Ok(Frame::data(d))))
+            }
+            fn is_end_stream(&self) -> bool {
+                self.0.is_none()
+            }
+        }
+        let data = Bytes::from(stream(&[3, 40]));
+        let mut body = LimitedRequest::new(Body::new(One(Some(data.clone()))), 16);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match Pin::new(&mut body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(f))) => assert_eq!(f.into_data().unwrap(), data.slice(..8)),
+            other => panic!("the message within the limit first: {other:?}"),
+        }
+        assert!(
+            !body.is_end_stream(),
+            "not over: the error is still to come"
+        );
+        match Pin::new(&mut body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Err(status))) => assert_eq!(
+                status.message(),
+                "trying to send message larger than max (40 vs. 16)"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(body.is_end_stream());
     }
 
     /// A length of up to 4 GiB reads whole (its bytes big-endian).
