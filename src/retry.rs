@@ -453,7 +453,7 @@ impl MethodPolicies {
 
     /// What applies to a call to `path` (`/package.Service/Method`): the method's own entry,
     /// else its service's, else the default.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, path: &str) -> &MethodPolicy {
         if !self.methods.is_empty() {
             if let Ok(i) = self.methods.binary_search_by(|(p, _)| (**p).cmp(path)) {

@@ -112,8 +112,9 @@ impl Attempt {
         self.guard().instance()
     }
 
-    /// Polls the attempt. `replay`: the call's request, if it keeps one.
-    #[inline]
+    /// Polls the attempt. `replay`: the call's request, if it keeps one. (Inlined in the call's
+    /// loop, where it is hot, and where the deadline looks at answers already there.)
+    #[inline(always)]
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>, replay: Option<&Replay>) -> Poll<Polled> {
         if self.unreachable.is_some() {
             if let Some(polled) = self.watch(cx, replay) {

@@ -26,7 +26,7 @@ use crate::stats::ServedBy;
 impl ResponseFuture {
     /// Attempt `i` ended: what that says, and what the call does next. `Some`: the call's
     /// answer.
-    #[inline]
+    #[inline(always)]
     pub(super) fn ended(&mut self, i: usize, polled: Polled) -> Option<CallResult> {
         match polled {
             Polled::Head(resp) => self.answered(i, resp),
@@ -49,26 +49,17 @@ impl ResponseFuture {
     }
 
     /// Attempt `i`'s response head arrived.
-    #[inline]
+    #[inline(always)]
     fn answered(&mut self, i: usize, mut resp: http::Response<Body>) -> Option<CallResult> {
-        let deadline_at = self.deadline_at();
-        let a = self.attempts.get_mut(i);
         if self
             .deadline
             .as_deref()
             .is_some_and(crate::deadline::passed)
             && timed_out(&resp)
         {
-            // The deadline passed and the answer is the server's own timer's (CANCELLED
-            // "Timeout expired", DEADLINE_EXCEEDED): report it as what it is. The service
-            // never answered the call: for the instance, a deadline it let pass (no latency
-            // sample). (Any other answer already there is the call's, however late the caller
-            // polls.)
-            let outcome = a.guard().deadline_outcome(deadline_at);
-            a.guard_mut().finish(outcome);
-            a.obs.ended(Code::DeadlineExceeded);
-            return Some(self.end_with(deadline_exceeded().into()));
+            return Some(self.timed_out(i));
         }
+        let a = self.attempts.get_mut(i);
         a.guard_mut().headers_received();
         let inst = a.guard().instance();
         inst.connected();
@@ -93,6 +84,21 @@ impl ResponseFuture {
             }
         }
         Some(self.deliver(i, resp))
+    }
+
+    /// Attempt `i` was answered after the deadline by the server's own timer (CANCELLED
+    /// "Timeout expired", DEADLINE_EXCEEDED): the call ends with DEADLINE_EXCEEDED, as what it
+    /// is. The service never answered the call: for the instance, a deadline it let pass (no
+    /// latency sample). (Any other answer already there is the call's, however late the caller
+    /// polls.)
+    #[cold]
+    fn timed_out(&mut self, i: usize) -> CallResult {
+        let deadline_at = self.deadline_at();
+        let a = self.attempts.get_mut(i);
+        let outcome = a.guard().deadline_outcome(deadline_at);
+        a.guard_mut().finish(outcome);
+        a.obs.ended(Code::DeadlineExceeded);
+        self.end_with(deadline_exceeded().into())
     }
 
     /// Whether attempt `i`, answered with a status that is not OK (a trailers-only answer),
@@ -353,7 +359,7 @@ impl ResponseFuture {
         let budget = shared
             .budget
             .as_ref()
-            .filter(|b| again.budgeted || b.is_throttle());
+            .filter(|b| again.budgeted() || b.is_throttle());
         if budget.is_some_and(|b| !b.take()) {
             tracing::debug!("retry budget spent: not retrying");
             crate::observe::budget_exhausted(&shared.totals);
@@ -460,12 +466,12 @@ impl ResponseFuture {
     /// The call's answer is attempt `i`'s response: every other attempt is cancelled, no
     /// further one is made, and the response body carries the attempt's count until the call
     /// is over.
-    #[inline]
+    #[inline(always)]
     fn deliver(&mut self, i: usize, resp: http::Response<Body>) -> CallResult {
         let (guard, obs) = self.attempts.get_mut(i).take_answer();
         let mut max_response = None;
         if let Some(again) = self.again.as_mut() {
-            max_response = again.settings.max_response;
+            max_response = again.max_response;
             again.replay.commit();
             again.stop();
             if self.attempts.len() > 1 {

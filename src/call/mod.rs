@@ -210,19 +210,19 @@ fn route(
         }
         _ => (snap, picked),
     };
-    route_to(shared, req, deadline, obs, snap, picked)
+    route_to(shared, req, deadline, obs, method, (snap, picked))
 }
 
-/// Routes one call to the instance the pick chose (`picked` of `snap`), if any.
+/// Routes one call to `method` to the instance the pick chose (`picked` of `snap`), if any.
+#[inline(always)]
 fn route_to(
     shared: &Arc<Shared>,
     req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
     mut obs: CallObs,
-    snap: arc_swap::Guard<crate::set::Snapshot>,
-    picked: Option<usize>,
+    method: Method,
+    (snap, picked): (arc_swap::Guard<crate::set::Snapshot>, Option<usize>),
 ) -> ResponseFuture {
-    let method = Method::of(req.uri().path());
     let Some(idx) = picked else {
         return unrouted(shared, req, deadline, obs, &snap);
     };
@@ -305,9 +305,10 @@ fn unrouted(
         // Wait for a usable instance: the notification first, then one more look at the set,
         // so that an instance back in the meantime is not missed.
         let wait = ready::notified(&shared.usable);
-        let (snap, picked) = pick_now(&shared.picker, &[], Method::of(path));
+        let method = Method::of(path);
+        let (snap, picked) = pick_now(&shared.picker, &[], method);
         if picked.is_some() {
-            return route_to(shared, req, deadline, obs, snap, picked);
+            return route_to(shared, req, deadline, obs, method, (snap, picked));
         }
         tracing::debug!("no usable instance: the call waits for one (wait-for-ready)");
         return held(shared, req, deadline, obs, wait);

@@ -23,7 +23,7 @@ use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::pick::dispatch::{could_take, pick_now};
 use crate::pushback::Pushback;
-use crate::retry::{Budget, CallSettings, MethodPolicy, RetryPolicy};
+use crate::retry::{Budget, MethodPolicy, RetryPolicy};
 
 /// At most this many transparent replays of one call on instances it has tried already (a
 /// connection closed before the request was written: the same instance may take the call on a
@@ -82,11 +82,10 @@ pub(super) struct Again {
     pub(super) same_instance: u8,
     /// Refused streams sent again (see [`MAX_REFUSED_REPLAYS`]).
     pub(super) refusals: u8,
-    /// What the method's service config sets (its limits, wait-for-ready).
-    pub(super) settings: CallSettings,
-    /// The crate's budget limits this call's policy (a builder's policy; gRPC's throttle, if
-    /// the channel has one, limits every policy).
-    pub(super) budgeted: bool,
+    /// The method's `maxResponseMessageBytes`, if its service config sets one.
+    pub(super) max_response: Option<u32>,
+    /// The method's `waitForReady`, if its service config sets it.
+    pub(super) method_wait_for_ready: Option<bool>,
     /// The instances the call must not go to again: those whose attempt ended without success
     /// and, for a hedged call, every one an attempt went to (empty until then: no allocation on
     /// a call's first attempt).
@@ -210,7 +209,7 @@ impl Next {
 impl Again {
     /// What a call to `method` routed with `plan` (for its method's `policy`) needs for its
     /// attempts after the first: its request in `replay`, its deadline.
-    #[inline]
+    #[inline(always)]
     pub(super) fn new(
         shared: &Arc<Shared>,
         replay: Replay,
@@ -219,19 +218,14 @@ impl Again {
         plan: Plan,
         policy: &MethodPolicy,
     ) -> Box<Again> {
-        let budgeted = match (&policy.hedging, &policy.retry) {
-            (Some(h), _) => !h.from_config,
-            (None, Some(r)) => !r.from_config,
-            (None, None) => false,
-        };
         Box::new(Again {
             shared: shared.clone(),
             replay,
             method,
             deadline_at,
             plan,
-            settings: policy.settings,
-            budgeted,
+            max_response: policy.settings.max_response,
+            method_wait_for_ready: policy.settings.wait_for_ready,
             retry: policy.retry.clone(),
             same_instance: 0,
             refusals: 0,
@@ -265,7 +259,18 @@ impl Again {
         self.shared
             .budget
             .as_ref()
-            .filter(|b| self.budgeted || b.is_throttle())
+            .filter(|b| self.budgeted() || b.is_throttle())
+    }
+
+    /// Whether the crate's budget limits this call's policy: a builder's policy (gRPC's
+    /// throttle, if the channel has one, limits every policy).
+    pub(super) fn budgeted(&self) -> bool {
+        let hedging = self.next.as_ref().and_then(|n| n.hedging.as_ref());
+        match (hedging, &self.retry) {
+            (Some(h), _) => !h.from_config,
+            (None, Some(r)) => !r.from_config,
+            (None, None) => false,
+        }
     }
 
     /// The policy's state, made now if it was not needed before.
@@ -318,7 +323,7 @@ impl Again {
     /// Whether the call waits for a usable instance rather than fail when none can take it: its
     /// own [`WaitForReady`](super::WaitForReady), else its method's `waitForReady`.
     pub(super) fn wait_for_ready(&self) -> bool {
-        super::ready::WaitForReady::of(self.replay.extensions(), self.settings.wait_for_ready)
+        super::ready::WaitForReady::of(self.replay.extensions(), self.method_wait_for_ready)
     }
 
     /// Parks the call until an instance may be usable; then its request goes again as `kind`
