@@ -9,6 +9,11 @@ pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status
 /// `grpc-timeout`, the call's deadline.
 pub(crate) static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
+/// `grpc-previous-rpc-attempts`: on an attempt after the first, the number of attempts before it
+/// (gRFC A6).
+pub(crate) static GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
+
 /// `headers.get(name)`, by a walk over the entries when there are few of them (a gRPC request
 /// head or trailers block has a handful): comparing a few names costs less than hashing one.
 #[inline]

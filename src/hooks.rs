@@ -53,7 +53,8 @@ impl Events for Hooks {
         crate::observe::retired(&self.health.totals, inst);
     }
 
-    /// Its passes start where the rest of the set's turns are (see `Tie::join_at`).
+    /// Its passes start where the rest of the set's turns are (see `Tie::join_at`); calls that
+    /// wait for a usable instance look again.
     fn back_in_service(&self, inst: &Instance) {
         let Some(shared) = self.shared() else { return };
         let snap = shared.snapshot();
@@ -61,6 +62,7 @@ impl Events for Hooks {
         if let Some(level) = crate::instance::level_in_service(others) {
             inst.tie.join_at(level);
         }
+        shared.usable.notify_waiters();
     }
 
     fn joined(&self, inst: &Arc<Instance>) {
@@ -80,8 +82,12 @@ impl Events for Hooks {
         crate::health::revive(&self.health, inst, members);
     }
 
+    /// Called once the change is published: calls that wait for a usable instance look again.
     fn membership(&self, added: usize, removed: usize) {
         crate::observe::membership(&self.health.totals, added, removed);
+        if let Some(shared) = self.shared() {
+            shared.usable.notify_waiters();
+        }
     }
 
     fn discovery_answer(&self, error: Option<&str>) {

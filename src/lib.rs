@@ -68,18 +68,22 @@
 //!   4× its usual latency) several times in a row, or far more often than the others', is
 //!   ejected for a while and readmitted on probation ([`Ejection`]). Application statuses
 //!   (NOT_FOUND, INVALID_ARGUMENT, ...) never count against an instance.
-//! - With a [`RetryPolicy`], a failed call is retried on an instance it has not tried; when no
-//!   retry is possible the caller gets the last answer (status, message, trailers) unchanged.
+//! - With a [`RetryPolicy`], a failed call is retried after a backoff on an instance it has not
+//!   tried, else on one it tried that is still usable (one address: on it, as gRPC does); when
+//!   no retry is possible the caller gets the last answer (status, message, trailers)
+//!   unchanged.
 //! - With a [`HedgingPolicy`] for the idempotent methods that need it, a call without an
 //!   answer after a delay is sent again to an instance it has not tried; the first answer wins
 //!   and the other attempts are cancelled. A server's `grpc-retry-pushback-ms` delays or stops
 //!   retries and hedges.
 //! - Membership changes ([`BalancedChannel::replace_all`], discovery) publish the new set in
 //!   one step: no call ever sees a set in between.
-//! - With no usable instance a call fails at once with UNAVAILABLE and a message that says why;
-//!   no call waits without bound. A call's deadline (`grpc-timeout`, from
+//! - With no usable instance a call fails at once with UNAVAILABLE and a message that says why,
+//!   unless it is a wait-for-ready call ([`WaitForReady`], a service config's `waitForReady`):
+//!   that one waits for a usable instance until its deadline (without a deadline, until one is
+//!   usable). A call's deadline (`grpc-timeout`, from
 //!   `tonic::Request::set_timeout`) bounds the whole call, stream included, and ends it with
-//!   DEADLINE_EXCEEDED.
+//!   DEADLINE_EXCEEDED; an answer that had arrived is still the caller's when it polls late.
 //!
 //! # Many clients: server-reported load
 //!
@@ -156,7 +160,7 @@ mod target;
 mod time;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
-pub use call::ResponseFuture;
+pub use call::{ResponseFuture, WaitForReady};
 pub use channel::BalancedChannel;
 #[cfg(feature = "hickory-dns")]
 pub use discover::DnsSettings;

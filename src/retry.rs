@@ -60,11 +60,14 @@ const DEFAULT_BUDGET: (f64, u32) = (0.2, 10);
 ///
 /// A call so covered is retried when it ends, before any response message, with one of the
 /// [`codes`](RetryPolicy::codes) (or a transport error, which is UNAVAILABLE), while: it has
-/// attempts left; some instance it has not tried is usable; its request body was kept (at most
+/// attempts left; some instance is usable (a retry goes to one the call has not tried if there
+/// is one, else to one it tried that is still usable: over one address, a Kubernetes Service or
+/// a VIP, every retry goes to it, as in gRPC); its request body was kept (at most
 /// [`max_replay_body`](crate::Builder::max_replay_body) bytes); its deadline leaves room for
 /// the backoff; and the [retry budget](RetryPolicy::budget_ratio) allows it (or, with a
-/// service config's `retryThrottling`, gRPC's token bucket). A call whose response has started
-/// (headers with messages) is never retried.
+/// service config's `retryThrottling`, gRPC's token bucket); the budget's token is taken only
+/// when the retry goes out. A call whose response has started (headers with messages) is never
+/// retried.
 ///
 /// ```
 /// use std::time::Duration;
@@ -103,6 +106,9 @@ pub struct RetryPolicy {
     pub(crate) multiplier: f64,
     pub(crate) budget_ratio: f64,
     pub(crate) budget_min_per_sec: u32,
+    /// Made from a service config's `retryPolicy`: gRFC A6's rules (its jitter; no budget but
+    /// `retryThrottling`) rather than the builder's.
+    pub(crate) from_config: bool,
 }
 
 impl Default for RetryPolicy {
@@ -119,6 +125,7 @@ impl Default for RetryPolicy {
             multiplier: 2.0,
             budget_ratio: DEFAULT_BUDGET.0,
             budget_min_per_sec: DEFAULT_BUDGET.1,
+            from_config: false,
         }
     }
 }
@@ -160,7 +167,9 @@ impl RetryPolicy {
 
     /// Backoff before the first retry (default 25 ms); each next one is
     /// [`multiplier`](Self::multiplier) times longer, up to [`max_backoff`](Self::max_backoff),
-    /// each drawn at random between zero and that value (gRPC's retry design).
+    /// each drawn at random between zero and that value ("full jitter"; a service config's
+    /// `retryPolicy` draws between 0.8 and 1.2 times it, as gRFC A6 says). After a server's
+    /// `grpc-retry-pushback-ms`, the backoff starts again from this one (gRFC A6).
     pub fn initial_backoff(mut self, d: Duration) -> Self {
         self.initial_backoff = d;
         self
@@ -181,7 +190,9 @@ impl RetryPolicy {
     /// Retries may add at most this share of the calls (0.2: one retry per five calls), 0 to
     /// 10 (default 0.2), plus [`budget_min_per_sec`](Self::budget_min_per_sec). There is one
     /// budget per channel: with other retry policies or hedging policies, all must say the
-    /// same.
+    /// same. It is the crate's own: it limits the builder's policies only; a service config's
+    /// retries and hedges are limited by its `retryThrottling` alone, as in gRPC (which, when
+    /// given, replaces this budget for every policy).
     pub fn budget_ratio(mut self, ratio: f64) -> Self {
         self.budget_ratio = ratio;
         self
@@ -215,12 +226,20 @@ impl RetryPolicy {
         )
     }
 
-    /// The backoff before retry number `retry` (1 for the first), with full jitter.
+    /// The backoff before retry number `retry` (1 for the first; counted from the server's
+    /// last pushback, if any): min(initial × multiplier^(retry - 1), max), jittered. A service
+    /// config's policy draws it between 0.8 and 1.2 times that (gRFC A6, grpc-go); the
+    /// builder's between zero and that (full jitter).
     pub(crate) fn backoff(&self, retry: u32) -> Duration {
-        let cap = (self.initial_backoff.as_secs_f64()
-            * self.multiplier.powi(retry.saturating_sub(1).min(64) as i32))
-        .min(self.max_backoff.as_secs_f64());
-        crate::time::from_secs_f64(cap * crate::rng::random_unit())
+        let exp = retry.saturating_sub(1).min(1024) as i32;
+        let cap = (self.initial_backoff.as_secs_f64() * self.multiplier.powi(exp))
+            .min(self.max_backoff.as_secs_f64());
+        let jitter = if self.from_config {
+            0.8 + 0.4 * crate::rng::random_unit()
+        } else {
+            crate::rng::random_unit()
+        };
+        crate::time::from_secs_f64(cap * jitter)
     }
 
     /// The same policy with every duration at most 30 years (longer ones mean "never").
@@ -298,13 +317,13 @@ pub(crate) enum Policy {
     Hedge(Arc<HedgingPolicy>),
 }
 
-/// What one entry sets for the methods it names: a policy, a default deadline, or nothing
-/// (which still takes the place of a less specific entry, as in gRPC).
+/// What one entry sets for the methods it names: a policy, a service config's settings, or
+/// nothing (which still takes the place of a less specific entry, as in gRPC).
 #[derive(Debug, Clone)]
 pub(crate) struct MethodConfig {
     pub(crate) names: Vec<Name>,
-    /// The deadline of a call that sets none (or a later one).
-    pub(crate) timeout: Option<Duration>,
+    /// A service config's settings (none for a builder's policy).
+    pub(crate) settings: CallSettings,
     pub(crate) policy: Option<Policy>,
     /// The builder method that took it, for the refusals (`retry`, `service_config`).
     pub(crate) setting: &'static str,
@@ -312,13 +331,40 @@ pub(crate) struct MethodConfig {
     pub(crate) origin: String,
 }
 
+/// What a service config's method config sets for its calls besides a policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CallSettings {
+    /// The deadline of a call that sets none (or a later one).
+    pub(crate) timeout: Option<Duration>,
+    /// Whether a call waits for a usable instance (gRPC's wait-for-ready), unless it says
+    /// itself ([`WaitForReady`](crate::WaitForReady)).
+    pub(crate) wait_for_ready: Option<bool>,
+    /// The largest request message a call may send, in bytes.
+    pub(crate) max_request: Option<u32>,
+    /// The largest response message a call may receive, in bytes.
+    pub(crate) max_response: Option<u32>,
+}
+
+impl CallSettings {
+    /// Whether it sets nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        *self == CallSettings::default()
+    }
+
+    /// Whether it limits the size of the messages.
+    #[inline]
+    pub(crate) fn limits(&self) -> bool {
+        self.max_request.is_some() || self.max_response.is_some()
+    }
+}
+
 /// What applies to the calls of one method: at most one of a retry and a hedging policy, and
-/// the default deadline.
+/// a service config's settings.
 #[derive(Debug, Default)]
 pub(crate) struct MethodPolicy {
     pub(crate) retry: Option<Arc<RetryPolicy>>,
     pub(crate) hedging: Option<Arc<HedgingPolicy>>,
-    pub(crate) timeout: Option<Duration>,
+    pub(crate) settings: CallSettings,
 }
 
 /// Every entry of a channel, by the paths it covers: the table a call's path is looked up in.
@@ -330,10 +376,12 @@ pub(crate) struct MethodPolicies {
     services: Vec<(Box<str>, MethodPolicy)>,
     /// For every other method.
     default: MethodPolicy,
-    /// Some entry sets a deadline.
-    timeouts: bool,
+    /// Some entry sets a service config's settings.
+    settings: bool,
     /// Some entry sets a retry or hedging policy.
     policies: bool,
+    /// Some entry sets a policy of the builder's (which the crate's budget limits).
+    budgeted: bool,
 }
 
 impl MethodPolicies {
@@ -347,48 +395,14 @@ impl MethodPolicies {
         hedged: Option<&Hedging>,
         configs: &[MethodConfig],
     ) -> Result<MethodPolicies, Error> {
-        let mut entries = Vec::with_capacity(retry.len() + hedging.len() + configs.len());
-        for p in retry {
-            let names = match &p.methods {
-                None => vec![Name::Every],
-                Some(m) => m
-                    .iter()
-                    .map(|n| Name::parse(n, CHECKS))
-                    .collect::<Result<_, _>>()?,
-            };
-            entries.push(MethodConfig {
-                names,
-                timeout: None,
-                policy: Some(Policy::Retry(Arc::new(p.clone()))),
-                setting: "retry",
-                origin: "a retry policy".into(),
-            });
-        }
-        if let Some(hedged) = hedged {
-            for p in hedging {
-                for name in &p.methods {
-                    let name = Name::parse(name, Checks::of("hedging"))?;
-                    // The policy as `Hedging` keeps it: the one a call to that path gets.
-                    let Some(policy) = hedged.policy(name.path()) else {
-                        continue;
-                    };
-                    entries.push(MethodConfig {
-                        names: vec![name],
-                        timeout: None,
-                        policy: Some(Policy::Hedge(policy.clone())),
-                        setting: "hedging",
-                        origin: "a hedging policy".into(),
-                    });
-                }
-            }
-        }
+        let mut entries = builder_entries(retry, hedging, hedged)?;
         entries.extend(configs.iter().cloned());
 
         #[derive(Default)]
         struct Slot {
             entry: MethodPolicy,
             policy_from: Option<String>,
-            timeout_from: Option<String>,
+            settings_from: Option<String>,
         }
         let mut slots: BTreeMap<Name, Slot> = BTreeMap::new();
         for c in &entries {
@@ -410,12 +424,13 @@ impl MethodPolicies {
                     }
                     slot.policy_from = Some(c.origin.clone());
                 }
-                if let Some(t) = c.timeout {
-                    if let Some(prev) = &slot.timeout_from {
-                        return Err(refuse(prev, "one timeout at most"));
+                if !c.settings.is_empty() {
+                    if let Some(prev) = &slot.settings_from {
+                        return Err(refuse(prev, "one method config at most"));
                     }
-                    slot.entry.timeout = Some(crate::time::cap(t));
-                    slot.timeout_from = Some(c.origin.clone());
+                    slot.entry.settings = c.settings;
+                    slot.entry.settings.timeout = c.settings.timeout.map(crate::time::cap);
+                    slot.settings_from = Some(c.origin.clone());
                 }
             }
         }
@@ -423,8 +438,10 @@ impl MethodPolicies {
         // In the map's order: each list sorted by its paths.
         for (name, slot) in slots {
             let e = slot.entry;
-            table.timeouts |= e.timeout.is_some();
+            table.settings |= !e.settings.is_empty();
             table.policies |= e.retry.is_some() || e.hedging.is_some();
+            table.budgeted |= e.retry.as_ref().is_some_and(|r| !r.from_config)
+                || e.hedging.as_ref().is_some_and(|h| !h.from_config);
             match name {
                 Name::Every => table.default = e,
                 Name::Service(p) => table.services.push((p, e)),
@@ -436,7 +453,7 @@ impl MethodPolicies {
 
     /// What applies to a call to `path` (`/package.Service/Method`): the method's own entry,
     /// else its service's, else the default.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, path: &str) -> &MethodPolicy {
         if !self.methods.is_empty() {
             if let Ok(i) = self.methods.binary_search_by(|(p, _)| (**p).cmp(path)) {
@@ -462,16 +479,18 @@ impl MethodPolicies {
     /// some entry does).
     #[inline]
     pub(crate) fn timeout(&self, path: &str) -> Option<Duration> {
-        if self.timeouts {
-            self.get(path).timeout
+        if self.settings {
+            self.get(path).settings.timeout
         } else {
             None
         }
     }
 
     /// The channel's budget of retries and hedges, if any policy needs one: gRPC's token
-    /// bucket with `throttling`, else the builder's policies' budget (`set`, all the same) or
-    /// the default one.
+    /// bucket with `throttling` (for every policy, as gRFC A6 says), else, if the builder
+    /// gave a policy, the crate's budget for those (`set`: the builder's policies' budget, all
+    /// the same; else the default one). A service config's policies without `retryThrottling`
+    /// have no budget, as in gRPC.
     pub(crate) fn budget(
         &self,
         set: Option<(f64, u32)>,
@@ -480,14 +499,60 @@ impl MethodPolicies {
         if !self.policies {
             return None;
         }
-        Some(match throttling {
-            Some(t) => Budget::throttled(t),
-            None => {
+        match throttling {
+            Some(t) => Some(Budget::throttled(t)),
+            None if self.budgeted => {
                 let (ratio, min_per_sec) = set.unwrap_or(DEFAULT_BUDGET);
-                Budget::with(ratio, min_per_sec)
+                Some(Budget::with(ratio, min_per_sec))
             }
-        })
+            None => None,
+        }
     }
+}
+
+/// The entries of the builder's retry policies (each checked already) and hedging policies
+/// (`hedged`: as [`Hedging::new`] checked them, delays capped), as method configs.
+fn builder_entries(
+    retry: &[RetryPolicy],
+    hedging: &[HedgingPolicy],
+    hedged: Option<&Hedging>,
+) -> Result<Vec<MethodConfig>, Error> {
+    let mut entries = Vec::with_capacity(retry.len() + hedging.len());
+    for p in retry {
+        let names = match &p.methods {
+            None => vec![Name::Every],
+            Some(m) => m
+                .iter()
+                .map(|n| Name::parse(n, CHECKS))
+                .collect::<Result<_, _>>()?,
+        };
+        entries.push(MethodConfig {
+            names,
+            settings: CallSettings::default(),
+            policy: Some(Policy::Retry(Arc::new(p.clone()))),
+            setting: "retry",
+            origin: "a retry policy".into(),
+        });
+    }
+    if let Some(hedged) = hedged {
+        for p in hedging {
+            for name in &p.methods {
+                let name = Name::parse(name, Checks::of("hedging"))?;
+                // The policy as `Hedging` keeps it: the one a call to that path gets.
+                let Some(policy) = hedged.policy(name.path()) else {
+                    continue;
+                };
+                entries.push(MethodConfig {
+                    names: vec![name],
+                    settings: CallSettings::default(),
+                    policy: Some(Policy::Hedge(policy.clone())),
+                    setting: "hedging",
+                    origin: "a hedging policy".into(),
+                });
+            }
+        }
+    }
+    Ok(entries)
 }
 
 /// The one budget that the builder's retry policies set (they must all set the same), if
@@ -565,12 +630,44 @@ impl Budget {
         }
     }
 
-    /// Takes one retry or hedge from the budget; false if it is spent (or throttled).
-    pub(crate) fn withdraw(&self) -> bool {
+    /// Whether it is gRPC's throttle (which limits every policy), rather than the crate's
+    /// budget (which limits the builder's policies only).
+    #[inline]
+    pub(crate) fn is_throttle(&self) -> bool {
+        matches!(self, Budget::Tokens(_))
+    }
+
+    /// Whether one more retry or hedge may go now; takes nothing. gRPC's throttle is asked
+    /// when a retry is decided (gRFC A6), the crate's budget whether it holds a retry.
+    pub(crate) fn allows(&self) -> bool {
         match self {
-            Budget::Ratio(r) => r.withdraw(),
+            Budget::Ratio(r) => r.allows(),
             Budget::Tokens(t) => t.above_threshold(),
         }
+    }
+
+    /// What one retry going out costs, taken just before its pick: a token of the crate's
+    /// budget (false if it is spent); nothing of gRPC's throttle, asked when the retry was
+    /// decided. [`refund`](Self::refund) gives it back if the pick then finds no instance.
+    pub(crate) fn take(&self) -> bool {
+        match self {
+            Budget::Ratio(r) => r.withdraw(),
+            Budget::Tokens(_) => true,
+        }
+    }
+
+    /// Gives back what [`take`](Self::take) took: the retry or hedge did not go out after all.
+    pub(crate) fn refund(&self) {
+        if let Budget::Ratio(r) = self {
+            r.balance.fetch_add(1000, Ordering::Relaxed);
+        }
+    }
+
+    /// Asks for one hedge going out now and takes what it costs: false if the crate's budget
+    /// is spent, or gRPC's throttle holds half its tokens or fewer (gRFC A6 asks it for each
+    /// hedge).
+    pub(crate) fn withdraw(&self) -> bool {
+        self.allows() && self.take()
     }
 }
 
@@ -609,6 +706,16 @@ impl Ratio {
         if b > self.cap_milli {
             self.balance.fetch_sub(self.ratio_milli, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a retry could be taken now (the top-up due since the last one counted), without
+    /// taking it.
+    fn allows(&self) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let last = self.topped_at.load(Ordering::Relaxed);
+        let refill = (now.saturating_sub(last) as i64).saturating_mul(self.min_per_sec);
+        let b = self.balance.load(Ordering::Acquire);
+        b.saturating_add(refill).min(self.cap_milli.max(b)) >= 1000
     }
 
     fn withdraw(&self) -> bool {
@@ -828,7 +935,10 @@ mod tests {
         let config =
             |names: Vec<Name>, timeout: u64, policy: Option<Policy>, at: usize| MethodConfig {
                 names,
-                timeout: (timeout > 0).then(|| Duration::from_millis(timeout)),
+                settings: CallSettings {
+                    timeout: (timeout > 0).then(|| Duration::from_millis(timeout)),
+                    ..CallSettings::default()
+                },
                 policy,
                 setting: "service_config",
                 origin: format!("methodConfig[{at}]"),

@@ -25,6 +25,9 @@ pub(crate) struct Attempt {
     step: Step,
     /// Its id in the call's replay slot (meaningless for a call that keeps no replay).
     pub(crate) id: AttemptId,
+    /// The attempts of the call's policy before it (its `grpc-previous-rpc-attempts`): 0 for
+    /// the first; a transparent replay carries the number of the attempt it replaces.
+    pub(crate) previous: u32,
     /// Set while the attempt waits on an instance whose connection is being opened, if the call
     /// could go elsewhere: wakes the call when that connection fails, so that it moves on at
     /// once instead of waiting in the connection's queue for its own connect attempt.
@@ -75,6 +78,7 @@ impl Attempt {
             channel,
             step: Step::Waiting(Some(req)),
             id,
+            previous: 0,
             unreachable,
             obs,
         }
@@ -98,13 +102,19 @@ impl Attempt {
         (guard, std::mem::take(&mut self.obs))
     }
 
+    /// Whether its request went to its connection (its answer may be there).
+    pub(crate) fn is_sent(&self) -> bool {
+        matches!(self.step, Step::Sent(_))
+    }
+
     #[inline]
     pub(crate) fn instance(&self) -> &Arc<Instance> {
         self.guard().instance()
     }
 
-    /// Polls the attempt. `replay`: the call's request, if it keeps one.
-    #[inline]
+    /// Polls the attempt. `replay`: the call's request, if it keeps one. (Inlined in the call's
+    /// loop, where it is hot, and where the deadline looks at answers already there.)
+    #[inline(always)]
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>, replay: Option<&Replay>) -> Poll<Polled> {
         if self.unreachable.is_some() {
             if let Some(polled) = self.watch(cx, replay) {

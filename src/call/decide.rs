@@ -3,7 +3,7 @@
 //! next attempt.
 
 use std::sync::Arc;
-use std::task::Context;
+use std::task::{Context, Poll};
 
 use tonic::body::Body;
 use tonic::Code;
@@ -11,8 +11,8 @@ use tower::BoxError;
 
 use super::attempt::{Attempt, Polled};
 use super::outcome::{head_status, End};
-use super::plan::{Plan, MAX_REFUSED_REPLAYS, MAX_SAME_INSTANCE_REPLAYS, RECHECK};
-use super::replay::{Copied, Replay};
+use super::plan::{Plan, RECHECK};
+use super::replay::Replay;
 use super::{CallResult, Phase, ResponseFuture};
 use crate::call::guard::GuardedBody;
 use crate::error::{deadline_exceeded, no_usable_instance};
@@ -26,7 +26,7 @@ use crate::stats::ServedBy;
 impl ResponseFuture {
     /// Attempt `i` ended: what that says, and what the call does next. `Some`: the call's
     /// answer.
-    #[inline]
+    #[inline(always)]
     pub(super) fn ended(&mut self, i: usize, polled: Polled) -> Option<CallResult> {
         match polled {
             Polled::Head(resp) => self.answered(i, resp),
@@ -49,22 +49,18 @@ impl ResponseFuture {
     }
 
     /// Attempt `i`'s response head arrived.
-    #[inline]
+    #[inline(always)]
     fn answered(&mut self, i: usize, mut resp: http::Response<Body>) -> Option<CallResult> {
-        let a = self.attempts.get_mut(i);
-        a.guard_mut().headers_received();
         if self
             .deadline
             .as_deref()
             .is_some_and(crate::deadline::passed)
+            && timed_out(&resp)
         {
-            // The deadline passed as the answer came (often the server's own timer answering
-            // CANCELLED "Timeout expired"): report it as what it is. The instance answered.
-            let outcome = a.guard().deadline_outcome(None);
-            a.guard_mut().finish(outcome);
-            a.obs.ended(Code::DeadlineExceeded);
-            return Some(self.end_with(deadline_exceeded().into()));
+            return Some(self.timed_out(i));
         }
+        let a = self.attempts.get_mut(i);
+        a.guard_mut().headers_received();
         let inst = a.guard().instance();
         inst.connected();
         resp.extensions_mut()
@@ -88,6 +84,21 @@ impl ResponseFuture {
             }
         }
         Some(self.deliver(i, resp))
+    }
+
+    /// Attempt `i` was answered after the deadline by the server's own timer (CANCELLED
+    /// "Timeout expired", DEADLINE_EXCEEDED): the call ends with DEADLINE_EXCEEDED, as what it
+    /// is. The service never answered the call: for the instance, a deadline it let pass (no
+    /// latency sample). (Any other answer already there is the call's, however late the caller
+    /// polls.)
+    #[cold]
+    fn timed_out(&mut self, i: usize) -> CallResult {
+        let deadline_at = self.deadline_at();
+        let a = self.attempts.get_mut(i);
+        let outcome = a.guard().deadline_outcome(deadline_at);
+        a.guard_mut().finish(outcome);
+        a.obs.ended(Code::DeadlineExceeded);
+        self.end_with(deadline_exceeded().into())
     }
 
     /// Whether attempt `i`, answered with a status that is not OK (a trailers-only answer),
@@ -154,15 +165,26 @@ impl ResponseFuture {
                 true
             }
             Plan::Hedge => {
-                let runtime = &again.shared.ctx.runtime;
-                let next = again.next.as_mut().expect("a hedged call's state");
-                let policy = next.hedging.as_ref().expect("a hedged call's policy");
-                if !policy.non_fatal.contains(&code) {
+                let non_fatal = again
+                    .next
+                    .as_ref()
+                    .and_then(|n| n.hedging.as_ref())
+                    .expect("a hedged call's policy")
+                    .non_fatal
+                    .contains(&code);
+                let stop = pushback == Some(Pushback::Stop);
+                if stop || non_fatal {
+                    // gRPC's throttle counts a non-fatal status, and an answer whose pushback
+                    // says not to retry, whatever its status (gRFC A6).
+                    if let Some(budget) = again.budget() {
+                        budget.failed();
+                    }
+                }
+                if !non_fatal {
                     return false;
                 }
-                if let Some(budget) = &again.shared.budget {
-                    budget.failed();
-                }
+                let runtime = &again.shared.ctx.runtime;
+                let next = again.next.as_mut().expect("a hedged call's state");
                 // A non-fatal answer: the next hedge at once, or when the server says.
                 match pushback {
                     None => next.hedge_now = true,
@@ -201,21 +223,8 @@ impl ResponseFuture {
             return false;
         };
         let inst = a.instance();
-        // May the same instance take it again?
-        let same_ok = match end {
-            End::Refused => {
-                if again.refusals >= MAX_REFUSED_REPLAYS {
-                    return false;
-                }
-                true
-            }
-            End::ClosedUnsent | End::ConnectFailed
-                if again.same_instance < MAX_SAME_INSTANCE_REPLAYS
-                    && (end == End::ClosedUnsent || a.guard().held.extra.is_some()) =>
-            {
-                true
-            }
-            _ => false,
+        let Some(same_ok) = again.same_instance_may_take(a, end) else {
+            return false;
         };
         if end != End::Refused && again.replay.was_read(a.id) {
             // Something of it may have gone out.
@@ -228,12 +237,19 @@ impl ResponseFuture {
         let to = match picked {
             Some(idx) => snap[idx].clone(),
             None if same_ok && inst.is_usable() => inst.clone(),
+            None if again.wait_for_ready() && again.replay.replayable() => {
+                // Wait-for-ready goes through transient failures: the call waits for an
+                // instance to come back, then is sent again.
+                tracing::debug!(server.address = %inst.target.name, reason = %e, "no instance can take the call: it waits for one (wait-for-ready)");
+                again.park(Kind::Transparent, a.previous);
+                return true;
+            }
             None => {
                 tracing::debug!(server.address = %inst.target.name, reason = %e, "no other instance to send the call to");
                 return false;
             }
         };
-        let Some((mut req, id)) = again.replay.instead_of(a.id, time_left) else {
+        let Some((mut req, id)) = again.replay.instead_of(a.id, time_left, a.previous) else {
             tracing::debug!(reason = %e, "call cannot be sent again: its request body is gone");
             return false;
         };
@@ -256,19 +272,24 @@ impl ResponseFuture {
             .attempt(&again.shared.totals, &to, Kind::Transparent);
         obs.count_sent(&mut req);
         let method = again.method;
-        self.attempts
-            .push(Attempt::start(&to, method, req, id, true, avoid, obs));
+        let mut replayed = Attempt::start(&to, method, req, id, true, avoid, obs);
+        replayed.previous = a.previous;
+        self.attempts.push(replayed);
         true
     }
 
     /// The plan's next attempt: a retry after its backoff, or a hedge.
     pub(super) fn next_attempt(&mut self, cx: &mut Context<'_>) -> Made {
-        let again = self.again.as_mut().expect("a plan");
-        match again.plan {
-            Plan::Hedge => {}
-            Plan::Retry => return self.retry(),
-            Plan::Replay => return Made::Waits,
+        match self.again.as_ref().expect("a plan").plan {
+            Plan::Hedge => self.hedge(cx),
+            Plan::Retry => self.retry(),
+            Plan::Replay => Made::Waits,
         }
+    }
+
+    /// The hedging policy's next attempt, if it can go now.
+    fn hedge(&mut self, cx: &mut Context<'_>) -> Made {
+        let again = self.again.as_mut().expect("a plan");
         let next = again.next.as_mut().expect("a hedged call's state");
         let policy = next.hedging.clone().expect("a hedged call's policy");
         next.hedge_now = false;
@@ -277,6 +298,8 @@ impl ResponseFuture {
             next.armed = false;
             return Made::Waits;
         }
+        // The attempts so far, before this hedge.
+        let previous = next.made;
         let Some(time_left) = again.time_left() else {
             return Made::Waits;
         };
@@ -289,42 +312,21 @@ impl ResponseFuture {
             }
             return Made::Waits;
         }
-        let (mut req, id) = match again.replay.copy(time_left, cx) {
-            Copied::Ready(req, id) => (req, id),
-            Copied::Later if busy => {
-                // The first attempt has not sent the whole request yet: the hedge waits for it.
-                again.next().hedge_waits = true;
-                return Made::Waits;
-            }
-            Copied::Later | Copied::Unread if !busy => match again.replay.request(time_left) {
-                // No attempt in flight has the request: this one takes it.
-                Some(r) => r,
-                None => {
-                    again.stop();
-                    return Made::Waits;
-                }
-            },
-            Copied::Unread => {
-                again.next().hedge_waits = true;
-                return Made::Waits;
-            }
-            Copied::Never | Copied::Later => {
-                tracing::debug!("request not kept (larger than max_replay_body): not hedged");
-                again.stop();
-                return Made::Waits;
-            }
+        let Some((mut req, id)) = again.hedge_request(time_left, previous, busy, cx) else {
+            return Made::Waits;
         };
-        if let Some(budget) = &again.shared.budget {
-            if !budget.withdraw() {
-                tracing::debug!("retry budget spent: no further hedge");
-                crate::observe::budget_exhausted(&again.shared.totals);
-                again.stop();
-                return Made::Waits;
-            }
+        if again.budget().is_some_and(|b| !b.withdraw()) {
+            tracing::debug!("retry budget spent: no further hedge");
+            crate::observe::budget_exhausted(&again.shared.totals);
+            again.stop();
+            return Made::Waits;
         }
         let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
         let Some(idx) = picked else {
-            // The set changed since the look above.
+            // The set changed since the look above: the hedge did not go out.
+            if let Some(budget) = again.budget() {
+                budget.refund();
+            }
             again.arm(policy.delay.max(RECHECK));
             return Made::Waits;
         };
@@ -341,23 +343,46 @@ impl ResponseFuture {
         let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Hedge);
         obs.count_sent(&mut req);
         let watch = again.shared.replay;
-        self.attempts.push(Attempt::start(
-            &inst, method, req, id, watch, UNCOUNTED, obs,
-        ));
+        let mut hedge = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
+        hedge.previous = previous;
+        self.attempts.push(hedge);
         Made::Sent
     }
 
     /// The retry policy's next attempt, its backoff over.
     fn retry(&mut self) -> Made {
         let again = self.again.as_mut().expect("a plan");
+        // `made` counts this retry already.
+        let previous = again.next().made - 1;
+        // The budget's token, taken as the retry goes out (given back if it does not).
+        let shared = again.shared.clone();
+        let budget = shared
+            .budget
+            .as_ref()
+            .filter(|b| again.budgeted() || b.is_throttle());
+        if budget.is_some_and(|b| !b.take()) {
+            tracing::debug!("retry budget spent: not retrying");
+            crate::observe::budget_exhausted(&shared.totals);
+            return Made::Over(self.last_word());
+        }
+        let inst = again.retry_pick();
+        if inst.is_none() && again.wait_for_ready() && again.replay.replayable() {
+            // Wait-for-ready: the retry waits for a usable instance.
+            if let Some(budget) = budget {
+                budget.refund();
+            }
+            again.park(Kind::Retry, previous);
+            return Made::Waits;
+        }
         let sent = again.time_left().and_then(|time_left| {
-            let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
-            let inst = snap[picked?].clone();
-            let (req, id) = again.replay.request(time_left)?;
-            Some((inst, req, id))
+            let (req, id) = again.replay.request(time_left, previous)?;
+            Some((inst?, req, id))
         });
         let Some((inst, mut req, id)) = sent else {
             // The set changed while the call waited: the caller gets the last answer as it was.
+            if let Some(budget) = budget {
+                budget.refund();
+            }
             return Made::Over(self.last_word());
         };
         tracing::debug!(server.address = %inst.target.name, attempt = again.next().made, "call retried");
@@ -365,9 +390,61 @@ impl ResponseFuture {
         let watch = again.shared.replay;
         let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Retry);
         obs.count_sent(&mut req);
-        self.attempts.push(Attempt::start(
-            &inst, method, req, id, watch, UNCOUNTED, obs,
-        ));
+        let mut retry = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
+        retry.previous = previous;
+        self.attempts.push(retry);
+        Made::Sent
+    }
+
+    /// Wait-for-ready: an instance may be usable now. The parked attempt goes to one (a retry
+    /// through the retry policy), or the call waits again.
+    pub(super) fn resume(&mut self, cx: &mut Context<'_>) -> Made {
+        let again = self.again.as_mut().expect("a plan");
+        let Some(parked) = again.parked.take() else {
+            return Made::Waits;
+        };
+        let made = match parked.kind {
+            Kind::Retry => self.retry(),
+            _ => self.send_unseen(parked.previous),
+        };
+        let again = self.again.as_mut().expect("a plan");
+        if again.parked.as_ref().is_some_and(|p| !p.notified()) {
+            // An instance is usable, but the pick just found none (the set changed between the
+            // two looks): look again at the next poll.
+            cx.waker().wake_by_ref();
+        }
+        made
+    }
+
+    /// Wait-for-ready: sends the call again, unseen by the caller, to a usable instance (the
+    /// request whole, with `previous` attempts before it), or parks it again.
+    fn send_unseen(&mut self, previous: u32) -> Made {
+        let again = self.again.as_mut().expect("a plan");
+        let Some(time_left) = again.time_left() else {
+            // The deadline ends the call.
+            again.park(Kind::Transparent, previous);
+            return Made::Waits;
+        };
+        let (snap, picked) = pick_now(&again.shared.picker, &[], again.method);
+        let Some(idx) = picked else {
+            again.park(Kind::Transparent, previous);
+            return Made::Waits;
+        };
+        let Some((mut req, id)) = again.replay.request(time_left, previous) else {
+            return Made::Over(self.last_word());
+        };
+        let inst = snap[idx].clone();
+        if again.plan == Plan::Hedge {
+            again.tried(&inst);
+        }
+        tracing::debug!(server.address = %inst.target.name, "call sent again: an instance is usable (wait-for-ready)");
+        let obs = self
+            .obs
+            .attempt(&again.shared.totals, &inst, Kind::Transparent);
+        obs.count_sent(&mut req);
+        let mut attempt = Attempt::start(&inst, again.method, req, id, true, UNCOUNTED, obs);
+        attempt.previous = previous;
+        self.attempts.push(attempt);
         Made::Sent
     }
 
@@ -389,10 +466,12 @@ impl ResponseFuture {
     /// The call's answer is attempt `i`'s response: every other attempt is cancelled, no
     /// further one is made, and the response body carries the attempt's count until the call
     /// is over.
-    #[inline]
+    #[inline(always)]
     fn deliver(&mut self, i: usize, resp: http::Response<Body>) -> CallResult {
         let (guard, obs) = self.attempts.get_mut(i).take_answer();
+        let mut max_response = None;
         if let Some(again) = self.again.as_mut() {
+            max_response = again.max_response;
             again.replay.commit();
             again.stop();
             if self.attempts.len() > 1 {
@@ -409,7 +488,13 @@ impl ResponseFuture {
         let deadline = self.deadline.take();
         self.phase = Phase::Over(None);
         let obs = std::mem::take(&mut self.obs);
-        Ok(resp.map(|body| Body::new(GuardedBody::new(body, guard, deadline, obs))))
+        Ok(resp.map(|body| {
+            let body = GuardedBody::new(body, guard, deadline, obs);
+            match max_response {
+                None => Body::new(body),
+                Some(max) => Body::new(super::limits::LimitedResponse::new(body, max)),
+            }
+        }))
     }
 
     /// The call ends with this error: every attempt left is cancelled.
@@ -424,6 +509,31 @@ impl ResponseFuture {
         self.phase = Phase::Over(None);
         self.obs.finish(crate::observe::code_of(&*error));
         Err(error)
+    }
+
+    /// The call's deadline has come: an answer already there wins over it (the response head
+    /// an attempt has received, a caller who polls late); else the call ends with
+    /// DEADLINE_EXCEEDED. Nothing new is sent: no attempt goes after the deadline.
+    pub(super) fn at_deadline(&mut self, cx: &mut Context<'_>) -> CallResult {
+        let mut i = 0;
+        while i < self.attempts.len() {
+            let replay = self.again.as_deref().map(|a| &a.replay);
+            let a = self.attempts.get_mut(i);
+            if !a.is_sent() {
+                i += 1;
+                continue;
+            }
+            match a.poll(cx, replay) {
+                Poll::Pending => i += 1,
+                Poll::Ready(polled) => {
+                    if let Some(result) = self.ended(i, polled) {
+                        return result;
+                    }
+                    // Attempt `i` is another one now (or none).
+                }
+            }
+        }
+        self.deadline_passed()
     }
 
     /// The call's deadline passed before its answer: each attempt is over, with what that
@@ -442,6 +552,16 @@ impl ResponseFuture {
         }
         self.end_with(deadline_exceeded().into())
     }
+}
+
+/// Whether a response head is the answer of the server's own timer to the call's deadline
+/// (its `grpc-timeout`): a trailers-only DEADLINE_EXCEEDED, or CANCELLED as tonic's servers
+/// answer ("Timeout expired").
+fn timed_out(resp: &http::Response<Body>) -> bool {
+    matches!(
+        head_status(resp),
+        Some((Code::DeadlineExceeded | Code::Cancelled, _))
+    )
 }
 
 /// What the plan's next attempt came to.

@@ -235,9 +235,18 @@ pin_project_lite::pin_project! {
         inner: Body,
         guard: Option<CallGuard>,
         deadline: Option<Pin<Box<Sleep>>>,
+        // Bytes of data yielded after the deadline (see `LATE_DATA`).
+        late: usize,
         obs: CallObs,
     }
 }
+
+/// Once the call's deadline has passed, the body still yields what has already arrived (an
+/// answer already there wins over a caller who reads late), without waiting for more, up to
+/// this many bytes of data: an HTTP/2 stream's default window, which bounds what a server
+/// can have sent that the caller had not read; past that, or as soon as it would wait, the
+/// call ends with DEADLINE_EXCEEDED.
+const LATE_DATA: usize = 65_535;
 
 impl GuardedBody {
     pub(crate) fn new(
@@ -250,8 +259,23 @@ impl GuardedBody {
             inner,
             guard: Some(guard),
             deadline,
+            late: 0,
             obs,
         }
+    }
+}
+
+impl GuardedBody {
+    /// Ends the call here, before its stream did, with `outcome` for its instance and `code`
+    /// for its caller: a check of the channel's own failed it (a response message above the
+    /// method's limit, see `call::limits`). The count is released; dropping the body then
+    /// cancels the stream.
+    pub(crate) fn end_here(&mut self, outcome: Outcome, code: tonic::Code) {
+        if let Some(mut guard) = self.guard.take() {
+            guard.finish(outcome);
+        }
+        self.deadline = None;
+        self.obs.finish(code);
     }
 }
 
@@ -263,6 +287,20 @@ fn end(this: &mut GuardedBodyProj<'_>, outcome: Outcome, code: tonic::Code) {
     }
     *this.deadline = None;
     this.obs.finish(code);
+}
+
+/// After the deadline: whether what the body yielded is an answer that was already there (a
+/// frame ready at once, within [`LATE_DATA`] bytes of data since the deadline, counted in
+/// `late`), rather than a wait, an error or the stream's end without trailers.
+fn arrived_in_time(
+    polled: &Poll<Option<Result<Frame<Bytes>, tonic::Status>>>,
+    late: &mut usize,
+) -> bool {
+    let Poll::Ready(Some(Ok(frame))) = polled else {
+        return false;
+    };
+    *late += frame.data_ref().map_or(0, Bytes::len);
+    *late <= LATE_DATA
 }
 
 impl HttpBody for GuardedBody {
@@ -278,14 +316,17 @@ impl HttpBody for GuardedBody {
             // Over: trailers were read, an error was returned, or the deadline passed.
             return Poll::Ready(None);
         };
-        if let Some(deadline) = this.deadline.as_mut() {
-            if deadline.as_mut().poll(cx).is_ready() {
-                // The instance had answered (this is its response): nothing against it.
-                end(&mut this, Outcome::Neutral, tonic::Code::DeadlineExceeded);
-                return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
-            }
+        let late = this
+            .deadline
+            .as_mut()
+            .is_some_and(|d| d.as_mut().poll(cx).is_ready());
+        let polled = this.inner.as_mut().poll_frame(cx);
+        if late && !arrived_in_time(&polled, this.late) {
+            // The instance had answered (this is its response): nothing against it.
+            end(&mut this, Outcome::Neutral, tonic::Code::DeadlineExceeded);
+            return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
         }
-        match this.inner.as_mut().poll_frame(cx) {
+        match polled {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(mut frame))) => {
                 this.obs.received(&frame);
@@ -294,10 +335,15 @@ impl HttpBody for GuardedBody {
                     crate::orca::take_report(guard.instance(), trailers);
                     let code = grpc_status(trailers);
                     let late = this.deadline.as_deref().is_some_and(deadline::passed);
-                    if late && code.is_some_and(|c| c != tonic::Code::Ok) {
-                        // The deadline passed as the stream ended with an error (often the
-                        // server's own timer, CANCELLED "Timeout expired"): report it as what
-                        // it is. The instance had answered: nothing against it.
+                    if late
+                        && code.is_some_and(|c| {
+                            matches!(c, tonic::Code::Cancelled | tonic::Code::DeadlineExceeded)
+                        })
+                    {
+                        // The deadline passed as the stream ended with the server's own
+                        // timer's answer (CANCELLED "Timeout expired", DEADLINE_EXCEEDED):
+                        // report it as what it is. (Any other status already there is the
+                        // call's.) The instance had answered: nothing against it.
                         end(&mut this, Outcome::Neutral, tonic::Code::DeadlineExceeded);
                         return Poll::Ready(Some(Err(crate::error::deadline_exceeded())));
                     }

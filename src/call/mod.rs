@@ -26,8 +26,10 @@
 mod attempt;
 mod decide;
 pub(crate) mod guard;
+mod limits;
 mod outcome;
 mod plan;
+mod ready;
 mod replay;
 pub(crate) mod shared;
 
@@ -42,7 +44,7 @@ use tower::BoxError;
 
 use self::attempt::Attempt;
 use self::decide::Made;
-use self::plan::{Again, Attempts, Next, Plan};
+use self::plan::{Again, Attempts, Plan};
 use self::replay::Replay;
 use self::shared::Shared;
 use crate::error::{deadline_exceeded, no_usable_instance};
@@ -51,6 +53,8 @@ use crate::instance::events::Kind;
 use crate::instance::tie::Method;
 use crate::observe::CallObs;
 use crate::pick::dispatch::{no_instance_message, pick_now};
+
+pub use self::ready::WaitForReady;
 
 pub(crate) type CallResult = Result<http::Response<Body>, BoxError>;
 
@@ -69,15 +73,17 @@ pub struct ResponseFuture {
 enum Phase {
     /// Attempts in flight, or a wait for the next one.
     Running,
-    /// Waiting for the first answer of discovery (rare: boxed, so that the future of every
-    /// other call does not carry room for a request).
-    Discovering(Box<Discovering>),
+    /// Waiting, before it is routed, for the first answer of discovery, or (wait-for-ready)
+    /// for a usable instance (rare: boxed, so that the future of every other call does not
+    /// carry room for a request).
+    Held(Box<Held>),
     /// Over: refused before routing (the status to give), or delivered.
     Over(Option<tonic::Status>),
 }
 
-/// A call waiting for the first answer of discovery.
-struct Discovering {
+/// A call waiting before it is routed: for the first answer of discovery, or for a usable
+/// instance.
+struct Held {
     wait: Pin<Box<dyn Future<Output = ()> + Send>>,
     req: Option<http::Request<Body>>,
     shared: Arc<Shared>,
@@ -106,6 +112,13 @@ impl ResponseFuture {
                     crate::deadline::encode(t),
                 );
             }
+        }
+        if timeout.is_some_and(|d| d.is_zero()) {
+            // A deadline that has passed already (a service config's `"0s"`): nothing is sent,
+            // as in grpc-go.
+            let mut obs = CallObs::new(&shared.totals, &req);
+            obs.finish(tonic::Code::DeadlineExceeded);
+            return ResponseFuture::over(deadline_exceeded(), obs);
         }
         let deadline = timeout.map(|d| {
             // The timer is made on the channel's runtime: the caller may be on any executor.
@@ -161,6 +174,15 @@ impl ResponseFuture {
                     }
                 }
             }
+            // Wait-for-ready: an instance may be usable now.
+            let parked = self.again.as_mut().and_then(|a| a.parked.as_mut());
+            if parked.is_some_and(|p| p.ready(cx)) {
+                match self.resume(cx) {
+                    Made::Sent => moved = true,
+                    Made::Waits => {}
+                    Made::Over(result) => return Poll::Ready(result),
+                }
+            }
             if self.attempts.is_empty() && !self.again.as_ref().is_some_and(|a| a.waiting()) {
                 return Poll::Ready(self.last_word());
             }
@@ -176,7 +198,7 @@ fn route(
     shared: &Arc<Shared>,
     req: http::Request<Body>,
     deadline: Option<Pin<Box<Sleep>>>,
-    mut obs: CallObs,
+    obs: CallObs,
 ) -> ResponseFuture {
     let method = Method::of(req.uri().path());
     let (snap, picked) = pick_now(&shared.picker, &[], method);
@@ -188,44 +210,29 @@ fn route(
         }
         _ => (snap, picked),
     };
+    route_to(shared, req, deadline, obs, method, (snap, picked))
+}
+
+/// Routes one call to `method` to the instance the pick chose (`picked` of `snap`), if any.
+#[inline(always)]
+fn route_to(
+    shared: &Arc<Shared>,
+    req: http::Request<Body>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    mut obs: CallObs,
+    method: Method,
+    (snap, picked): (arc_swap::Guard<crate::set::Snapshot>, Option<usize>),
+) -> ResponseFuture {
     let Some(idx) = picked else {
-        if snap.is_empty() && !*shared.set().discovered.borrow() {
-            // Discovery has not answered yet: wait for its first answer (bounded by the
-            // lookup's timeout, and by the call's deadline).
-            let mut rx = shared.set().discovered.subscribe();
-            let wait = Box::pin(async move {
-                let _ = rx.wait_for(|done| *done).await;
-            });
-            return ResponseFuture {
-                attempts: Attempts::none(),
-                again: None,
-                deadline,
-                obs,
-                phase: Phase::Discovering(Box::new(Discovering {
-                    wait,
-                    req: Some(req),
-                    shared: shared.clone(),
-                })),
-            };
-        }
-        let msg = no_instance_message(&shared.picker, &snap);
-        tracing::debug!(reason = %msg, "call refused");
-        obs.refused(&shared.totals);
-        return ResponseFuture::over(no_usable_instance(msg), CallObs::default());
+        return unrouted(shared, req, deadline, obs, &snap);
     };
     let inst = &snap[idx];
     tracing::trace!(server.address = %inst.target.name, in_flight = inst.in_flight(), "call routed");
     // The method's policy, looked up once per call (at most one of the two).
-    let policies = shared.methods.get(req.uri().path());
-    let hedging = policies.hedging.clone();
-    let retry = policies.retry.clone();
-    let plan = match (&hedging, &retry) {
-        (Some(_), _) => Some(Plan::Hedge),
-        (None, Some(_)) => Some(Plan::Retry),
-        (None, None) if shared.replay => Some(Plan::Replay),
-        (None, None) => None,
-    };
-    let Some(plan) = plan else {
+    let policy = shared.methods.get(req.uri().path());
+    // A call with a message size limit goes through the replay slot, which keeps a failed
+    // limit as the caller's error.
+    let Some(plan) = Plan::of(policy, shared.replay || policy.settings.limits()) else {
         // Nothing will send it again: the request goes as it is.
         let mut req = req;
         let a = obs.attempt(&shared.totals, inst, Kind::First);
@@ -243,6 +250,10 @@ fn route(
     }
     // The request is recorded (up to `max_replay_body`) whatever the plan: a stream the server
     // refuses has had its body read already, and is sent again from the copy.
+    let req = match policy.settings.max_request {
+        None => req,
+        Some(max) => req.map(|body| Body::new(limits::LimitedRequest::new(body, max))),
+    };
     let (mut req, replay) = Replay::wrap(req, true, shared.max_replay_body);
     let a = obs.attempt(&shared.totals, inst, Kind::First);
     a.count_sent(&mut req);
@@ -255,23 +266,10 @@ fn route(
         UNCOUNTED,
         a,
     ));
-    let mut again = Box::new(Again {
-        shared: shared.clone(),
-        replay,
-        method,
-        deadline_at: deadline.as_ref().map(|d| d.deadline()),
-        plan,
-        retry,
-        same_instance: 0,
-        refusals: 0,
-        tried: Vec::new(),
-        next: None,
-    });
-    if let Some(policy) = hedging {
-        let delay = policy.delay;
-        again.next = Some(Next::new(Some(policy)));
-        again.tried(inst);
-        again.arm(delay);
+    let deadline_at = deadline.as_ref().map(|d| d.deadline());
+    let mut again = Again::new(shared, replay, method, deadline_at, plan, policy);
+    if let Some(hedging) = &policy.hedging {
+        again.start_hedging(hedging, inst);
     }
     ResponseFuture {
         attempts,
@@ -279,6 +277,66 @@ fn route(
         deadline,
         obs,
         phase: Phase::Running,
+    }
+}
+
+/// A call that found no instance to take it: it waits for discovery's first answer if there
+/// has been none, or, wait-for-ready, for a usable instance; else it is refused.
+#[cold]
+fn unrouted(
+    shared: &Arc<Shared>,
+    req: http::Request<Body>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    mut obs: CallObs,
+    snap: &crate::set::Snapshot,
+) -> ResponseFuture {
+    if snap.is_empty() && !*shared.set().discovered.borrow() {
+        // Discovery has not answered yet: wait for its first answer (bounded by the
+        // lookup's timeout, and by the call's deadline).
+        let mut rx = shared.set().discovered.subscribe();
+        let wait = Box::pin(async move {
+            let _ = rx.wait_for(|done| *done).await;
+        });
+        return held(shared, req, deadline, obs, wait);
+    }
+    let path = req.uri().path();
+    let method_says = shared.methods.get(path).settings.wait_for_ready;
+    if ready::WaitForReady::of(req.extensions(), method_says) {
+        // Wait for a usable instance: the notification first, then one more look at the set,
+        // so that an instance back in the meantime is not missed.
+        let wait = ready::notified(&shared.usable);
+        let method = Method::of(path);
+        let (snap, picked) = pick_now(&shared.picker, &[], method);
+        if picked.is_some() {
+            return route_to(shared, req, deadline, obs, method, (snap, picked));
+        }
+        tracing::debug!("no usable instance: the call waits for one (wait-for-ready)");
+        return held(shared, req, deadline, obs, wait);
+    }
+    let msg = no_instance_message(&shared.picker, snap);
+    tracing::debug!(reason = %msg, "call refused");
+    obs.refused(&shared.totals);
+    ResponseFuture::over(no_usable_instance(msg), CallObs::default())
+}
+
+/// A call that waits for `wait` before it is routed.
+fn held(
+    shared: &Arc<Shared>,
+    req: http::Request<Body>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    obs: CallObs,
+    wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+) -> ResponseFuture {
+    ResponseFuture {
+        attempts: Attempts::none(),
+        again: None,
+        deadline,
+        obs,
+        phase: Phase::Held(Box::new(Held {
+            wait,
+            req: Some(req),
+            shared: shared.clone(),
+        })),
     }
 }
 
@@ -296,8 +354,8 @@ impl Future for ResponseFuture {
                     .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
                 return Poll::Ready(Err(status.into()));
             }
-            Phase::Discovering(d) => {
-                let Discovering { wait, req, shared } = &mut **d;
+            Phase::Held(d) => {
+                let Held { wait, req, shared } = &mut **d;
                 if let Some(deadline) = this.deadline.as_mut() {
                     if deadline.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(this.end_with(deadline_exceeded().into()));
@@ -314,7 +372,7 @@ impl Future for ResponseFuture {
         }
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(this.deadline_passed());
+                return Poll::Ready(this.at_deadline(cx));
             }
         }
         this.drive(cx)

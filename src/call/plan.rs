@@ -8,19 +8,22 @@ use std::sync::Arc;
 use std::task::Context;
 use std::time::Duration;
 
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 use tonic::Code;
 
 use super::attempt::Attempt;
-use super::replay::Replay;
+use super::outcome::End;
+use super::replay::{AttemptId, Copied, Replay};
 use super::shared::Shared;
 use super::CallResult;
 use crate::hedge::HedgingPolicy;
+use crate::instance::events::Kind;
 use crate::instance::tie::Method;
 use crate::instance::Instance;
-use crate::pick::dispatch::could_take;
+use crate::pick::dispatch::{could_take, pick_now};
 use crate::pushback::Pushback;
-use crate::retry::RetryPolicy;
+use crate::retry::{Budget, MethodPolicy, RetryPolicy};
 
 /// At most this many transparent replays of one call on instances it has tried already (a
 /// connection closed before the request was written: the same instance may take the call on a
@@ -52,6 +55,20 @@ pub(super) enum Plan {
     Hedge,
 }
 
+impl Plan {
+    /// The plan for a call to a method with `policy`; `None` if nothing will send the call
+    /// again (no policy, transparent replay off: `replay`).
+    #[inline]
+    pub(super) fn of(policy: &MethodPolicy, replay: bool) -> Option<Plan> {
+        match (&policy.hedging, &policy.retry) {
+            (Some(_), _) => Some(Plan::Hedge),
+            (None, Some(_)) => Some(Plan::Retry),
+            (None, None) if replay => Some(Plan::Replay),
+            (None, None) => None,
+        }
+    }
+}
+
 /// What a call needs to make another attempt.
 pub(super) struct Again {
     pub(super) shared: Arc<Shared>,
@@ -65,14 +82,46 @@ pub(super) struct Again {
     pub(super) same_instance: u8,
     /// Refused streams sent again (see [`MAX_REFUSED_REPLAYS`]).
     pub(super) refusals: u8,
+    /// The method's `maxResponseMessageBytes`, if its service config sets one.
+    pub(super) max_response: Option<u32>,
+    /// The method's `waitForReady`, if its service config sets it.
+    pub(super) method_wait_for_ready: Option<bool>,
     /// The instances the call must not go to again: those whose attempt ended without success
     /// and, for a hedged call, every one an attempt went to (empty until then: no allocation on
     /// a call's first attempt).
     pub(super) tried: Vec<Arc<Instance>>,
+    /// Wait-for-ready: the call waits for a usable instance to send its request to again.
+    pub(super) parked: Option<Parked>,
     /// The retry or hedging policy's state, from when it is first needed (a hedged call's
     /// start, a call's first retry): boxed, so that the calls that never need it (nearly all)
     /// carry a word.
     pub(super) next: Option<Box<Next>>,
+}
+
+/// A call waiting (wait-for-ready) for a usable instance to send its request to again: its
+/// attempt could not reach its instance, or its retry found none, and no other could take it.
+pub(super) struct Parked {
+    /// Woken when an instance may have become usable; `None`: one may be already, look now.
+    wait: Option<Pin<Box<OwnedNotified>>>,
+    /// The attempt that goes once one is usable: sent again unseen, or a retry.
+    pub(super) kind: Kind,
+    /// Its `grpc-previous-rpc-attempts`.
+    pub(super) previous: u32,
+}
+
+impl Parked {
+    /// Whether an instance may be usable now.
+    pub(super) fn ready(&mut self, cx: &mut Context<'_>) -> bool {
+        match &mut self.wait {
+            None => true,
+            Some(w) => w.as_mut().poll(cx).is_ready(),
+        }
+    }
+
+    /// Whether it waits for a notification (rather than looking at once).
+    pub(super) fn notified(&self) -> bool {
+        self.wait.is_some()
+    }
 }
 
 /// The state of a retry or hedging policy in one call.
@@ -81,6 +130,10 @@ pub(super) struct Next {
     pub(super) hedging: Option<Arc<HedgingPolicy>>,
     /// Attempts made under the policy, the first included (transparent replays do not count).
     pub(super) made: u32,
+    /// Retries since the server's last pushback (or since the first attempt): the next
+    /// backoff is the policy's for retry number `since_pushback + 1`, so that after a pushback
+    /// it starts again from the initial backoff (gRFC A6).
+    pub(super) since_pushback: u32,
     /// The latest answer that did not end the call (a status retried or non-fatal): the
     /// caller's if no further attempt answers.
     pub(super) last: Option<CallResult>,
@@ -102,6 +155,7 @@ impl Next {
         Box::new(Next {
             hedging,
             made: 1,
+            since_pushback: 0,
             last: None,
             timer: None,
             armed: false,
@@ -153,6 +207,41 @@ impl Next {
 }
 
 impl Again {
+    /// What a call to `method` routed with `plan` (for its method's `policy`) needs for its
+    /// attempts after the first: its request in `replay`, its deadline.
+    #[inline(always)]
+    pub(super) fn new(
+        shared: &Arc<Shared>,
+        replay: Replay,
+        method: Method,
+        deadline_at: Option<Instant>,
+        plan: Plan,
+        policy: &MethodPolicy,
+    ) -> Box<Again> {
+        Box::new(Again {
+            shared: shared.clone(),
+            replay,
+            method,
+            deadline_at,
+            plan,
+            max_response: policy.settings.max_response,
+            method_wait_for_ready: policy.settings.wait_for_ready,
+            retry: policy.retry.clone(),
+            same_instance: 0,
+            refusals: 0,
+            tried: Vec::new(),
+            parked: None,
+            next: None,
+        })
+    }
+
+    /// A hedged call's first attempt went to `first`: the next goes after the policy's delay.
+    pub(super) fn start_hedging(&mut self, policy: &Arc<HedgingPolicy>, first: &Arc<Instance>) {
+        self.next = Some(Next::new(Some(policy.clone())));
+        self.tried(first);
+        self.arm(policy.delay);
+    }
+
     /// The time left before the deadline (`Some(None)`: no deadline); `None` if it has passed.
     pub(super) fn time_left(&self) -> Option<Option<Duration>> {
         match self.deadline_at {
@@ -161,6 +250,26 @@ impl Again {
                 let left = at.checked_duration_since(Instant::now())?;
                 (!left.is_zero()).then_some(Some(left))
             }
+        }
+    }
+
+    /// What limits this call's retries and hedges: gRPC's throttle, or the crate's budget for a
+    /// builder's policy; `None` for a service config's policy without `retryThrottling`.
+    pub(super) fn budget(&self) -> Option<&Budget> {
+        self.shared
+            .budget
+            .as_ref()
+            .filter(|b| self.budgeted() || b.is_throttle())
+    }
+
+    /// Whether the crate's budget limits this call's policy: a builder's policy (gRPC's
+    /// throttle, if the channel has one, limits every policy).
+    pub(super) fn budgeted(&self) -> bool {
+        let hedging = self.next.as_ref().and_then(|n| n.hedging.as_ref());
+        match (hedging, &self.retry) {
+            (Some(h), _) => !h.from_config,
+            (None, Some(r)) => !r.from_config,
+            (None, None) => false,
         }
     }
 
@@ -177,16 +286,57 @@ impl Again {
             .arm(after, runtime);
     }
 
-    /// Whether the call waits for a next attempt of its policy.
+    /// Whether the call waits for a next attempt of its policy, or for a usable instance.
     pub(super) fn waiting(&self) -> bool {
-        self.next.as_ref().is_some_and(|n| n.waiting())
+        self.parked.is_some() || self.next.as_ref().is_some_and(|n| n.waiting())
     }
 
-    /// No further attempt of the policy.
+    /// No further attempt of the policy, nor any wait for a usable instance.
     pub(super) fn stop(&mut self) {
+        self.parked = None;
         if let Some(n) = self.next.as_mut() {
             n.stop();
         }
+    }
+
+    /// After attempt `a`, which the server did not process (`end`): whether the instance it
+    /// went to may take the call again, sent unseen (`None`: the call may not be sent again
+    /// that way at all, its refused streams spent).
+    pub(super) fn same_instance_may_take(&self, a: &Attempt, end: End) -> Option<bool> {
+        Some(match end {
+            End::Refused => {
+                if self.refusals >= MAX_REFUSED_REPLAYS {
+                    return None;
+                }
+                true
+            }
+            End::ClosedUnsent | End::ConnectFailed
+                if self.same_instance < MAX_SAME_INSTANCE_REPLAYS
+                    && (end == End::ClosedUnsent || a.guard().held.extra.is_some()) =>
+            {
+                true
+            }
+            _ => false,
+        })
+    }
+
+    /// Whether the call waits for a usable instance rather than fail when none can take it: its
+    /// own [`WaitForReady`](super::WaitForReady), else its method's `waitForReady`.
+    pub(super) fn wait_for_ready(&self) -> bool {
+        super::ready::WaitForReady::of(self.replay.extensions(), self.method_wait_for_ready)
+    }
+
+    /// Parks the call until an instance may be usable; then its request goes again as `kind`
+    /// (sent again unseen, or a retry), with `previous` attempts before it.
+    pub(super) fn park(&mut self, kind: Kind, previous: u32) {
+        // The notification first, then a look at the set: a change in between is not missed.
+        let wait = super::ready::notified(&self.shared.usable);
+        let now = could_take(&self.shared.picker, &[]);
+        self.parked = Some(Parked {
+            wait: (!now).then_some(wait),
+            kind,
+            previous,
+        });
     }
 
     pub(super) fn tried(&mut self, inst: &Arc<Instance>) {
@@ -195,24 +345,72 @@ impl Again {
         }
     }
 
+    /// The request for a hedge with `previous` attempts before it, if it can go now (`busy`:
+    /// attempts are in flight); else the call waits for it (the first attempt has not sent the
+    /// request whole yet: the replay slot wakes the call then) or hedging stops (the request
+    /// was not kept).
+    pub(super) fn hedge_request(
+        &mut self,
+        time_left: Option<Duration>,
+        previous: u32,
+        busy: bool,
+        cx: &mut Context<'_>,
+    ) -> Option<(http::Request<tonic::body::Body>, AttemptId)> {
+        match self.replay.copy(time_left, previous, cx) {
+            Copied::Ready(req, id) => Some((req, id)),
+            Copied::Later | Copied::Unread if !busy => {
+                // No attempt in flight has the request: this one takes it.
+                let request = self.replay.request(time_left, previous);
+                if request.is_none() {
+                    self.stop();
+                }
+                request
+            }
+            Copied::Later | Copied::Unread => {
+                // The first attempt has not sent the whole request yet: the hedge waits for it.
+                self.next().hedge_waits = true;
+                None
+            }
+            Copied::Never => {
+                tracing::debug!("request not kept (larger than max_replay_body): not hedged");
+                self.stop();
+                None
+            }
+        }
+    }
+
     /// Whether the retry policy sends this failure again, and if so the backoff to wait first
     /// (or the server's pushback instead: a wait it asks for, or no retry). Everything that
-    /// could make the retry impossible is checked before a token of the budget is taken, so
-    /// that a call with nowhere to go keeps the answer it has; nothing of the pick moves.
+    /// could make the retry impossible is checked first, and the budget only asked (its token
+    /// is taken when the retry goes out), so that a call with nowhere to go keeps the answer
+    /// it has and the budget its token; nothing of the pick moves. A
+    /// retry may go to an instance the call tried (see [`retry_pick`](Self::retry_pick)).
     pub(super) fn retry_after(
         &mut self,
         code: Code,
         pushback: Option<Pushback>,
     ) -> Option<Duration> {
         let policy = self.retry.as_deref()?;
-        if !policy.retries(code) {
+        let stop = pushback == Some(Pushback::Stop);
+        if !policy.retries(code) && !stop {
             return None;
         }
-        // gRPC's throttle counts every failure with a retryable status, retried or not.
-        if let Some(budget) = &self.shared.budget {
+        // gRPC's throttle counts every failure with a retryable status, retried or not, and
+        // every answer whose pushback says not to retry, whatever its status (gRFC A6).
+        if let Some(budget) = self.budget() {
             budget.failed();
         }
-        let made = self.next.as_ref().map_or(1, |n| n.made);
+        if stop {
+            tracing::debug!(
+                rpc.grpc.status_code = code as i32,
+                "the server's pushback says not to retry"
+            );
+            return None;
+        }
+        let (made, since_pushback) = self
+            .next
+            .as_ref()
+            .map_or((1, 0), |n| (n.made, n.since_pushback));
         if made >= policy.max_attempts {
             return None;
         }
@@ -220,15 +418,8 @@ impl Again {
             return None;
         }
         let delay = match pushback {
-            None => policy.backoff(made),
             Some(Pushback::After(wait)) => wait,
-            Some(Pushback::Stop) => {
-                tracing::debug!(
-                    rpc.grpc.status_code = code as i32,
-                    "the server's pushback says not to retry"
-                );
-                return None;
-            }
+            _ => policy.backoff(since_pushback + 1),
         };
         if self
             .deadline_at
@@ -236,17 +427,38 @@ impl Again {
         {
             return None;
         }
-        if !could_take(&self.shared.picker, &self.tried) {
+        // Any usable instance will do, one the call tried included (see `retry_pick`).
+        if !could_take(&self.shared.picker, &[]) {
             return None;
         }
-        let budget = self.shared.budget.as_ref()?;
-        if !budget.withdraw() {
+        // Asked now; the crate's budget gives its token when the retry goes out (`retry`).
+        if self.budget().is_some_and(|b| !b.allows()) {
             tracing::debug!("retry budget spent: not retrying");
             crate::observe::budget_exhausted(&self.shared.totals);
             return None;
         }
-        self.next().made += 1;
+        let next = self.next();
+        next.made += 1;
+        next.since_pushback = match pushback {
+            None => since_pushback + 1,
+            Some(_) => 0,
+        };
         Some(delay)
+    }
+}
+
+impl Again {
+    /// The instance for a retry: one the call has not tried if one is usable, else one it
+    /// tried that is still usable (gRFC A6 picks a retry's instance afresh, and the pick may
+    /// choose the same one: with one address, a Kubernetes Service or a VIP, there is no
+    /// other). `None` if no instance is usable.
+    pub(super) fn retry_pick(&self) -> Option<Arc<Instance>> {
+        let picker = &self.shared.picker;
+        let (snap, picked) = match pick_now(picker, &self.tried, self.method) {
+            (snap, Some(idx)) => (snap, Some(idx)),
+            _ => pick_now(picker, &[], self.method),
+        };
+        picked.map(|idx| snap[idx].clone())
     }
 }
 

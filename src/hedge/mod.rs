@@ -33,7 +33,8 @@ const MAX_ATTEMPTS: u32 = 5;
 ///   it whole and it was kept (at most [`max_replay_body`](crate::Builder::max_replay_body)
 ///   bytes; a larger request is sent once, never hedged);
 /// - the budget allows it: hedges and retries share one budget (see
-///   [`budget_ratio`](HedgingPolicy::budget_ratio)), and a hedge that finds it spent stops
+///   [`budget_ratio`](HedgingPolicy::budget_ratio); a service config's hedging has none but
+///   its `retryThrottling`, as in gRPC), and a hedge that finds it spent stops
 ///   the call's hedging;
 /// - no server said otherwise: a `grpc-retry-pushback-ms` in a non-fatal answer delays the
 ///   next attempt by its value in milliseconds, and a negative or malformed one stops the
@@ -90,6 +91,9 @@ pub struct HedgingPolicy {
     pub(crate) non_fatal: Vec<Code>,
     pub(crate) budget_ratio: f64,
     pub(crate) budget_min_per_sec: u32,
+    /// Made from a service config's `hedgingPolicy`: no budget but `retryThrottling`, as in
+    /// gRPC.
+    pub(crate) from_config: bool,
 }
 
 impl HedgingPolicy {
@@ -110,6 +114,7 @@ impl HedgingPolicy {
             non_fatal: vec![Code::Unavailable],
             budget_ratio: 0.2,
             budget_min_per_sec: 10,
+            from_config: false,
         }
     }
 

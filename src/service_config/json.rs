@@ -245,7 +245,9 @@ pub(super) fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     let body = s.strip_suffix('s').ok_or_else(malformed)?;
     if body.starts_with('-') {
-        return Err(format!("{s:?}: must not be negative"));
+        return Err(format!(
+            "{s:?}: must not be negative (a duration such as \"1.5s\", or \"0s\")"
+        ));
     }
     let (whole, frac) = body.split_once('.').unwrap_or((body, ""));
     let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());

@@ -4,11 +4,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::json::Node;
 use crate::error::Error;
 use crate::hedge::HedgingPolicy;
-use crate::retry::{MethodConfig, Name, Policy, RetryPolicy};
+use crate::retry::{CallSettings, MethodConfig, Name, Policy, RetryPolicy};
 
 /// gRFC A6's cap on a policy's attempts: a config asking for more gets this many.
 const MAX_ATTEMPTS: u64 = 5;
@@ -36,25 +37,15 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
             seen.insert(name.clone(), n.path.clone());
             parsed.push(name);
         }
-        let timeout = match entry.field("timeout")? {
-            None => None,
-            Some(t) => {
-                let d = t.duration()?;
-                if d.is_zero() {
-                    return Err(t.refuse("must be above zero (a call's deadline)"));
-                }
-                Some(crate::time::cap(d))
-            }
+        let settings = CallSettings {
+            timeout: match entry.field("timeout")? {
+                None => None,
+                Some(t) => timeout(&t)?,
+            },
+            wait_for_ready: entry.field("waitForReady")?.map(|w| w.bool()).transpose()?,
+            max_request: message_size(&entry, "maxRequestMessageBytes")?,
+            max_response: message_size(&entry, "maxResponseMessageBytes")?,
         };
-        // Parsed, and ignored (see the `ServiceConfig` docs).
-        if let Some(w) = entry.field("waitForReady")? {
-            w.bool()?;
-        }
-        for key in ["maxRequestMessageBytes", "maxResponseMessageBytes"] {
-            if let Some(n) = entry.field(key)? {
-                n.whole()?;
-            }
-        }
         let policy =
             match (entry.field("retryPolicy")?, entry.field("hedgingPolicy")?) {
                 (Some(_), Some(_)) => return Err(entry.refuse(
@@ -67,7 +58,7 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
             };
         out.push(MethodConfig {
             names: parsed,
-            timeout,
+            settings,
             policy,
             setting: "service_config",
             origin: format!("methodConfig[{i}]"),
@@ -101,6 +92,33 @@ fn part<'a>(n: &Node<'a>, key: &str) -> Result<&'a str, Error> {
     Ok(s)
 }
 
+/// `maxRequestMessageBytes` or `maxResponseMessageBytes`: a whole number of bytes. A message's
+/// length is 32 bits: a limit of 4 GiB or more limits nothing (grpc-go caps it at its int).
+fn message_size(entry: &Node<'_>, key: &str) -> Result<Option<u32>, Error> {
+    let Some(n) = entry.field(key)? else {
+        return Ok(None);
+    };
+    Ok(Some(n.whole()?.min(u64::from(u32::MAX)) as u32))
+}
+
+/// A `timeout`, read as grpc-go reads it: any duration in protobuf's JSON form. `"0s"` is a
+/// deadline that has passed when the call starts (grpc-go fails such a call at once with
+/// DEADLINE_EXCEEDED); a negative one sets no deadline (grpc-go applies a timeout only if it is
+/// at least zero).
+fn timeout(t: &Node<'_>) -> Result<Option<Duration>, Error> {
+    if let Some(positive) = t.str().ok().and_then(|s| s.strip_prefix('-')) {
+        super::json::parse_duration(positive).map_err(|_| {
+            t.refuse(format_args!(
+                "\"-{positive}\" is not a duration: seconds with up to nine decimals, then `s` \
+                 (\"1.5s\")"
+            ))
+        })?;
+        tracing::debug!(path = %t.path, "service config: a negative timeout sets no deadline (as in grpc-go)");
+        return Ok(None);
+    }
+    Ok(Some(crate::time::cap(t.duration()?)))
+}
+
 /// `maxAttempts` of a retry or hedging policy: at least 2; above 5 counts as 5, as in gRPC.
 fn max_attempts(policy: &Node<'_>) -> Result<u32, Error> {
     let node = policy.required("maxAttempts")?;
@@ -121,7 +139,7 @@ fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
         let n = node.required(key)?;
         let d = n.duration()?;
         if d.is_zero() {
-            return Err(n.refuse("must be above zero"));
+            return Err(n.refuse("must be above zero (a duration such as \"0.1s\")"));
         }
         Ok(crate::time::cap(d))
     };
@@ -130,12 +148,8 @@ fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
     let m = node.required("backoffMultiplier")?;
     let multiplier = m.number()?;
     if multiplier <= 0.0 {
-        return Err(m.refuse(format_args!("must be above zero, not {multiplier}")));
-    }
-    if multiplier < 1.0 {
         return Err(m.refuse(format_args!(
-            "must be at least 1, not {multiplier}: this channel's backoff never shrinks (gRPC \
-             takes any number above zero)"
+            "must be a number above zero (2, 1.5, 0.5), not {multiplier}"
         )));
     }
     let codes_node = node.required("retryableStatusCodes")?;
@@ -145,7 +159,11 @@ fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
     }
     // The backoff before retry n is min(initial × multiplier^(n-1), max): with a max below
     // the initial backoff, every retry waits up to the max.
-    Ok(RetryPolicy::default()
+    let policy = RetryPolicy {
+        from_config: true,
+        ..RetryPolicy::default()
+    };
+    Ok(policy
         .max_attempts(max_attempts)
         .codes(codes)
         .initial_backoff(initial.min(max))
@@ -156,15 +174,18 @@ fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
 /// A `hedgingPolicy`.
 fn hedging(node: &Node<'_>) -> Result<HedgingPolicy, Error> {
     let max_attempts = max_attempts(node)?;
-    // Zero: every attempt at once.
-    let delay = node.required("hedgingDelay")?.duration()?;
+    // Optional (gRFC A6); absent or zero: every attempt at once.
+    let delay = match node.field("hedgingDelay")? {
+        Some(d) => d.duration()?,
+        None => Duration::ZERO,
+    };
     let non_fatal = match node.field("nonFatalStatusCodes")? {
         Some(codes) => codes.codes()?,
         None => Vec::new(),
     };
-    Ok(
-        HedgingPolicy::new(Vec::<String>::new(), crate::time::cap(delay))
-            .max_attempts(max_attempts)
-            .non_fatal_codes(non_fatal),
-    )
+    let policy = HedgingPolicy {
+        from_config: true,
+        ..HedgingPolicy::new(Vec::<String>::new(), crate::time::cap(delay))
+    };
+    Ok(policy.max_attempts(max_attempts).non_fatal_codes(non_fatal))
 }

@@ -65,11 +65,11 @@ const MAX_CONNECTIONS: u64 = 10;
 /// | field | what it sets |
 /// | --- | --- |
 /// | `methodConfig[].name` | the calls an entry covers: `{"service": "pkg.Svc", "method": "Get"}` one method, `{"service": "pkg.Svc"}` every method of the service, `{}` every method. For a call the most specific entry wins, whole, as in gRPC: a method's own entry, else its service's, else the default. A name given twice in the config is refused; an entry without names is skipped. |
-/// | `methodConfig[].timeout` | the deadline of a call to those methods: the earlier of it and the caller's own (`tonic::Request::set_timeout`), sent to the server in `grpc-timeout`, as gRPC does. Must be above zero. |
-/// | `methodConfig[].retryPolicy` | a [`RetryPolicy`](crate::RetryPolicy) for those methods: `maxAttempts` (at least 2; above 5 counts as 5, gRFC A6's cap), `initialBackoff` and `maxBackoff` (above zero), `backoffMultiplier`, `retryableStatusCodes` (at least one, not OK). |
-/// | `methodConfig[].hedgingPolicy` | a [`HedgingPolicy`](crate::HedgingPolicy) for those methods: `maxAttempts` (at least 2; above 5 counts as 5), `hedgingDelay` (required; `"0s"` sends every attempt at once), `nonFatalStatusCodes` (none by default; not OK). An entry with both a retry and a hedging policy is refused (the proto's `oneof`). |
-/// | `methodConfig[].waitForReady` | read (true or false) and ignored: the channel has no wait-for-ready; a call that finds no usable instance fails at once with UNAVAILABLE (a call made before discovery's first answer waits for it). |
-/// | `methodConfig[].maxRequestMessageBytes`, `maxResponseMessageBytes` | read (whole numbers) and ignored: the limits are the generated client's (`max_encoding_message_size`, `max_decoding_message_size`). |
+/// | `methodConfig[].timeout` | the deadline of a call to those methods: the earlier of it and the caller's own (`tonic::Request::set_timeout`), sent to the server in `grpc-timeout`, as gRPC does. As grpc-go reads it: `"0s"` fails every call at once with DEADLINE_EXCEEDED, unsent; a negative one sets no deadline. |
+/// | `methodConfig[].retryPolicy` | a [`RetryPolicy`](crate::RetryPolicy) for those methods: `maxAttempts` (at least 2; above 5 counts as 5, gRFC A6's cap), `initialBackoff` and `maxBackoff` (above zero), `backoffMultiplier` (above zero: below 1, each backoff is shorter than the one before, as in grpc-go), `retryableStatusCodes` (at least one, not OK). |
+/// | `methodConfig[].hedgingPolicy` | a [`HedgingPolicy`](crate::HedgingPolicy) for those methods: `maxAttempts` (at least 2; above 5 counts as 5), `hedgingDelay` (optional, as in gRFC A6: absent or `"0s"` sends every attempt at once), `nonFatalStatusCodes` (none by default; not OK). An entry with both a retry and a hedging policy is refused (the proto's `oneof`). |
+/// | `methodConfig[].waitForReady` | gRPC's wait-for-ready for those methods (true or false; false by default): a call that finds no usable instance waits for one, until its deadline, instead of failing at once with UNAVAILABLE, and goes through connection failures; a call's own [`WaitForReady`](crate::WaitForReady) wins. A call made before discovery's first answer waits for it either way. |
+/// | `methodConfig[].maxRequestMessageBytes`, `maxResponseMessageBytes` | the largest message a call of those methods may send and receive, in bytes (a whole number; 4 GiB or more limits nothing), checked as grpc-go checks them, on each message's length as sent (compressed if it was), read from gRPC's 5-byte prefixes as the body passes (nothing is buffered). A request message above it fails the call with RESOURCE_EXHAUSTED "trying to send message larger than max (N vs. M)" before any byte of it is sent (the messages before it went), never retried and not counted against the instance; a response message above it fails the call with RESOURCE_EXHAUSTED "grpc: received message larger than max (N vs. M)" and cancels the stream, nothing counted against the instance. The generated client's own limits (`max_encoding_message_size`, `max_decoding_message_size`, on the decoded message) apply as well. |
 /// | `retryThrottling` | gRPC's token bucket, in place of the channel's retry budget: `maxTokens` (above 0, at most 1000, as grpc-go), `tokenRatio` (above 0, in thousandths as gRPC counts it). See below. |
 /// | `loadBalancingConfig` | the first policy of the list that the channel knows, as in gRPC (unknown ones skipped; a list with none known is refused): `round_robin` → [`Strategy::RoundRobin`](crate::Strategy::RoundRobin); `pick_first` → the channel keeps its strategy (its `shuffleAddressList` is read and ignored): a balanced channel never sends every call to one instance; `least_request_experimental` (`choiceCount`, 2 to 10, more counts as 10) → [`Strategy::PowerOfTwoChoices`](crate::Strategy::PowerOfTwoChoices) for 2, [`Strategy::LeastPending`](crate::Strategy::LeastPending) (a scan of every instance) for more; `weighted_round_robin` → [`Builder::weighted_round_robin`](crate::Builder::weighted_round_robin) with `blackoutPeriod`, `weightExpirationPeriod` (above zero), `weightUpdatePeriod` (below 100 ms counts as 100 ms), `errorUtilizationPenalty` (at least 0), gRPC's defaults for the others, and with `enableOobLoadReport`, [`Builder::load_reports_out_of_band`](crate::Builder::load_reports_out_of_band) every `oobReportingPeriod` (10 s by default); `tonic_balancer` → this crate's own: `{"tonic_balancer": {"strategy": "fewest_then_fastest"}}`, one of `fewest_then_fastest` (the default), `least_pending`, `round_robin`, `power_of_two_choices`, `peak_ewma`, `weighted_round_robin` (with the builder's [`WrrConfig`](crate::orca::WrrConfig)). |
 /// | `loadBalancingPolicy` | the older form (`"round_robin"`, any case), read only without `loadBalancingConfig`; a name the channel does not know leaves its strategy. |
@@ -95,17 +95,27 @@ const MAX_CONNECTIONS: u64 = 10;
 ///
 /// With `retryThrottling`, retries and hedges are limited by gRPC's token bucket instead of
 /// the channel's budget: it starts full, at `maxTokens`; each attempt that fails with a status
-/// its policy retries (or a non-fatal one, for a hedged call) takes a token, whether or not it
-/// is retried; each call answered without an error status gives `tokenRatio` back; while the
+/// its policy retries (or a non-fatal one, for a hedged call), or whose server's
+/// `grpc-retry-pushback-ms` says not to retry, takes a token, whether or not it is retried;
+/// each call answered without an error status gives `tokenRatio` back; while the
 /// bucket holds half of `maxTokens` or less, no call is retried and no hedge is sent. gRPC
 /// counts a call as a success when it ends OK; the channel counts it when its answer starts
-/// without an error status (a stream that fails later has counted as a success). Without
-/// `retryThrottling`, the policies share the channel's budget (`budget_ratio` and
-/// `budget_min_per_sec` of the builder's policies, else 20% of the calls plus 10 per second),
-/// where gRPC would not limit retries at all.
+/// without an error status (a stream that fails later has counted as a success). The bucket
+/// limits the builder's own policies too. Without `retryThrottling`, nothing limits a config's
+/// retries and hedges but their `maxAttempts`, as in gRPC; the builder's own policies keep the
+/// crate's budget (`budget_ratio` and `budget_min_per_sec` of
+/// [`RetryPolicy`](crate::RetryPolicy)).
+///
+/// A retry goes to an instance the call has not tried if one is usable, else to one it tried
+/// that is still usable (over one address, every retry goes to it, as in gRPC), after a backoff
+/// drawn between 0.8 and 1.2 times min(`initialBackoff` × `backoffMultiplier`^(n-1),
+/// `maxBackoff`), n counted from the server's last pushback (gRFC A6). Every attempt after the
+/// first carries `grpc-previous-rpc-attempts`.
 ///
 /// A config from gRPC's documentation configures the channel as it does a grpc-go client
-/// (grpc-go itself ignores `hedgingPolicy`; this channel hedges, as grpc-java does).
+/// (grpc-go itself ignores `hedgingPolicy`; this channel hedges, as grpc-java does). Where the
+/// channel differs from gRPC on purpose is listed in the repository's `docs/design.md`
+/// ("Where the channel differs from gRPC").
 #[derive(Debug, Clone, Default)]
 pub struct ServiceConfig {
     pub(crate) methods: Vec<MethodConfig>,
@@ -235,7 +245,7 @@ mod tests {
         assert_eq!(c.balancing, Some(Balancing::Strategy(Strategy::RoundRobin)));
         assert_eq!(c.methods.len(), 2);
         assert_eq!(
-            c.methods[0].timeout,
+            c.methods[0].settings.timeout,
             Some(std::time::Duration::from_millis(1500))
         );
         assert_eq!(

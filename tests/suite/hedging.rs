@@ -383,3 +383,23 @@ async fn a_hedged_call_moves_on_from_an_unreachable_instance() {
     assert!(names.iter().all(|n| n == "i0" || n == "i1"), "{names:?}");
     idle(&ch).await;
 }
+
+/// Every hedge after the first attempt says how many attempts went before it
+/// (`grpc-previous-rpc-attempts`, gRFC A6): here the first two answer UNAVAILABLE (non-fatal:
+/// the next goes at once), the third answers.
+#[tokio::test]
+async fn hedges_count_the_attempts_before_them() {
+    use crate::scripted::{self, Script};
+    let unavailable = || Some(tonic::Status::unavailable("scripted"));
+    let script = Script::new([unavailable(), unavailable()]);
+    let instances = scripted::start(3, &script);
+    let uris: Vec<String> = instances.iter().map(|i| i.uri()).collect();
+    let policy = HedgingPolicy::new([UNARY], Duration::from_secs(600)).max_attempts(3);
+    let mut client = FleetClient::new(hedged(&uris, policy));
+    client.unary(req(1)).await.unwrap();
+    assert_eq!(script.calls(), 3);
+    assert_eq!(
+        script.header("grpc-previous-rpc-attempts"),
+        [None, Some("1".into()), Some("2".into())]
+    );
+}

@@ -13,6 +13,7 @@
 
 mod common;
 
+mod answers_in_time;
 mod api;
 mod call_path;
 mod calls;
@@ -37,6 +38,7 @@ mod probed_pick;
 mod prometheus_example; // feature metrics
 mod retry;
 mod routing;
+mod scripted;
 mod service_config; // feature service-config
 mod smoke;
 mod soak;
@@ -45,4 +47,5 @@ mod tiebreak;
 mod timers;
 mod tls; // feature hickory-dns
 mod transports;
+mod wait_for_ready;
 mod wrr;

@@ -4,7 +4,7 @@ use fleet_service as fleet;
 use std::time::{Duration, Instant};
 
 use fleet::pb::{fleet_client::FleetClient, Req};
-use fleet::{Behavior, Fleet};
+use fleet::{Behavior, Fleet, Instance};
 use tonic::Code;
 use tonic_balancer::{BalancedChannel, Ejection, RetryPolicy};
 
@@ -164,6 +164,75 @@ async fn attempts_go_to_untried_instances() {
     let mut client = FleetClient::new(ch);
     let names = fleet::calls(&mut client, 100).await;
     assert!(names.iter().all(|n| n == "i1"), "{names:?}");
+}
+
+/// A channel over one address (a Kubernetes Service, a VIP) retries on it: with no other
+/// instance, a retry goes to the one the call tried, still usable, after its backoff (gRFC A6
+/// picks each retry afresh, and the pick may choose the same instance).
+#[tokio::test]
+async fn a_single_instance_is_retried() {
+    let only = Instance::start("only", Behavior::Fail(Code::Unavailable));
+    let policy = RetryPolicy::default()
+        .max_attempts(3)
+        .initial_backoff(Duration::from_millis(1))
+        .max_backoff(Duration::from_millis(1));
+    let ch = retrying(vec![only.uri()], policy, Ejection::default());
+    let mut client = FleetClient::new(ch);
+    for id in 0..3 {
+        let before = only.served();
+        let err = client.unary(fleet::req(id)).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+        assert_eq!(
+            only.served() - before,
+            3,
+            "call {id}: 3 attempts on the one instance"
+        );
+    }
+    // An answer on a later attempt is the call's.
+    only.set(Behavior::Ok);
+    client.unary(fleet::req(9)).await.unwrap();
+}
+
+/// The budget's token goes with a retry that goes out, not with one that was only decided: a
+/// retry whose instance is removed during its wait (a pushback of 300 ms) does not go, and
+/// leaves the budget's one token for the next call's retry.
+#[tokio::test]
+async fn a_retry_that_does_not_go_out_leaves_the_budget_its_token() {
+    use crate::scripted::{self, Script};
+    let unavailable = || Some(tonic::Status::unavailable("scripted"));
+    let mut pushback = tonic::Status::unavailable("pushback");
+    pushback
+        .metadata_mut()
+        .insert("grpc-retry-pushback-ms", "300".parse().unwrap());
+    let script = Script::new([Some(pushback), unavailable()]);
+    let instances = scripted::start(1, &script);
+    let uri = instances[0].uri();
+    // One token, and nothing more for a second.
+    let policy = RetryPolicy::default()
+        .max_attempts(2)
+        .initial_backoff(Duration::from_millis(1))
+        .max_backoff(Duration::from_millis(1))
+        .budget_ratio(0.0)
+        .budget_min_per_sec(1);
+    let ch = retrying(vec![uri.clone()], policy, Ejection::disabled());
+    let mut client = FleetClient::new(ch.clone());
+    let first = tokio::spawn(async move { client.unary(fleet::req(1)).await });
+    fleet::wait_until(
+        "the first attempt answered",
+        Duration::from_secs(20),
+        || script.calls() == 1 && fleet::total_in_flight(&ch) == 0,
+    )
+    .await;
+    assert!(ch.remove(&uri).unwrap());
+    let err = first.await.unwrap().unwrap_err();
+    assert_eq!(err.message(), "pushback", "the first answer, not retried");
+    ch.insert(tonic::transport::Endpoint::from_shared(uri).unwrap())
+        .unwrap();
+    FleetClient::new(ch)
+        .unary(fleet::req(2))
+        .await
+        .expect("retried with the budget's token");
+    assert_eq!(script.calls(), 3);
 }
 
 /// Bad retry settings are refused by build(), naming the setting.

@@ -84,10 +84,14 @@ async fn a_retry_policy_retries_the_methods_it_names_after_its_backoff() {
         assert_eq!(served(&all) - before, 3, "call {id}: 3 attempts");
         waits.push(start.elapsed());
     }
-    // Two backoffs: up to 1 s, then up to 1.5 s (2 s capped).
-    assert!(waits.iter().all(|w| *w <= SEC * 5 / 2), "{waits:?}");
-    assert!(waits.iter().any(|w| *w > SEC * 5 / 4), "{waits:?}");
-    assert!(waits.iter().any(|w| *w < SEC * 5 / 4), "{waits:?}");
+    // Two backoffs: 1 s, then 1.5 s (2 s capped), each 0.8 to 1.2 times that (gRFC A6's
+    // jitter): 2 s to 3 s in all; random, so neither always the least nor always the most.
+    assert!(
+        waits.iter().all(|w| *w >= 2 * SEC && *w <= 3 * SEC),
+        "{waits:?}"
+    );
+    assert!(waits.iter().any(|w| *w > SEC * 5 / 2), "{waits:?}");
+    assert!(waits.iter().any(|w| *w < SEC * 5 / 2), "{waits:?}");
     // Not named: sent once, failed at once.
     let before = served(&all);
     let start = Instant::now();
@@ -95,6 +99,31 @@ async fn a_retry_policy_retries_the_methods_it_names_after_its_backoff() {
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(served(&all) - before, 1);
     assert_eq!(start.elapsed(), Duration::ZERO);
+}
+
+/// A channel over one address (a Kubernetes Service, a VIP) retries on it, as gRPC does: each
+/// retry goes to the instance the call tried, after its backoff. `maxAttempts` 5: five
+/// attempts, four backoffs of 1 s × (0.8 to 1.2).
+#[tokio::test(start_paused = true)]
+async fn a_channel_over_one_address_retries_on_it() {
+    let only = MemoryInstance::start("only", Behavior::Fail(Code::Unavailable));
+    let ch = channel(
+        &[&only],
+        r#"{ "methodConfig": [ {
+              "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 5, "initialBackoff": "1s", "maxBackoff": "1s",
+                               "backoffMultiplier": 1, "retryableStatusCodes": [ "UNAVAILABLE" ] } } ] }"#,
+    );
+    let mut client = FleetClient::new(ch);
+    for id in 0..5 {
+        let before = only.served();
+        let start = Instant::now();
+        let status = client.unary(req(id)).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(only.served() - before, 5, "call {id}");
+        let took = start.elapsed();
+        assert!(took >= 3200 * MS && took <= 4800 * MS, "{took:?}");
+    }
 }
 
 /// `timeout` is the deadline of a call that sets none, or a later one; a call that sets an
@@ -195,31 +224,223 @@ async fn non_fatal_status_codes_send_the_next_hedge_at_once() {
     }
 }
 
-/// `waitForReady` and the message size limits are read and ignored: a call to an instance
-/// that cannot be reached fails at once with UNAVAILABLE (no waiting for it), and a message
-/// above the limits goes through.
+/// `timeout` as grpc-go reads it: `"0s"` is a deadline already passed, so every call fails at
+/// once with DEADLINE_EXCEEDED and nothing is sent; a negative one sets no deadline.
+#[tokio::test(start_paused = true)]
+async fn a_zero_timeout_fails_calls_at_once_and_a_negative_one_sets_none() {
+    let a = MemoryInstance::start("a", Behavior::Delay(5 * SEC));
+    let ch = channel(
+        &[&a],
+        r#"{ "methodConfig": [
+              { "name": [ { "service": "fleet.v1.Fleet", "method": "Unary" } ], "timeout": "0s" },
+              { "name": [ { "service": "fleet.v1.Fleet" } ], "timeout": "-1.5s" } ] }"#,
+    );
+    let mut client = FleetClient::new(ch);
+    let start = Instant::now();
+    let status = client.unary(req(1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(a.served(), 0, "sent nothing");
+    // The service's entry: no deadline, the answer after 5 s.
+    client_stream(&mut client, None).await.unwrap();
+    assert_eq!(start.elapsed(), 5 * SEC);
+}
+
+/// `hedgingDelay` is optional (gRFC A6): without it, every attempt goes out at once.
+#[tokio::test(start_paused = true)]
+async fn a_hedging_policy_without_a_delay_sends_every_attempt_at_once() {
+    let a = MemoryInstance::start("a", Behavior::Delay(100 * MS));
+    let b = MemoryInstance::start("b", Behavior::Delay(100 * MS));
+    let c = MemoryInstance::start("c", Behavior::Delay(100 * MS));
+    let all = [&a, &b, &c];
+    let ch = channel(
+        &all,
+        r#"{ "methodConfig": [ {
+              "name": [ { "service": "fleet.v1.Fleet", "method": "Unary" } ],
+              "hedgingPolicy": { "maxAttempts": 3 } } ] }"#,
+    );
+    let mut client = FleetClient::new(ch);
+    let start = Instant::now();
+    client.unary(req(1)).await.unwrap();
+    assert_eq!(start.elapsed(), 100 * MS);
+    assert_eq!(served(&all), 3, "three attempts at once");
+}
+
+/// `backoffMultiplier` below 1 (grpc-go takes any number above zero): each backoff is shorter
+/// than the one before. 1 s, then at most 0.5 s, then at most 0.25 s.
+#[tokio::test(start_paused = true)]
+async fn a_backoff_multiplier_below_one_shrinks_the_backoff() {
+    let instances: Vec<_> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| MemoryInstance::start(n, Behavior::Fail(Code::Unavailable)))
+        .collect();
+    let all: Vec<_> = instances.iter().collect();
+    let ch = channel(
+        &all,
+        r#"{ "methodConfig": [ {
+              "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 4, "initialBackoff": "1s", "maxBackoff": "1s",
+                               "backoffMultiplier": 0.5, "retryableStatusCodes": [ 14 ] } } ] }"#,
+    );
+    let mut client = FleetClient::new(ch);
+    for id in 0..20 {
+        let before = served(&all);
+        let start = Instant::now();
+        client.unary(req(id)).await.unwrap_err();
+        assert_eq!(served(&all) - before, 4);
+        // 1.75 s in all, 0.8 to 1.2 times each backoff (gRFC A6's jitter).
+        let took = start.elapsed();
+        assert!(took >= 1400 * MS && took <= 2100 * MS, "{took:?}");
+    }
+}
+
+/// A channel over `inst` with this config (the builder's defaults otherwise).
+fn channel_to(inst: &Instance, json: &str) -> BalancedChannel {
+    BalancedChannel::builder()
+        .uri(&inst.uri())
+        .service_config(config(json))
+        .build()
+        .unwrap()
+}
+
+/// A request with a payload of `n` bytes.
+fn with_payload(id: u64, n: usize) -> Req {
+    Req {
+        id,
+        payload: vec![7; n],
+        ..Default::default()
+    }
+}
+
+/// `maxRequestMessageBytes`: a request message above it fails the call with RESOURCE_EXHAUSTED
+/// before it is sent, as grpc-go does: the message reaches no handler, the call is not retried
+/// (though its policy retries RESOURCE_EXHAUSTED), and the instance is not blamed. Smaller
+/// messages go, and so do the messages of a client stream before the one that is too large.
 #[tokio::test]
-async fn wait_for_ready_and_message_sizes_are_ignored() {
-    let json = r#"{ "methodConfig": [ {
-          "name": [ { "service": "fleet.v1.Fleet" } ],
-          "waitForReady": true, "maxRequestMessageBytes": 1, "maxResponseMessageBytes": 1 } ] }"#;
+async fn max_request_message_bytes_fails_a_call_before_its_message_is_sent() {
     let up = Instance::start("up", Behavior::Ok);
-    let ch = BalancedChannel::builder()
-        .uri(&up.uri())
+    let ch = channel_to(
+        &up,
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "maxRequestMessageBytes": 16,
+              "retryPolicy": { "maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+                               "backoffMultiplier": 1, "retryableStatusCodes": [ "RESOURCE_EXHAUSTED" ] } } ] }"#,
+    );
+    let mut client = FleetClient::new(ch.clone());
+    client.unary(with_payload(1, 8)).await.unwrap();
+    let status = client.unary(with_payload(2, 100)).await.unwrap_err();
+    assert_eq!(
+        up.shared.handled(),
+        1,
+        "the large message reached no handler"
+    );
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "trying to send message larger than max (104 vs. 16)"
+    );
+    let messages = [with_payload(3, 1), with_payload(4, 1), with_payload(5, 100)];
+    let status = client
+        .client_stream(futures::stream::iter(messages))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let stats = fleet::stats(&ch, &up.uri());
+    assert_eq!(
+        (stats.started(), stats.failed()),
+        (3, 0),
+        "sent once each, no failure"
+    );
+    fleet::wait_until("counts back to zero", LIMIT, || {
+        fleet::total_in_flight(&ch) == 0
+    })
+    .await;
+}
+
+/// `maxResponseMessageBytes`: a response message above it fails the call with
+/// RESOURCE_EXHAUSTED "grpc: received message larger than max", as grpc-go does; the instance
+/// answered, and is not blamed. Smaller answers go through.
+#[tokio::test]
+async fn max_response_message_bytes_fails_a_call_whose_answer_is_larger() {
+    let up = Instance::start("up", Behavior::Ok);
+    let ch = channel_to(
+        &up,
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "maxResponseMessageBytes": 16 } ] }"#,
+    );
+    let mut client = FleetClient::new(ch.clone());
+    client.unary(with_payload(1, 0)).await.unwrap();
+    let status = client.unary(with_payload(2, 100)).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("grpc: received message larger than max (")
+            && status.message().ends_with(" vs. 16)"),
+        "{status:?}"
+    );
+    let stats = fleet::stats(&ch, &up.uri());
+    assert_eq!(stats.failed(), 0, "the instance answered");
+    fleet::wait_until("counts back to zero", LIMIT, || {
+        fleet::total_in_flight(&ch) == 0
+    })
+    .await;
+}
+
+/// `waitForReady: true`: a call that finds no usable instance (here its only instance refuses
+/// connections) waits for one until its deadline, the config's `timeout`, and then fails with
+/// DEADLINE_EXCEEDED, as in gRPC, instead of failing at once with UNAVAILABLE.
+#[tokio::test]
+async fn wait_for_ready_makes_a_call_wait_for_a_usable_instance() {
+    let json = r#"{ "methodConfig": [ {
+          "name": [ { "service": "fleet.v1.Fleet" } ], "waitForReady": true, "timeout": "0.3s" } ] }"#;
+    let down = BalancedChannel::builder()
+        .uri(&fleet::unreachable_uri())
         .service_config(config(json))
         .build()
         .unwrap();
-    let mut client = FleetClient::new(ch);
-    let reply = client
-        .unary(Req {
-            id: 1,
-            payload: vec![7; 100],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.payload.len(), 100);
+    let start = std::time::Instant::now();
+    let status = FleetClient::new(down).unary(req(1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(start.elapsed() >= 300 * MS, "{:?}", start.elapsed());
+}
+
+/// A call's own `WaitForReady` wins over its method's `waitForReady`, as grpc-go's call option
+/// does: `false` fails at once where the config waits, `true` waits where it does not.
+#[tokio::test]
+async fn a_calls_own_wait_for_ready_wins_over_the_configs() {
+    use tonic_balancer::WaitForReady;
+    for (config_says, call_says, code) in [
+        (true, false, Code::Unavailable),
+        (false, true, Code::DeadlineExceeded),
+    ] {
+        let json = format!(
+            r#"{{ "methodConfig": [ {{ "name": [ {{ "service": "fleet.v1.Fleet" }} ],
+                  "waitForReady": {config_says} }} ] }}"#
+        );
+        let down = BalancedChannel::builder()
+            .uri(&fleet::unreachable_uri())
+            .service_config(config(&json))
+            .build()
+            .unwrap();
+        let mut r = tonic::Request::new(req(1));
+        r.set_timeout(300 * MS);
+        r.extensions_mut().insert(WaitForReady(call_says));
+        let status = FleetClient::new(down).unary(r).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            code,
+            "config {config_says}, call {call_says}"
+        );
+    }
+}
+
+/// `waitForReady: false` (gRPC's default): a call that finds no usable instance fails at once
+/// with UNAVAILABLE.
+#[tokio::test]
+async fn without_wait_for_ready_a_call_with_no_usable_instance_fails_at_once() {
+    let json = r#"{ "methodConfig": [ {
+          "name": [ { "service": "fleet.v1.Fleet" } ], "waitForReady": false } ] }"#;
     let down = BalancedChannel::builder()
         .uri(&fleet::unreachable_uri())
         .service_config(config(json))
@@ -283,6 +504,44 @@ async fn config_and_builder_policies_take_part_together() {
     );
 }
 
+/// After a server's pushback, the next retry's backoff starts again from `initialBackoff`
+/// (gRFC A6), and each attempt after the first says how many went before it
+/// (`grpc-previous-rpc-attempts`). The attempts: UNAVAILABLE, UNAVAILABLE with a pushback of
+/// 0 ms, UNAVAILABLE, then an answer; the backoffs 50 ms, then 5 s, then 10 s (capped) were it
+/// not for the pushback.
+#[tokio::test]
+async fn a_pushback_restarts_the_backoff_and_each_attempt_counts_those_before() {
+    use crate::scripted::{self, status_with, Script};
+    let unavailable = || Some(tonic::Status::unavailable("scripted"));
+    let pushback = status_with(
+        tonic::Status::unavailable("pushback"),
+        "grpc-retry-pushback-ms",
+        "0",
+    );
+    let script = Script::new([unavailable(), Some(pushback), unavailable()]);
+    let instances = scripted::start(4, &script);
+    let ch = BalancedChannel::builder()
+        .uris(instances.iter().map(|i| i.uri()).collect::<Vec<_>>())
+        .ejection(Ejection::disabled())
+        .service_config(config(
+            r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 4, "initialBackoff": "0.05s", "maxBackoff": "10s",
+                               "backoffMultiplier": 100, "retryableStatusCodes": [ 14 ] } } ] }"#,
+        ))
+        .build()
+        .unwrap();
+    let start = std::time::Instant::now();
+    FleetClient::new(ch).unary(req(1)).await.unwrap();
+    let took = start.elapsed();
+    assert_eq!(script.calls(), 4);
+    assert_eq!(
+        script.header("grpc-previous-rpc-attempts"),
+        [None, Some("1".into()), Some("2".into()), Some("3".into())]
+    );
+    // 50 ms × (0.8 to 1.2) twice, and nothing for the pushback.
+    assert!(took >= 80 * MS && took < 4 * SEC, "{took:?}");
+}
+
 // -------------------------------------------------------------------------------------------
 // retryThrottling
 
@@ -324,6 +583,84 @@ async fn retry_throttling_stops_retries_while_failures_outnumber_successes() {
             );
         }
     }
+}
+
+/// Without `retryThrottling` nothing but `maxAttempts` limits a config's retries, as in gRPC:
+/// 20 calls failing everywhere make 60 attempts (the crate's budget for the builder's policies
+/// would have stopped them at about 36).
+#[tokio::test(start_paused = true)]
+async fn without_retry_throttling_nothing_limits_a_configs_retries() {
+    let a = MemoryInstance::start("a", Behavior::Fail(Code::Unavailable));
+    let b = MemoryInstance::start("b", Behavior::Fail(Code::Unavailable));
+    let c = MemoryInstance::start("c", Behavior::Fail(Code::Unavailable));
+    let all = [&a, &b, &c];
+    let mut client = FleetClient::new(channel(
+        &all,
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+                               "backoffMultiplier": 1, "retryableStatusCodes": [ "UNAVAILABLE" ] } } ] }"#,
+    ));
+    let attempts: Vec<u64> = {
+        let mut v = Vec::new();
+        for _ in 0..20 {
+            v.push(failing_call(&mut client, &all).await);
+        }
+        v
+    };
+    assert_eq!(attempts, [3; 20]);
+}
+
+/// Nor its hedges: each call's first attempt goes to `a`, which answers UNAVAILABLE
+/// (non-fatal), and its hedge to `b`, which answers; not one of 60 calls fails (the crate's
+/// budget, 10 hedges and one per five calls, would have failed a third of them).
+#[tokio::test(start_paused = true)]
+async fn without_retry_throttling_nothing_limits_a_configs_hedges() {
+    let a = MemoryInstance::start("a", Behavior::Fail(Code::Unavailable));
+    let b = MemoryInstance::start("b", Behavior::Ok);
+    let mut client = FleetClient::new(channel(
+        &[&a, &b],
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "hedgingPolicy": { "maxAttempts": 2, "hedgingDelay": "10s",
+                                 "nonFatalStatusCodes": [ "UNAVAILABLE" ] } } ],
+             "loadBalancingConfig": [ { "round_robin": {} } ] }"#,
+    ));
+    let mut failed = 0;
+    for id in 0..60 {
+        if client.unary(req(id)).await.is_err() {
+            failed += 1;
+        }
+    }
+    assert!(a.served() >= 30, "a got {} first attempts", a.served());
+    assert_eq!(failed, 0);
+}
+
+/// gRPC's throttle counts as a failure an answer whose pushback says not to retry, whatever its
+/// status (gRFC A6, grpc-go): two INVALID_ARGUMENT answers with `grpc-retry-pushback-ms: -1`
+/// take 4 tokens to 2, and the next UNAVAILABLE is not retried.
+#[tokio::test(start_paused = true)]
+async fn retry_throttling_counts_a_pushback_that_says_not_to_retry() {
+    let refusal = Behavior::FailWith {
+        code: Code::InvalidArgument,
+        message: "no".into(),
+        key: "grpc-retry-pushback-ms",
+        value: "-1".into(),
+    };
+    let a = MemoryInstance::start("a", refusal.clone());
+    let b = MemoryInstance::start("b", refusal);
+    let all = [&a, &b];
+    let mut client = FleetClient::new(channel(
+        &all,
+        r#"{ "methodConfig": [ { "name": [ { "service": "fleet.v1.Fleet" } ],
+              "retryPolicy": { "maxAttempts": 2, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+                               "backoffMultiplier": 1, "retryableStatusCodes": [ "UNAVAILABLE" ] } } ],
+             "retryThrottling": { "maxTokens": 4, "tokenRatio": 0.1 } }"#,
+    ));
+    for id in 0..2 {
+        let status = client.unary(req(id)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+    }
+    set(&all, Behavior::Fail(Code::Unavailable));
+    assert_eq!(failing_call(&mut client, &all).await, 1, "throttled");
 }
 
 /// The attempts of one unary call that fails with UNAVAILABLE.
@@ -649,12 +986,8 @@ fn malformed_configs_are_refused_naming_their_path() {
             "methodConfig[0].timeout: must be a duration such as \"1.5s\", not a number",
         ),
         (
-            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "-1s"}]}"#.into(),
-            "methodConfig[0].timeout: \"-1s\": must not be negative",
-        ),
-        (
-            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "0s"}]}"#.into(),
-            "methodConfig[0].timeout: must be above zero",
+            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "-1ms"}]}"#.into(),
+            "methodConfig[0].timeout: \"-1ms\" is not a duration",
         ),
         (
             r#"{"methodConfig": [{"name": [{"service": "s.S"}], "waitForReady": "yes"}]}"#.into(),
@@ -678,11 +1011,11 @@ fn malformed_configs_are_refused_naming_their_path() {
         ),
         (
             retry(r#""maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 0, "retryableStatusCodes": ["UNAVAILABLE"]"#),
-            "methodConfig[0].retryPolicy.backoffMultiplier: must be above zero",
+            "methodConfig[0].retryPolicy.backoffMultiplier: must be a number above zero",
         ),
         (
-            retry(r#""maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 0.5, "retryableStatusCodes": ["UNAVAILABLE"]"#),
-            "methodConfig[0].retryPolicy.backoffMultiplier: must be at least 1",
+            retry(r#""maxAttempts": 2, "initialBackoff": "-1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#),
+            "methodConfig[0].retryPolicy.initialBackoff: \"-1s\": must not be negative (a duration such as \"1.5s\"",
         ),
         (
             retry(&format!(r#"{ok_retry}, "retryableStatusCodes": []"#)),
@@ -709,8 +1042,8 @@ fn malformed_configs_are_refused_naming_their_path() {
             "methodConfig[0].hedgingPolicy.maxAttempts: must be at least 2, not 1",
         ),
         (
-            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "hedgingPolicy": {"maxAttempts": 2}}]}"#.into(),
-            "methodConfig[0].hedgingPolicy.hedgingDelay: required",
+            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "-0.5s"}}]}"#.into(),
+            "methodConfig[0].hedgingPolicy.hedgingDelay: \"-0.5s\": must not be negative",
         ),
         (
             r#"{"methodConfig": [{"name": [{"service": "s.S"}], "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0s", "nonFatalStatusCodes": ["NOPE"]}}]}"#.into(),
@@ -814,6 +1147,12 @@ fn malformed_configs_are_refused_naming_their_path() {
         r#"{"retryThrottling": {"maxTokens": 1000, "tokenRatio": 0.001}, "unknownField": [1, 2]}"#,
         r#"{"loadBalancingConfig": [{"weighted_round_robin": {"weightUpdatePeriod": "0.01s", "errorUtilizationPenalty": 0}}]}"#,
         r#"{"connectionScaling": {"maxConnectionsPerSubchannel": 50}}"#,
+        // grpc-go takes these: a deadline of zero, a negative timeout (no deadline), a
+        // multiplier below 1; gRFC A6 makes hedgingDelay optional.
+        r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "0s"}]}"#,
+        r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "-1s"}]}"#,
+        r#"{"methodConfig": [{"name": [{"service": "s.S"}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 0.5, "retryableStatusCodes": [14]}}]}"#,
+        r#"{"methodConfig": [{"name": [{"service": "s.S"}], "hedgingPolicy": {"maxAttempts": 2}}]}"#,
     ] {
         ServiceConfig::from_json(json).unwrap_or_else(|e| panic!("{json}: {e}"));
     }

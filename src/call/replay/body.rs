@@ -245,7 +245,12 @@ impl HttpBody for AttemptBody {
                 Some(next) => next.is_none(),
                 None => body.is_end_stream(),
             },
-            BodyFrom::Recorded { frames, trailers } => frames.is_empty() && trailers.is_none(),
+            // Not before it was polled, even if empty: a connection sends a body that says it
+            // is over with its head, without polling it, and the call would take it for
+            // never sent (polling marks it read).
+            BodyFrom::Recorded { frames, trailers } => {
+                self.seen && frames.is_empty() && trailers.is_none()
+            }
             BodyFrom::Done => true,
         }
     }

@@ -111,6 +111,12 @@ impl Replay {
         (http::Request::from_parts(parts, body), replay)
     }
 
+    /// The request's extensions (what the caller put in them: a
+    /// [`WaitForReady`](crate::WaitForReady), say).
+    pub(crate) fn extensions(&self) -> &http::Extensions {
+        &self.extensions
+    }
+
     /// Whether another attempt could send the request exactly as the caller sent it.
     pub(crate) fn replayable(&self) -> bool {
         lock(&self.slot).replayable()
@@ -148,11 +154,13 @@ impl Replay {
 
     /// The request for a new attempt that takes the slot over (the caller's body if no attempt
     /// read it, else the recording), with `grpc-timeout` set to `time_left` when the call has a
-    /// deadline. An earlier attempt that has not read its body can no longer send it. `None` if
-    /// the request cannot be had again exactly as the caller sent it.
+    /// deadline, and `grpc-previous-rpc-attempts` to `previous` if above zero. An earlier
+    /// attempt that has not read its body can no longer send it. `None` if the request cannot
+    /// be had again exactly as the caller sent it.
     pub(crate) fn request(
         &self,
         time_left: Option<Duration>,
+        previous: u32,
     ) -> Option<(http::Request<Body>, AttemptId)> {
         let id = {
             let mut slot = lock(&self.slot);
@@ -164,17 +172,19 @@ impl Replay {
             id
         };
         let body = Body::new(AttemptBody::new(self.slot.clone(), id, BodyFrom::Unclaimed));
-        Some((self.head(body, time_left), id))
+        Some((self.head(body, time_left, previous), id))
     }
 
     /// The request for an attempt in place of attempt `id`, which the server did not process:
     /// if `id` holds the slot, the new attempt takes it over (the caller's body if `id` never
     /// polled it to a result, else the recording); a copy of the recording otherwise. `None`
-    /// if the request cannot be had again whole.
+    /// if the request cannot be had again whole. (`time_left`, `previous`: as for
+    /// [`request`](Self::request).)
     pub(crate) fn instead_of(
         &self,
         id: AttemptId,
         time_left: Option<Duration>,
+        previous: u32,
     ) -> Option<(http::Request<Body>, AttemptId)> {
         let (source, id) = {
             let mut slot = lock(&self.slot);
@@ -192,13 +202,19 @@ impl Replay {
             }
         };
         let body = Body::new(AttemptBody::new(self.slot.clone(), id, source));
-        Some((self.head(body, time_left), id))
+        Some((self.head(body, time_left, previous), id))
     }
 
     /// For hedging: the request for an attempt alongside the ones in flight, whose body is the
     /// recording of what the caller sent (the slot is left to its owner). While the recording
-    /// is not whole yet, `cx` is woken when it is.
-    pub(crate) fn copy(&self, time_left: Option<Duration>, cx: &mut Context<'_>) -> Copied {
+    /// is not whole yet, `cx` is woken when it is. (`time_left`, `previous`: as for
+    /// [`request`](Self::request).)
+    pub(crate) fn copy(
+        &self,
+        time_left: Option<Duration>,
+        previous: u32,
+        cx: &mut Context<'_>,
+    ) -> Copied {
         let (source, id) = {
             let mut slot = lock(&self.slot);
             if !slot.record || slot.committed || slot.dropped || slot.caller_error.is_some() {
@@ -215,11 +231,12 @@ impl Replay {
             (BodyFrom::recorded(&slot), slot.new_id())
         };
         let body = Body::new(AttemptBody::new(self.slot.clone(), id, source));
-        Copied::Ready(self.head(body, time_left), id)
+        Copied::Ready(self.head(body, time_left, previous), id)
     }
 
-    /// A request with the call's head and this body.
-    fn head(&self, body: Body, time_left: Option<Duration>) -> http::Request<Body> {
+    /// A request with the call's head and this body, the time left in its `grpc-timeout`, and
+    /// the attempts before it in `grpc-previous-rpc-attempts` (gRFC A6: absent on the first).
+    fn head(&self, body: Body, time_left: Option<Duration>, previous: u32) -> http::Request<Body> {
         let mut req = http::Request::new(body);
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
@@ -230,6 +247,12 @@ impl Replay {
             req.headers_mut().insert(
                 crate::headers::GRPC_TIMEOUT.clone(),
                 crate::deadline::encode(left),
+            );
+        }
+        if previous > 0 {
+            req.headers_mut().insert(
+                crate::headers::GRPC_PREVIOUS_RPC_ATTEMPTS.clone(),
+                http::HeaderValue::from(previous),
             );
         }
         req

@@ -49,7 +49,7 @@ fn read_all(body: &mut Body) -> Vec<Bytes> {
 
 fn copy(replay: &Replay) -> Copied {
     let mut cx = Context::from_waker(Waker::noop());
-    replay.copy(None, &mut cx)
+    replay.copy(None, 0, &mut cx)
 }
 
 fn copied(replay: &Replay) -> Body {
@@ -65,11 +65,11 @@ fn every_attempt_sends_the_body_once_as_the_caller_sent_it() {
     let mut first = req.into_body();
     assert_eq!(read_all(&mut first), ["a", "b", "c"]);
     // A policy retry sends the recording; it is not recorded again.
-    let mut second = replay.request(None).unwrap().0.into_body();
+    let mut second = replay.request(None, 0).unwrap().0.into_body();
     assert_eq!(read_all(&mut second), ["a", "b", "c"]);
     // An attempt that never left (dropped unread), then another one.
-    drop(replay.request(None).unwrap());
-    let mut fourth = replay.request(None).unwrap().0.into_body();
+    drop(replay.request(None, 0).unwrap());
+    let mut fourth = replay.request(None, 0).unwrap().0.into_body();
     assert_eq!(read_all(&mut fourth), ["a", "b", "c"]);
 }
 
@@ -78,7 +78,7 @@ fn an_attempt_given_up_on_cannot_send_the_body_later() {
     let (req, replay) = Replay::wrap(request(&["a"]), false, 1024);
     let mut stale = req.into_body();
     assert!(replay.unsent(0));
-    let (next_req, id) = replay.request(None).unwrap();
+    let (next_req, id) = replay.request(None, 0).unwrap();
     let mut next_attempt = next_req.into_body();
     assert!(
         next(&mut stale).unwrap().is_err(),
@@ -97,9 +97,9 @@ fn a_partly_sent_body_is_never_sent_again() {
     assert_eq!(next(&mut body).unwrap().unwrap(), "a");
     assert!(!replay.replayable());
     assert!(!replay.unsent(0));
-    assert!(replay.request(None).is_none());
+    assert!(replay.request(None, 0).is_none());
     drop(body);
-    assert!(replay.instead_of(0, None).is_none());
+    assert!(replay.instead_of(0, None, 0).is_none());
 }
 
 #[test]
@@ -107,7 +107,7 @@ fn a_body_never_polled_to_a_result_goes_back_to_the_slot() {
     let (req, replay) = Replay::wrap(request(&["a"]), true, 1024);
     drop(req);
     assert!(replay.unsent(0), "an attempt never polled sent nothing");
-    let (again, id) = replay.instead_of(0, None).unwrap();
+    let (again, id) = replay.instead_of(0, None, 0).unwrap();
     assert_eq!(read_all(&mut again.into_body()), ["a"]);
     assert!(replay.was_read(id));
 }
@@ -122,6 +122,42 @@ fn an_empty_body_polled_to_its_end_was_sent() {
     drop(body);
     assert!(!replay.unsent(0));
     assert!(replay.was_read(0));
+}
+
+/// A connection sends the body as `is_end_stream` says: hyper sends a body that says it is over
+/// with its head (END_STREAM) and never polls it. Sends `body` so, and says whether it was
+/// polled.
+fn send_as_hyper_does(body: &mut Body) -> bool {
+    if body.is_end_stream() {
+        return false;
+    }
+    read_all(body);
+    true
+}
+
+/// A copy of an empty recording (a hedge or a retry of a client stream with no message) goes
+/// out as the others do, and then counts as sent: were it to say it is over before it is
+/// polled, its connection would send it unpolled, and the call would take it for never sent
+/// (and could send it again: the server would run it twice).
+#[test]
+fn a_copy_of_an_empty_body_that_went_out_was_sent() {
+    let (req, replay) = Replay::wrap(request(&[]), true, 1024);
+    let mut first = req.into_body();
+    assert!(send_as_hyper_does(&mut first));
+    let Copied::Ready(hedge, id) = copy(&replay) else {
+        panic!("an empty recording is whole");
+    };
+    let mut hedge = hedge.into_body();
+    assert!(send_as_hyper_does(&mut hedge), "sent without being polled");
+    assert!(
+        replay.was_read(id),
+        "an empty body that went out reads as never sent"
+    );
+    assert!(hedge.is_end_stream(), "over once sent");
+    let (again, id) = replay.request(None, 0).unwrap();
+    let mut again = again.into_body();
+    assert!(send_as_hyper_does(&mut again));
+    assert!(replay.was_read(id));
 }
 
 /// The caller's own body failing (an encoder refusing a message) is the call's answer:
@@ -144,8 +180,8 @@ fn a_caller_body_error_is_kept_and_nothing_is_sent_again() {
     let kept = replay.caller_error().expect("the caller's error kept");
     assert_eq!(kept.code(), tonic::Code::OutOfRange);
     assert!(!replay.replayable());
-    assert!(replay.request(None).is_none());
-    assert!(replay.instead_of(0, None).is_none());
+    assert!(replay.request(None, 0).is_none());
+    assert!(replay.instead_of(0, None, 0).is_none());
     assert!(matches!(copy(&replay), Copied::Never));
 }
 
@@ -164,7 +200,7 @@ fn a_caller_body_error_on_the_first_poll_is_not_handed_back() {
     drop(first);
     assert!(replay.caller_error().is_some());
     assert!(!replay.unsent(0));
-    assert!(replay.instead_of(0, None).is_none());
+    assert!(replay.instead_of(0, None, 0).is_none());
 }
 
 #[test]
@@ -188,7 +224,7 @@ fn recording_stops_once_the_response_has_started() {
         "recorded after the commit"
     );
     drop(slot);
-    assert!(replay.request(None).is_none());
+    assert!(replay.request(None, 0).is_none());
 }
 
 #[test]
@@ -214,7 +250,7 @@ fn a_hedge_sends_the_recording_alongside_the_first_attempt() {
     assert_eq!(read_all(&mut second), ["a", "b"]);
     assert!(replay.was_read(second_id), "a copy read is marked");
     // A copy refused by its server is sent again from the recording.
-    assert!(replay.instead_of(second_id, None).is_some());
+    assert!(replay.instead_of(second_id, None, 0).is_some());
     replay.commit();
     assert!(
         matches!(copy(&replay), Copied::Never),
@@ -236,7 +272,7 @@ fn a_waiting_hedge_is_woken_when_the_recording_is_whole() {
     let mut first = req.into_body();
     assert_eq!(next(&mut first).unwrap().unwrap(), "a");
     let mut cx = Context::from_waker(&waker);
-    assert!(matches!(replay.copy(None, &mut cx), Copied::Later));
+    assert!(matches!(replay.copy(None, 0, &mut cx), Copied::Later));
     assert!(!flag.0.load(std::sync::atomic::Ordering::SeqCst));
     assert_eq!(read_all(&mut first), ["b"]);
     assert!(flag.0.load(std::sync::atomic::Ordering::SeqCst));
@@ -254,7 +290,7 @@ fn a_body_over_the_limit_is_never_copied() {
 fn a_replayed_attempt_carries_the_time_left() {
     let (req, replay) = Replay::wrap(request(&["a"]), false, 1024);
     drop(req);
-    let (again, _) = replay.request(Some(Duration::from_millis(250))).unwrap();
+    let (again, _) = replay.request(Some(Duration::from_millis(250)), 0).unwrap();
     let timeout = again.headers().get("grpc-timeout").unwrap();
     assert_eq!(
         crate::deadline::parse(timeout.as_bytes()),
@@ -379,7 +415,7 @@ proptest! {
         for op in ops {
             match op {
                 Op::Request => {
-                    if let Some((req, id)) = replay.request(None) {
+                    if let Some((req, id)) = replay.request(None, 0) {
                         attempts.push((Reader::new(req), id));
                     }
                 }
@@ -390,7 +426,7 @@ proptest! {
                 }
                 Op::InsteadOf(k) => {
                     if let Some((_, id)) = attempts.get(k % attempts.len()) {
-                        if let Some((req, id)) = replay.instead_of(*id, None) {
+                        if let Some((req, id)) = replay.instead_of(*id, None, 0) {
                             attempts.push((Reader::new(req), id));
                         }
                     }
@@ -422,7 +458,7 @@ proptest! {
         let total = frames.len() + usize::from(fails.is_some());
         prop_assert!(pulled.load(std::sync::atomic::Ordering::SeqCst) <= total);
         if fails.is_some() && replay.caller_error().is_some() {
-            prop_assert!(replay.request(None).is_none());
+            prop_assert!(replay.request(None, 0).is_none());
             prop_assert!(matches!(copy(&replay), Copied::Never));
         }
     }
