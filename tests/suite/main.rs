@@ -17,6 +17,7 @@ mod answers_in_time;
 mod api;
 mod call_path;
 mod calls;
+mod conformance;
 mod connections;
 mod correctness;
 mod drop_in;

@@ -1,0 +1,258 @@
+//! The channel's failure scenarios against servers of other implementations (grpc-go and
+//! grpcio, `fleet_service::peers`), each with its target from the issue that set it: what
+//! their servers do that the tonic fleet does not (a refused stream from a server whose count
+//! of streams lags behind the client's, a handler fault, keepalive enforcement). The full matrix,
+//! beside tonic's `balance_list` on the same servers, is `examples/conformance.rs`; its table is
+//! in docs/benchmarks.md.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleet_service::pb::peer::peer_client::PeerClient;
+use fleet_service::pb::peer::Payload;
+use fleet_service::peers::{Kind, Peer, Settings};
+use tonic::Code;
+use tonic_balancer::BalancedChannel;
+
+/// Runs each test for both implementations: `conformance::go::<test>` and
+/// `conformance::python::<test>`.
+macro_rules! for_both {
+    ($($test:ident),* $(,)?) => {
+        mod go {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() { super::$test(super::Kind::Go).await })*
+        }
+        mod python {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() { super::$test(super::Kind::Python).await })*
+        }
+    };
+}
+
+for_both!(
+    refused_streams_at_the_servers_limit_fail_at_most_one_call_in_a_hundred,
+    a_handler_that_throws_does_not_draw_the_traffic,
+    an_instance_answering_internal_does_not_draw_the_traffic,
+    keepalive_enforcement_loses_no_call_and_ejects_no_instance,
+);
+
+/// Five peers of `kind` started at once, the first in `bad` mode, the others answering after
+/// 5 ms.
+fn fleet(kind: Kind, bad: &str) -> Option<Vec<Peer>> {
+    let threads: Vec<_> = (0..5)
+        .map(|i| {
+            let mode = if i == 0 {
+                bad.to_owned()
+            } else {
+                "ok delay=5ms".to_owned()
+            };
+            std::thread::spawn(move || Peer::with(kind, &Settings::mode(&mode)))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// `total` calls from 4 concurrent callers: the failed ones.
+async fn calls(ch: &BalancedChannel, total: u64) -> Vec<tonic::Status> {
+    let next = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (mut client, next) = (PeerClient::new(ch.clone()), next.clone());
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                while next.fetch_add(1, Ordering::Relaxed) < total {
+                    let mut req = tonic::Request::new(Payload::default());
+                    req.set_timeout(Duration::from_secs(10));
+                    if let Err(s) = client.unary(req).await {
+                        failed.push(s);
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for t in tasks {
+        failed.extend(t.await.unwrap());
+    }
+    failed
+}
+
+/// One instance of five fails every call at once with `code` (its mode `bad`), the others
+/// answer in 5 ms; 4 callers, 1,200 calls through the default channel: the failing instance,
+/// which looks idle and fast, would draw most of the calls (77-98% of them failed before
+/// UNKNOWN and INTERNAL counted against an instance); it is ejected after five failures in a
+/// row, and at most 2% of the calls fail.
+async fn a_server_fault_does_not_draw_the_traffic(kind: Kind, bad: &str, code: Code) {
+    let Some(fleet) = fleet(kind, bad) else {
+        return;
+    };
+    let ch = BalancedChannel::from_static(fleet.iter().map(Peer::uri)).unwrap();
+    let failed = calls(&ch, 1200).await;
+    let served_by_bad = fleet[0].served().await;
+    assert!(
+        failed.len() <= 24,
+        "{kind:?} {bad}: {} of 1,200 calls failed (> 2%): {:?}",
+        failed.len(),
+        ch.endpoints()
+    );
+    assert!(failed.iter().all(|s| s.code() == code), "{failed:?}");
+    let bad_uri = fleet[0].uri();
+    let stats = ch
+        .endpoints()
+        .into_iter()
+        .find(|e| e.uri().trim_end_matches('/') == bad_uri)
+        .unwrap();
+    assert_eq!(stats.ejections(), 1, "{kind:?} {bad}: {stats}");
+    assert!(
+        served_by_bad <= 9,
+        "{kind:?} {bad}: it served {served_by_bad} calls"
+    );
+}
+
+/// A handler that throws: grpcio answers UNKNOWN "Exception calling application"; grpc-go with
+/// a recovery interceptor, UNKNOWN too (the peer's `panic-recovered`).
+async fn a_handler_that_throws_does_not_draw_the_traffic(kind: Kind) {
+    let bad = match kind {
+        Kind::Go => "panic-recovered",
+        Kind::Python => "exception",
+    };
+    a_server_fault_does_not_draw_the_traffic(kind, bad, Code::Unknown).await;
+}
+
+/// INTERNAL: go-grpc-middleware's recovery interceptor answers it for a panic by default.
+async fn an_instance_answering_internal_does_not_draw_the_traffic(kind: Kind) {
+    a_server_fault_does_not_draw_the_traffic(kind, "status INTERNAL", Code::Internal).await;
+}
+
+/// Servers that enforce keepalive (one ping per 10 s without data, PermitWithoutStream off)
+/// and a client whose `Endpoint` pings every 10 ms, idle or not: grpc-go and grpcio close its
+/// connections with GOAWAY ENHANCE_YOUR_CALM (`too_many_pings`). Sequential calls with idle
+/// gaps for 2 s: no call lost, no instance ejected.
+async fn keepalive_enforcement_loses_no_call_and_ejects_no_instance(kind: Kind) {
+    let settings = Settings {
+        keepalive_min_time: Some(Duration::from_secs(10)),
+        ..Settings::mode("ok")
+    };
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let settings = settings.clone();
+            std::thread::spawn(move || Peer::with(kind, &settings))
+        })
+        .collect();
+    let Some(fleet) = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect::<Option<Vec<_>>>()
+    else {
+        return;
+    };
+    let mut b = BalancedChannel::builder();
+    for peer in &fleet {
+        b = b.endpoint(
+            tonic::transport::Endpoint::from_shared(peer.uri())
+                .unwrap()
+                .http2_keep_alive_interval(Duration::from_millis(10))
+                .keep_alive_while_idle(true),
+        );
+    }
+    let ch = b.build().unwrap();
+    let mut client = PeerClient::new(ch.clone());
+    let until = Instant::now() + Duration::from_secs(2);
+    let (mut calls, mut failed) = (0, Vec::new());
+    while Instant::now() < until {
+        calls += 1;
+        if let Err(s) = client.unary(Payload::default()).await {
+            failed.push(s);
+        }
+        // Idle between calls: the pings come without data, as enforcement counts them.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(
+        failed.is_empty(),
+        "{kind:?}: {} of {calls} calls failed: {failed:?}",
+        failed.len()
+    );
+    for e in ch.endpoints() {
+        assert_eq!(e.ejections(), 0, "{kind:?}: {e}");
+    }
+    if kind == Kind::Go {
+        // The GOAWAYs came: each closed a connection, and the next call opened another.
+        let mut conns = 0;
+        for peer in &fleet {
+            let answer = peer.control("conns").await;
+            conns += answer
+                .trim_start_matches("conns=")
+                .trim()
+                .parse::<u64>()
+                .unwrap();
+        }
+        assert!(conns > 2, "no connection was closed: {conns} connections");
+    }
+}
+
+/// Calls from `callers` concurrent callers for `secs` seconds: (calls, the failed ones).
+async fn load(ch: &BalancedChannel, callers: usize, secs: u64) -> (u64, Vec<tonic::Status>) {
+    let calls = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let (mut client, calls) = (PeerClient::new(ch.clone()), calls.clone());
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                while Instant::now() < until {
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    let mut req = tonic::Request::new(Payload::default());
+                    req.set_timeout(Duration::from_secs(10));
+                    if let Err(s) = client.unary(req).await {
+                        failed.push(s);
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for t in tasks {
+        failed.extend(t.await.unwrap());
+    }
+    (calls.load(Ordering::Relaxed), failed)
+}
+
+/// One instance allowing 10 streams per connection, a channel of 10 streams on each of up to 5
+/// connections to it, 45 callers of short unary calls for 3 s: grpcio (C-core) counts a stream
+/// until it is closed on both sides, so it refuses streams its client counts as over. A
+/// refused stream waits for room rather than spending its replays at once: at most 1% of the
+/// calls fail.
+async fn refused_streams_at_the_servers_limit_fail_at_most_one_call_in_a_hundred(kind: Kind) {
+    let settings = Settings {
+        max_concurrent_streams: Some(10),
+        ..Settings::mode("ok")
+    };
+    let Some(peer) = Peer::with(kind, &settings) else {
+        return;
+    };
+    let ch = BalancedChannel::builder()
+        .uri(&peer.uri())
+        .max_streams_per_connection(10)
+        .max_connections_per_instance(5)
+        .build()
+        .unwrap();
+    let (calls, failed) = load(&ch, 45, 3).await;
+    let stats = ch.stats();
+    eprintln!(
+        "{kind:?}: {} of {calls} calls failed; {stats}",
+        failed.len()
+    );
+    assert!(
+        failed.len() as f64 <= 0.01 * calls as f64,
+        "{kind:?}: {} of {calls} calls failed (> 1%): {:?}; {stats}",
+        failed.len(),
+        failed.iter().take(3).collect::<Vec<_>>()
+    );
+    assert!(
+        failed.iter().all(|s| s.code() == Code::Unavailable),
+        "{failed:?}"
+    );
+}
