@@ -42,9 +42,9 @@ pub(crate) struct CallGuard {
     connecting: bool,
     /// The instance answered (response headers arrived).
     answered: bool,
-    /// How long its response head took, when that is a latency sample (the call was not
-    /// routed while connecting); taken once the call's status is known (see `Drop`).
-    head: Option<std::time::Duration>,
+    /// When its response head came, if that is a latency sample (the call was not routed
+    /// while connecting); the sample is taken once the call's status is known (see `Drop`).
+    head: Option<Instant>,
     /// The instance's count of connection breaks when the call was routed.
     breaks_at: u32,
     /// The call's method, for the tie-break's per-method reference.
@@ -86,19 +86,20 @@ impl CallGuard {
         self.answered = true;
         crate::instance::conns::answered(&self.inst, self.held.conn);
         if !self.connecting {
-            self.head = Some(self.start.elapsed());
+            self.head = Some(Instant::now());
         }
     }
 
-    /// The latency sample of an answered call (`took`: its response head's time), by how it
-    /// ended: a failed answer is never a fast answer (an instance whose handler throws answers
+    /// The latency sample of an answered call (its response head came `at`), by how it ended:
+    /// a failed answer is never a fast answer (an instance whose handler throws answers
     /// UNKNOWN at once, and would look the fastest). An OK answer counts as it is, and so does
     /// an answer whose end says nothing against the instance (the caller dropped its stream, a
     /// CANCELLED the server passed on); an answer with another status, or a broken stream,
     /// counts only if slower than the instance's usual latency (and not at all before it has
     /// one): evidence of slowness, never of speed.
     #[inline]
-    fn sample_answer(&self, took: std::time::Duration, outcome: Outcome) {
+    fn sample_answer(&self, at: Instant, outcome: Outcome) {
+        let took = at.saturating_duration_since(self.start);
         let counts = match outcome {
             Outcome::Answer(tonic::Code::Ok) | Outcome::Neutral => true,
             Outcome::Answer(_) | Outcome::Failure => {
@@ -107,7 +108,7 @@ impl CallGuard {
             }
         };
         if counts {
-            self.inst.sample_at(self.method, took, self.start + took);
+            self.inst.sample_at(self.method, took, at);
         }
     }
 
@@ -177,8 +178,8 @@ impl Drop for CallGuard {
             self.given_up();
         }
         let outcome = self.outcome.unwrap_or(Outcome::Neutral);
-        if let Some(took) = self.head {
-            self.sample_answer(took, outcome);
+        if let Some(at) = self.head {
+            self.sample_answer(at, outcome);
         }
         self.inst.ctx.events.outcome(&self.inst, outcome);
     }

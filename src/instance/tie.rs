@@ -357,10 +357,10 @@ impl Tie {
         if !(reference_ns > 0.0 && sample_ns.is_finite()) {
             return 0;
         }
-        // How many slow answers in a row it takes, judged before this answer counts.
-        let confirm = noise.run_to_gate();
+        // How many slow answers in a row it takes is judged before this answer counts.
+        let before = noise.0.load(Ordering::Relaxed);
         if rule.confirm && self.slow_run.load(Ordering::Relaxed) == 0 {
-            noise.observe(sample_ns > GATE_AT * reference_ns);
+            noise.observe(before, sample_ns > GATE_AT * reference_ns);
         }
         let prev = self.learn(sample_ns / reference_ns);
         let excess = sample_ns - GATE_AT * reference_ns;
@@ -374,6 +374,7 @@ impl Tie {
             let gated_at = self.gated_at.load(Ordering::Relaxed);
             let strikes = self.strikes.load(Ordering::Relaxed);
             let (strikes, floor) = if rule.confirm {
+                let confirm = Noise::run_for(before);
                 let Some(gate) =
                     self.confirmed(now_ns, sent_ns, reference_ns, rule, confirm, sparse)
                 else {
@@ -437,7 +438,7 @@ impl Tie {
     ///
     /// One slow answer from an instance whose previous answer was fast is most often the tail
     /// every instance has (a pause, a dear request): where answers come often, it sets no
-    /// gate. `confirm` in a row (see [`Noise::run_to_gate`]: two on a quiet client), within
+    /// gate. `confirm` in a row (see [`Noise::run_for`]: two on a quiet client), within
     /// the longest gate, set a gate as long as the excess says; the long minimum waits for one
     /// more in a row or a slow re-check. Where answers come rarely (see [`SPARSE_REFS`]), one
     /// fewer sets the long gate at once. See
@@ -562,7 +563,7 @@ pub(crate) const DEAR_AT: f64 = 4.0;
 /// network's jitter. Such a slow answer says nothing of its instance, and two in a row from one
 /// instance are then no rarity: a gate that waits for confirmation waits for as many slow
 /// answers in a row as it takes for chance to give them less than once in a thousand
-/// ([`Noise::run_to_gate`]). An instance that is slow, rather than unlucky, answers slowly
+/// ([`Noise::run_for`]). An instance that is slow, rather than unlucky, answers slowly
 /// every time, and only its first slow answer counts here, so it does not raise the share.
 #[derive(Debug, Default)]
 pub(crate) struct Noise(AtomicU64);
@@ -587,8 +588,7 @@ impl Noise {
     /// word holds the share (`f32` bits, low half) and the answers counted, up to
     /// [`NOISE_WINDOW`].
     #[inline]
-    fn observe(&self, slow: bool) {
-        let word = self.0.load(Ordering::Relaxed);
+    fn observe(&self, word: u64, slow: bool) {
         let share = f32::from_bits(word as u32);
         let counted = (word >> 32) as u32;
         if !slow && share <= NOISE_FLOOR && counted >= NOISE_WINDOW {
@@ -617,12 +617,18 @@ impl Noise {
             .store(u64::from(NOISE_WINDOW) << 32, Ordering::Relaxed);
     }
 
-    /// The slow answers in a row that a gate waiting for confirmation waits for: the fewest,
-    /// two at least (three before [`NOISE_KNOWN`] answers have counted), that chance gives
-    /// less than once in a thousand (2 up to a share of 3.1%, 3 up to 10%, 4 up to 17.7%, 5 at
-    /// 25%), at most [`MAX_CONFIRM`].
+    /// [`run_for`](Self::run_for) the average as it is now.
+    #[cfg(test)]
     pub(crate) fn run_to_gate(&self) -> u32 {
-        let word = self.0.load(Ordering::Relaxed);
+        Self::run_for(self.0.load(Ordering::Relaxed))
+    }
+
+    /// The slow answers in a row that a gate waiting for confirmation waits for, where the
+    /// average's word was `word`: the fewest, two at least (three before [`NOISE_KNOWN`]
+    /// answers have counted), that chance gives less than once in a thousand (2 up to a share
+    /// of 3.1%, 3 up to 10%, 4 up to 17.7%, 5 at 25%), at most [`MAX_CONFIRM`].
+    #[cold]
+    fn run_for(word: u64) -> u32 {
         let share = f64::from(f32::from_bits(word as u32));
         // Until the channel has seen enough answers to know how often they are slow by
         // chance (its first ones are a new connection's, and its client may be busy), three.
@@ -910,12 +916,12 @@ mod tests {
         // 10 in 58, with the 8 fast answers it starts from).
         let fresh = Noise::default();
         for k in 0..50 {
-            fresh.observe(k % 5 == 0);
+            fresh.observe(fresh.0.load(Ordering::Relaxed), k % 5 == 0);
         }
         assert_eq!(fresh.run_to_gate(), 4, "{}", fresh.share());
         // Then a moving average: fast answers bring it down to nothing.
         for _ in 0..5_000 {
-            fresh.observe(false);
+            fresh.observe(fresh.0.load(Ordering::Relaxed), false);
         }
         assert_eq!(fresh.share(), 0.0);
         assert_eq!(fresh.run_to_gate(), 2);
