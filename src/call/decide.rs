@@ -124,6 +124,20 @@ impl ResponseFuture {
     }
 
     fn failed_as(&mut self, mut a: Attempt, end: End, e: BoxError) -> Option<CallResult> {
+        if matches!(end, End::Reset(Code::Cancelled | Code::DeadlineExceeded))
+            && self
+                .deadline
+                .as_deref()
+                .is_some_and(crate::deadline::passed)
+        {
+            // The server's own timer reset the stream at the call's deadline (grpc-go resets a
+            // call whose deadline it enforces with RST_STREAM CANCEL): a deadline the instance
+            // let pass, as `timed_out` says of such an answer in a head.
+            let outcome = a.guard().deadline_outcome(self.deadline_at());
+            a.guard_mut().finish(outcome);
+            a.obs.ended(Code::DeadlineExceeded);
+            return Some(self.end_with(deadline_exceeded().into()));
+        }
         let outcome = end.settle(a.guard(), &*e, self.deadline_at());
         a.guard_mut().finish(outcome);
         let inst = a.instance().clone();

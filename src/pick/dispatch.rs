@@ -392,6 +392,18 @@ mod tests {
         (ch, now)
     }
 
+    /// `inst` answered ten times slower than the method's usual time (2 ms) at `now`: when
+    /// the gate it sets ends.
+    fn slow_answer(
+        pool: &crate::call::shared::Shared,
+        inst: &crate::instance::Instance,
+        now: u64,
+    ) -> u64 {
+        let noise = &pool.ctx.methods.noise;
+        inst.tie
+            .observe_gated(20e6, 2e6, now, now, pool.ctx.gate, noise)
+    }
+
     /// The quick scan reads an instance's state with its count: one out of service never wins,
     /// however few calls it has (fewest then fastest and least pending; without and with a
     /// gated instance, which weighs the counts; without and with fresh load reports, each a
@@ -417,15 +429,7 @@ mod tests {
                         inst.set_state(state);
                     }
                     if gated {
-                        // Instance 2 answered ten times slower than the method's usual time.
-                        let until = snap[2].tie.observe_gated(
-                            20e6,
-                            2e6,
-                            now,
-                            now,
-                            pool.ctx.gate,
-                            &pool.ctx.methods.noise,
-                        );
+                        let until = slow_answer(pool, &snap[2], now);
                         pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
                         assert!(until > now, "{case}: gated");
                     }
@@ -466,14 +470,7 @@ mod tests {
             }
             // Instance 0 answered ten times slower than the method's usual time: gated until
             // `until`; then the clock reaches it (no instance gated any more).
-            let until = snap[0].tie.observe_gated(
-                20e6,
-                2e6,
-                now,
-                now,
-                pool.ctx.gate,
-                &pool.ctx.methods.noise,
-            );
+            let until = slow_answer(pool, &snap[0], now);
             assert!(until > now, "gated");
             pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
             pool.ctx.clock.fetch_max(until, Ordering::Relaxed);

@@ -15,21 +15,6 @@ use fleet_service::peers::{Kind, Peer, Settings};
 use tonic::Code;
 use tonic_balancer::BalancedChannel;
 
-/// Runs each test for both implementations: `conformance::go::<test>` and
-/// `conformance::python::<test>`.
-macro_rules! for_both {
-    ($($test:ident),* $(,)?) => {
-        mod go {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() { super::$test(super::Kind::Go).await })*
-        }
-        mod python {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() { super::$test(super::Kind::Python).await })*
-        }
-    };
-}
-
 for_both!(
     refused_streams_at_the_servers_limit_fail_at_most_one_call_in_a_hundred,
     a_handler_that_throws_does_not_draw_the_traffic,
@@ -37,37 +22,54 @@ for_both!(
     keepalive_enforcement_loses_no_call_and_ejects_no_instance,
 );
 
-/// Five peers of `kind` started at once, the first in `bad` mode, the others answering after
-/// 5 ms.
-fn fleet(kind: Kind, bad: &str) -> Option<Vec<Peer>> {
-    let threads: Vec<_> = (0..5)
-        .map(|i| {
-            let mode = if i == 0 {
-                bad.to_owned()
-            } else {
-                "ok delay=5ms".to_owned()
-            };
-            std::thread::spawn(move || Peer::with(kind, &Settings::mode(&mode)))
-        })
+/// Peers of `kind` started at once (each start waits for its listening line), one per
+/// settings.
+fn start(kind: Kind, settings: Vec<Settings>) -> Option<Vec<Peer>> {
+    let threads: Vec<_> = settings
+        .into_iter()
+        .map(|s| std::thread::spawn(move || Peer::with(kind, &s)))
         .collect();
     threads.into_iter().map(|t| t.join().unwrap()).collect()
 }
 
-/// `total` calls from 4 concurrent callers: the failed ones.
-async fn calls(ch: &BalancedChannel, total: u64) -> Vec<tonic::Status> {
-    let next = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..4)
+/// Five peers of `kind`, the first in `bad` mode, the others answering after 5 ms.
+fn fleet(kind: Kind, bad: &str) -> Option<Vec<Peer>> {
+    let mut settings = vec![Settings::mode(bad)];
+    settings.extend((1..5).map(|_| Settings::mode("ok delay=5ms")));
+    start(kind, settings)
+}
+
+/// How much load: this many calls in all, or calls for this long.
+#[derive(Clone, Copy)]
+enum Budget {
+    Calls(u64),
+    For(Duration),
+}
+
+/// Calls from `callers` concurrent callers, one after the other each, within `budget`: how
+/// many, and the failed ones.
+async fn calls(ch: &BalancedChannel, callers: usize, budget: Budget) -> (u64, Vec<tonic::Status>) {
+    let made = Arc::new(AtomicU64::new(0));
+    let begin = Instant::now();
+    let tasks: Vec<_> = (0..callers)
         .map(|_| {
-            let (mut client, next) = (PeerClient::new(ch.clone()), next.clone());
+            let (mut client, made) = (PeerClient::new(ch.clone()), made.clone());
             tokio::spawn(async move {
                 let mut failed = Vec::new();
-                while next.fetch_add(1, Ordering::Relaxed) < total {
+                loop {
+                    let n = made.fetch_add(1, Ordering::Relaxed);
+                    match budget {
+                        Budget::Calls(total) if n >= total => break,
+                        Budget::For(d) if begin.elapsed() >= d => break,
+                        _ => {}
+                    }
                     let mut req = tonic::Request::new(Payload::default());
                     req.set_timeout(Duration::from_secs(10));
                     if let Err(s) = client.unary(req).await {
                         failed.push(s);
                     }
                 }
+                made.fetch_sub(1, Ordering::Relaxed);
                 failed
             })
         })
@@ -76,7 +78,7 @@ async fn calls(ch: &BalancedChannel, total: u64) -> Vec<tonic::Status> {
     for t in tasks {
         failed.extend(t.await.unwrap());
     }
-    failed
+    (made.load(Ordering::Relaxed), failed)
 }
 
 /// One instance of five fails every call at once with `code` (its mode `bad`), the others
@@ -89,7 +91,7 @@ async fn a_server_fault_does_not_draw_the_traffic(kind: Kind, bad: &str, code: C
         return;
     };
     let ch = BalancedChannel::from_static(fleet.iter().map(Peer::uri)).unwrap();
-    let failed = calls(&ch, 1200).await;
+    let (_, failed) = calls(&ch, 4, Budget::Calls(1200)).await;
     let served_by_bad = fleet[0].served().await;
     assert!(
         failed.len() <= 24,
@@ -135,17 +137,7 @@ async fn keepalive_enforcement_loses_no_call_and_ejects_no_instance(kind: Kind) 
         keepalive_min_time: Some(Duration::from_secs(10)),
         ..Settings::mode("ok")
     };
-    let threads: Vec<_> = (0..2)
-        .map(|_| {
-            let settings = settings.clone();
-            std::thread::spawn(move || Peer::with(kind, &settings))
-        })
-        .collect();
-    let Some(fleet) = threads
-        .into_iter()
-        .map(|t| t.join().unwrap())
-        .collect::<Option<Vec<_>>>()
-    else {
+    let Some(fleet) = start(kind, vec![settings.clone(), settings]) else {
         return;
     };
     let mut b = BalancedChannel::builder();
@@ -192,34 +184,6 @@ async fn keepalive_enforcement_loses_no_call_and_ejects_no_instance(kind: Kind) 
     }
 }
 
-/// Calls from `callers` concurrent callers for `secs` seconds: (calls, the failed ones).
-async fn load(ch: &BalancedChannel, callers: usize, secs: u64) -> (u64, Vec<tonic::Status>) {
-    let calls = Arc::new(AtomicU64::new(0));
-    let until = Instant::now() + Duration::from_secs(secs);
-    let tasks: Vec<_> = (0..callers)
-        .map(|_| {
-            let (mut client, calls) = (PeerClient::new(ch.clone()), calls.clone());
-            tokio::spawn(async move {
-                let mut failed = Vec::new();
-                while Instant::now() < until {
-                    calls.fetch_add(1, Ordering::Relaxed);
-                    let mut req = tonic::Request::new(Payload::default());
-                    req.set_timeout(Duration::from_secs(10));
-                    if let Err(s) = client.unary(req).await {
-                        failed.push(s);
-                    }
-                }
-                failed
-            })
-        })
-        .collect();
-    let mut failed = Vec::new();
-    for t in tasks {
-        failed.extend(t.await.unwrap());
-    }
-    (calls.load(Ordering::Relaxed), failed)
-}
-
 /// One instance allowing 10 streams per connection, a channel of 10 streams on each of up to 5
 /// connections to it, 45 callers of short unary calls for 3 s: grpcio (C-core) counts a stream
 /// until it is closed on both sides, so it refuses streams its client counts as over. A
@@ -239,7 +203,7 @@ async fn refused_streams_at_the_servers_limit_fail_at_most_one_call_in_a_hundred
         .max_connections_per_instance(5)
         .build()
         .unwrap();
-    let (calls, failed) = load(&ch, 45, 3).await;
+    let (calls, failed) = calls(&ch, 45, Budget::For(Duration::from_secs(3))).await;
     let stats = ch.stats();
     eprintln!(
         "{kind:?}: {} of {calls} calls failed; {stats}",

@@ -252,20 +252,13 @@ async fn fail_fast_resource_exhausted_instance_is_ejected() {
     one_fail_fast_instance(Code::ResourceExhausted).await;
 }
 
-/// A handler that throws: grpcio and grpc-java answer UNKNOWN at once.
+/// The other server faults: UNKNOWN (a handler that throws, in grpcio and grpc-java), INTERNAL
+/// and DATA_LOSS.
 #[tokio::test]
-async fn fail_fast_unknown_instance_is_ejected() {
-    one_fail_fast_instance(Code::Unknown).await;
-}
-
-#[tokio::test]
-async fn fail_fast_internal_instance_is_ejected() {
-    one_fail_fast_instance(Code::Internal).await;
-}
-
-#[tokio::test]
-async fn fail_fast_data_loss_instance_is_ejected() {
-    one_fail_fast_instance(Code::DataLoss).await;
+async fn fail_fast_server_fault_instances_are_ejected() {
+    for code in [Code::Unknown, Code::Internal, Code::DataLoss] {
+        one_fail_fast_instance(code).await;
+    }
 }
 
 /// `total` unary calls from `callers` concurrent callers; the failed ones' statuses.

@@ -13,6 +13,22 @@
 
 mod common;
 
+/// Runs each test of a module whose tests run against the test peers for both implementations:
+/// `<module>::go::<test>` and `<module>::python::<test>`; each test is an `async fn(Kind)` of
+/// the module, which has `Kind` (`fleet_service::peers::Kind`) in scope.
+macro_rules! for_both {
+    ($($test:ident),* $(,)?) => {
+        mod go {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() { super::$test(super::Kind::Go).await })*
+        }
+        mod python {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() { super::$test(super::Kind::Python).await })*
+        }
+    };
+}
+
 mod answers_in_time;
 mod api;
 mod call_path;

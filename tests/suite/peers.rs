@@ -24,20 +24,6 @@ use tonic_health::pb::HealthCheckRequest;
 /// Each test's bound: none of them takes near it unless something is wrong.
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// Runs each test for both implementations: `peers::go::<test>` and `peers::python::<test>`.
-macro_rules! for_both {
-    ($($test:ident),* $(,)?) => {
-        mod go {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() { super::$test(super::Kind::Go).await })*
-        }
-        mod python {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() { super::$test(super::Kind::Python).await })*
-        }
-    };
-}
-
 for_both!(
     unary_through_plain_and_balanced_channels,
     streams_of_every_kind,
