@@ -131,7 +131,10 @@ async fn an_instance_answering_internal_does_not_draw_the_traffic(kind: Kind) {
 /// Servers that enforce keepalive (one ping per 10 s without data, PermitWithoutStream off)
 /// and a client whose `Endpoint` pings every 10 ms, idle or not: grpc-go and grpcio close its
 /// connections with GOAWAY ENHANCE_YOUR_CALM (`too_many_pings`). Sequential calls with idle
-/// gaps for 2 s: no call lost, no instance ejected.
+/// gaps for 2 s: no instance ejected, and no call lost that the server did not take. A call
+/// that was on the connection when the server closed it (its GOAWAY names it processed; the
+/// busier the machine, the likelier) fails UNAVAILABLE "broke during the call", as it does
+/// through grpc-go's own client: it may have run, so it is not sent again.
 async fn keepalive_enforcement_loses_no_call_and_ejects_no_instance(kind: Kind) {
     let settings = Settings {
         keepalive_min_time: Some(Duration::from_secs(10)),
@@ -161,8 +164,11 @@ async fn keepalive_enforcement_loses_no_call_and_ejects_no_instance(kind: Kind) 
         // Idle between calls: the pings come without data, as enforcement counts them.
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
+    let taken = |s: &tonic::Status| {
+        s.code() == Code::Unavailable && s.message().contains("broke during the call")
+    };
     assert!(
-        failed.is_empty(),
+        failed.iter().all(taken) && failed.len() <= 2,
         "{kind:?}: {} of {calls} calls failed: {failed:?}",
         failed.len()
     );
