@@ -395,13 +395,12 @@ mod tests {
     /// `inst` answered ten times slower than the method's usual time (2 ms) at `now`: when
     /// the gate it sets ends.
     fn slow_answer(
-        pool: &crate::call::shared::Shared,
+        ctx: &crate::instance::Context,
         inst: &crate::instance::Instance,
         now: u64,
     ) -> u64 {
-        let noise = &pool.ctx.methods.noise;
         inst.tie
-            .observe_gated(20e6, 2e6, now, now, pool.ctx.gate, noise)
+            .observe_gated(20e6, 2e6, now, now, ctx.gate, &ctx.methods.noise)
     }
 
     /// The quick scan reads an instance's state with its count: one out of service never wins,
@@ -429,7 +428,7 @@ mod tests {
                         inst.set_state(state);
                     }
                     if gated {
-                        let until = slow_answer(pool, &snap[2], now);
+                        let until = slow_answer(&pool.ctx, &snap[2], now);
                         pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
                         assert!(until > now, "{case}: gated");
                     }
@@ -470,7 +469,7 @@ mod tests {
             }
             // Instance 0 answered ten times slower than the method's usual time: gated until
             // `until`; then the clock reaches it (no instance gated any more).
-            let until = slow_answer(pool, &snap[0], now);
+            let until = slow_answer(&pool.ctx, &snap[0], now);
             assert!(until > now, "gated");
             pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
             pool.ctx.clock.fetch_max(until, Ordering::Relaxed);
