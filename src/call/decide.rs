@@ -11,7 +11,7 @@ use tower::BoxError;
 
 use super::attempt::{Attempt, Polled};
 use super::outcome::{head_status, End};
-use super::plan::{Plan, RECHECK};
+use super::plan::{Plan, MAX_REFUSED_WAITED, RECHECK};
 use super::replay::Replay;
 use super::{CallResult, Phase, ResponseFuture};
 use crate::call::guard::GuardedBody;
@@ -237,6 +237,19 @@ impl ResponseFuture {
             return false;
         };
         let inst = a.instance();
+        if end == End::Refused
+            && again.refusals >= 1
+            && self.attempts.is_empty()
+            && self.deadline.is_some()
+            && again.replay.replayable()
+        {
+            if again.refusals >= MAX_REFUSED_WAITED {
+                return false;
+            }
+            tracing::debug!(server.address = %inst.target.name, reason = %e, "stream refused again: the call waits for room");
+            again.park_for_room(inst, a.previous);
+            return true;
+        }
         let Some(same_ok) = again.same_instance_may_take(a, end) else {
             return false;
         };
@@ -410,8 +423,9 @@ impl ResponseFuture {
         Made::Sent
     }
 
-    /// Wait-for-ready: an instance may be usable now. The parked attempt goes to one (a retry
-    /// through the retry policy), or the call waits again.
+    /// Wait-for-ready, or room on an instance that refused the call's stream: an instance may
+    /// take it now. The parked attempt goes to one (a retry through the retry policy), or the
+    /// call waits again.
     pub(super) fn resume(&mut self, cx: &mut Context<'_>) -> Made {
         let again = self.again.as_mut().expect("a plan");
         let Some(parked) = again.parked.take() else {
@@ -430,8 +444,9 @@ impl ResponseFuture {
         made
     }
 
-    /// Wait-for-ready: sends the call again, unseen by the caller, to a usable instance (the
-    /// request whole, with `previous` attempts before it), or parks it again.
+    /// Sends the parked call again, unseen by the caller, to a usable instance (the request
+    /// whole, with `previous` attempts before it); with none, a wait-for-ready call parks again
+    /// and any other is over.
     fn send_unseen(&mut self, previous: u32) -> Made {
         let again = self.again.as_mut().expect("a plan");
         let Some(time_left) = again.time_left() else {
@@ -441,6 +456,10 @@ impl ResponseFuture {
         };
         let (snap, picked) = pick_now(&again.shared.picker, &[], again.method);
         let Some(idx) = picked else {
+            if !again.wait_for_ready() {
+                // Waited for room on an instance that left service meanwhile.
+                return Made::Over(self.last_word());
+            }
             again.park(Kind::Transparent, previous);
             return Made::Waits;
         };

@@ -171,6 +171,12 @@ impl Drop for CallGuard {
     #[inline]
     fn drop(&mut self) {
         self.inst.standing.leave();
+        if self.inst.room_wanted.load(Ordering::Relaxed)
+            && self.inst.room_wanted.swap(false, Ordering::AcqRel)
+        {
+            // A call whose stream this instance refused waits for room: there is some now.
+            self.inst.room.notify_waiters();
+        }
         if self.held.conn != crate::instance::conns::UNCOUNTED {
             crate::instance::conns::release(&self.inst, self.held.conn);
         }

@@ -7,7 +7,7 @@
 //! | could not connect | failing (reconnects with backoff); for an extra connection, nothing | an extra one is dropped, with backoff | sent again at once elsewhere, unseen by the caller |
 //! | closed before the request was written | connecting again (until an answer shows a new connection works) | gone | sent again at once, unseen (the same instance may take it) |
 //! | found unreachable while waiting for a connection | as recorded by the failed connect | - | sent again at once, unseen |
-//! | stream refused (REFUSED_STREAM, a GOAWAY of any code that did not include it) | nothing: a stream-level answer (a GOAWAY's code is logged) | keeps its state | sent again at once, unseen, preferably on another connection |
+//! | stream refused (REFUSED_STREAM, a GOAWAY of any code that did not include it) | nothing: a stream-level answer (a GOAWAY's code is logged) | keeps its state | sent again unseen, preferably on another connection; refused again, after room on the instance where the call has a deadline |
 //! | stream reset by the server (RST_STREAM) | its status counts, as an answer's would | keeps its state | retried / hedged by that status |
 //! | connection broke under the call | a failure (once per break), connecting again | an extra one is dropped | retried / hedged as UNAVAILABLE |
 //! | another error (tonic's channel refused the call) | a failure | - | retried / hedged as UNAVAILABLE |

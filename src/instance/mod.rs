@@ -95,6 +95,10 @@ pub(crate) struct Instance {
     /// Connection breaks seen under calls: the calls that were on a connection when it broke
     /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
     pub(crate) breaks: AtomicU32,
+    /// A call waits for room on it (its stream was refused again: see `call::plan`): the next
+    /// call to end wakes [`room`](Self::room). In the padding after `breaks`, on the line the
+    /// guard's `-1` writes anyway.
+    pub(crate) room_wanted: AtomicBool,
     /// The least-pending tie-break's record (see `tie.rs`); what the pick reads of it ends
     /// the first cache line.
     pub(crate) tie: Tie,
@@ -147,6 +151,9 @@ pub(crate) struct Instance {
     /// When a GOAWAY of its server was last logged at warning level, in nanoseconds since the
     /// channel's epoch (0: never; see `call::outcome`).
     pub(crate) goaway_logged: AtomicU64,
+    /// Notified when a call on it ends while [`room_wanted`](Self::room_wanted): calls whose
+    /// streams it refused go again.
+    pub(crate) room: Arc<tokio::sync::Notify>,
     /// Notified when its connection cannot be opened: calls waiting for it move on.
     pub(crate) unreachable: Arc<tokio::sync::Notify>,
     /// Its latest probe answer (`Builder::probes`).
@@ -186,6 +193,7 @@ impl Instance {
             conn_in_flight: AtomicUsize::new(0),
             extra: conns::Extra::new(&ctx.conns),
             breaks: AtomicU32::new(0),
+            room_wanted: AtomicBool::new(false),
             tie: Tie::new(),
             latency_ns: AtomicU64::new(0),
             reported: load::Reported::default(),
@@ -208,6 +216,7 @@ impl Instance {
             window_ok: AtomicU64::new(0),
             window_err: AtomicU64::new(0),
             goaway_logged: AtomicU64::new(0),
+            room: Arc::new(tokio::sync::Notify::new()),
             unreachable: Arc::new(tokio::sync::Notify::new()),
             probe: Default::default(),
             closed: crate::shutdown::Closed::new(),
