@@ -159,6 +159,8 @@ pub struct Peer {
     /// Held open: the peer exits when it closes.
     _stdin: ChildStdin,
     stderr: Arc<Mutex<String>>,
+    /// The thread that reads stderr: it ends at the pipe's end, after the process exits.
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Peer {
@@ -213,7 +215,7 @@ impl Peer {
             .map_err(|e| format!("starting {kind} peer {}: {e}", program.display()))?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stderr = Arc::new(Mutex::new(String::new()));
-        keep_tail(child.stderr.take().expect("piped stderr"), stderr.clone());
+        let stderr_reader = keep_tail(child.stderr.take().expect("piped stderr"), stderr.clone());
         let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().expect("piped stdout");
         std::thread::spawn(move || {
@@ -236,6 +238,7 @@ impl Peer {
             child,
             _stdin: stdin,
             stderr,
+            stderr_reader: Some(stderr_reader),
         };
         match rx.recv_timeout(START_LIMIT) {
             Ok(Ok(port)) => {
@@ -247,9 +250,8 @@ impl Peer {
                 Err(peer.failed(&format!("no LISTENING line within {START_LIMIT:?}")))
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                // Exited: let its stderr reader finish.
                 let _ = peer.child.wait();
-                std::thread::sleep(Duration::from_millis(50));
+                peer.read_all_stderr();
                 Err(peer.failed("it exited before listening"))
             }
         }
@@ -311,17 +313,27 @@ impl Peer {
         }
     }
 
-    /// Waits up to `limit` for the process to exit by itself.
+    /// Waits up to `limit` for the process to exit by itself (and then for the end of its
+    /// stderr).
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let start = Instant::now();
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
+                self.read_all_stderr();
                 return Some(status);
             }
             if start.elapsed() > limit {
                 return None;
             }
             std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Once the process has exited: waits for its stderr reader to reach the pipe's end, so
+    /// that [`stderr`](Peer::stderr) has all the process wrote.
+    fn read_all_stderr(&mut self) {
+        if let Some(reader) = self.stderr_reader.take() {
+            let _ = reader.join();
         }
     }
 
@@ -395,7 +407,10 @@ fn parse_pairs(s: &str) -> BTreeMap<String, u64> {
 }
 
 /// Reads `from` to its end on a thread of its own, keeping the last [`STDERR_KEPT`] bytes.
-fn keep_tail(mut from: impl Read + Send + 'static, into: Arc<Mutex<String>>) {
+fn keep_tail(
+    mut from: impl Read + Send + 'static,
+    into: Arc<Mutex<String>>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         while let Ok(n) = from.read(&mut buf) {
@@ -412,7 +427,7 @@ fn keep_tail(mut from: impl Read + Send + 'static, into: Arc<Mutex<String>>) {
                 s.drain(..cut);
             }
         }
-    });
+    })
 }
 
 /// Waits until `cond` holds, checking every 5 ms; panics after `limit`.

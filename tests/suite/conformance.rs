@@ -171,8 +171,11 @@ async fn keepalive_enforcement_loses_no_call_and_ejects_no_instance(kind: Kind) 
         s.code() == Code::Unavailable
             && (s.message().contains("broke during the call") || s.message() == "Too many pings")
     };
+    // The calls are sequential: each failure is a close that caught the one call in flight,
+    // and the server closes as often as its strikes run out (more often on a busy machine).
+    // The bound only guards against a loss that is not of that kind.
     assert!(
-        failed.iter().all(taken) && failed.len() <= 2,
+        failed.iter().all(taken) && failed.len() * 10 <= calls,
         "{kind:?}: {} of {calls} calls failed: {failed:?}",
         failed.len()
     );
