@@ -149,14 +149,14 @@ fn pick_with(
     };
     let picked = match picker.strategy {
         Strategy::FewestThenFastest | Strategy::LeastPending => {
-            let dear = policy.methods.is_dear(method);
+            let expensive = policy.methods.is_expensive(method);
             // While no instance is gated, fewest then fastest weighs no call: the plain scan.
             let weighted = picker.strategy == Strategy::FewestThenFastest
                 && policy.gated_until.load(Ordering::Relaxed) > now;
             // The common case, a first attempt without slow start: nothing to check but the
             // state, which the scan reads with the count (see `tight`).
             let quick = if tried.is_empty() && slow == 0 {
-                let turn = |i: &Arc<Instance>| i.tie.turn_for(dear, now);
+                let turn = |i: &Arc<Instance>| i.tie.turn_for(expensive, now);
                 // No instance has a fresh report (every `others` reads 0): the scan does not
                 // read them.
                 let fresh = policy.reports_fresh.any(tick);
@@ -174,7 +174,7 @@ fn pick_with(
                     if picker.strategy == Strategy::FewestThenFastest {
                         recheck(&snap[c.index], now);
                     }
-                    Some(took_turn(snap, c, dear))
+                    Some(took_turn(snap, c, expensive))
                 }
                 // Retries, slow start, and a quick scan that found no instance in service
                 // (there is none, or the one it chose just left): each candidate checked.
@@ -192,7 +192,7 @@ fn pick_with(
                             }
                         })
                     },
-                    |i| i.tie.turn_for(dear, now),
+                    |i| i.tie.turn_for(expensive, now),
                 )
                 .map(|c| {
                     // As the quick scan's choice: the call is its re-check if its gate is
@@ -211,7 +211,7 @@ fn pick_with(
                     } else {
                         1.0
                     };
-                    took_turn_stretched(snap, c, dear, stretch)
+                    took_turn_stretched(snap, c, expensive, stretch)
                 }),
             }
         }
@@ -327,21 +327,23 @@ fn ramp(i: &Instance, now: u64, slow: u64) -> f64 {
 }
 
 /// As [`took_turn`], the turn costing `stretch` times the instance's stride.
-fn took_turn_stretched(snap: &[Arc<Instance>], c: Chosen, dear: bool, stretch: f64) -> usize {
+fn took_turn_stretched(snap: &[Arc<Instance>], c: Chosen, expensive: bool, stretch: f64) -> usize {
     if stretch > 1.0 {
-        snap[c.index].tie.advance_stretched(dear, c.floor, stretch);
+        snap[c.index]
+            .tie
+            .advance_stretched(expensive, c.floor, stretch);
         return c.index;
     }
-    took_turn(snap, c, dear)
+    took_turn(snap, c, expensive)
 }
 
-/// The least-pending choice's instance takes its turn (its pass advances; and its dear pass,
-/// for a call to a dear method).
+/// The least-pending choice's instance takes its turn (its pass advances; and its expensive pass,
+/// for a call to an expensive method).
 #[inline]
-fn took_turn(snap: &[Arc<Instance>], c: Chosen, dear: bool) -> usize {
+fn took_turn(snap: &[Arc<Instance>], c: Chosen, expensive: bool) -> usize {
     let tie = &snap[c.index].tie;
-    if dear {
-        tie.advance_dear(c.floor);
+    if expensive {
+        tie.advance_expensive(c.floor);
     } else {
         tie.advance(c.floor);
     }

@@ -29,8 +29,8 @@
 //! turns (the median pass of those in service, see `Tie::join_at`), with no credit at all: with
 //! many clients, a few more ties each is a burst on the newcomer.
 //!
-//! Calls to a dear method (one many times costlier than the typical call) take turns of their
-//! own: the caller hands the pick each candidate's dear pass instead (see `crate::instance::tie`).
+//! Calls to an expensive method (one many times costlier than the typical call) take turns of their
+//! own: the caller hands the pick each candidate's expensive pass instead (see `crate::instance::tie`).
 //!
 //! The scan is one pass over the counts (a tight loop over integers) that also notes where the
 //! tied candidates are; the tie-break then looks at all of them if there are at most

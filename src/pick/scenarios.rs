@@ -317,10 +317,10 @@ async fn a_slow_instance_is_re_checked_ever_more_rarely_but_always() {
 
 /// A service whose methods differ in cost: 1 call in 10 is a client stream that takes 20x
 /// longer, on every instance alike. Sequential calls still spread evenly: whichever instance
-/// served the dear calls is not taken for slow, each answer being compared with answers to the
+/// served the expensive calls is not taken for slow, each answer being compared with answers to the
 /// same method.
 #[tokio::test]
-async fn a_dear_method_does_not_make_an_instance_look_slow() {
+async fn a_expensive_method_does_not_make_an_instance_look_slow() {
     let mut sim = Sim::new(4);
     for k in 0..400 {
         if k % 10 == 3 {
@@ -335,24 +335,24 @@ async fn a_dear_method_does_not_make_an_instance_look_slow() {
     }
 }
 
-/// Dear calls take turns of their own: with every fourth call dear over four instances, one
-/// rotation for all calls would put every dear call on the same instance; with turns per kind
+/// Expensive calls take turns of their own: with every fourth call expensive over four instances, one
+/// rotation for all calls would put every expensive call on the same instance; with turns per kind
 /// each instance gets a quarter of them.
 #[tokio::test]
-async fn dear_calls_are_shared_like_the_rest() {
+async fn expensive_calls_are_shared_like_the_rest() {
     let mut sim = Sim::new(4);
     sim.calls(40, |_| 2 * MS);
-    let mut dear = [0u32; 4];
+    let mut expensive = [0u32; 4];
     for k in 0..160 {
         if k % 4 == 3 {
-            dear[sim.call(STREAM, |_| 40 * MS)] += 1;
+            expensive[sim.call(STREAM, |_| 40 * MS)] += 1;
         } else {
             sim.call(UNARY, |_| 2 * MS);
         }
     }
     assert!(
-        dear.iter().all(|&n| (9..=11).contains(&n)),
-        "dear calls: {dear:?}"
+        expensive.iter().all(|&n| (9..=11).contains(&n)),
+        "expensive calls: {expensive:?}"
     );
 }
 

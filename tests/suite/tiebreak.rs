@@ -1,10 +1,10 @@
 //! The least-pending tie-break with real servers (`Strategy::LeastPending`, named: the default
 //! runs the same turns but gates a slow instance for longer, see `src/pick/fastest_scenarios.rs`): sequential calls (every instance idle at each
-//! pick, so every pick is a tie) spread evenly, a cold start or a dear method never shuts an
+//! pick, so every pick is a tie) spread evenly, a cold start or an expensive method never shuts an
 //! instance out, an instance that stays slow gets few calls but is still re-checked, and one
 //! that joins or comes back takes turns with the rest. What these check is that real answers
 //! reach the tie-break's records as the pick expects; the tie-break's rules over time (gates,
-//! their doubling and their end, a slow spell forgotten, dear calls' own turns) are checked on
+//! their doubling and their end, a slow spell forgotten, expensive calls' own turns) are checked on
 //! a virtual clock in `src/pick/scenarios.rs`. Scripted answer times are 10 ms or more, well
 //! above the scheduling noise of a loaded machine, and the bounds are loose: an answer slowed
 //! by the machine may gate an instance for a few calls.
@@ -64,10 +64,10 @@ async fn a_cold_start_does_not_shut_an_instance_out() {
 
 /// A service whose methods differ in cost: 1 call in 10 is a client stream that takes 8x
 /// longer, on every instance alike. Sequential calls still spread: whichever instance served
-/// the dear calls is not taken for slow, because each answer is compared with answers to the
+/// the expensive calls is not taken for slow, because each answer is compared with answers to the
 /// same method.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dear_method_does_not_make_an_instance_look_slow() {
+async fn a_expensive_method_does_not_make_an_instance_look_slow() {
     let fleet = Fleet::start(
         4,
         Behavior::MethodCost {
@@ -89,14 +89,14 @@ async fn a_dear_method_does_not_make_an_instance_look_slow() {
     let served = fleet.served();
     let fair = CALLS / 4;
     // At least half the fair share each (the old single estimate shut out whichever instance
-    // served the dear calls). Not tighter: on a loaded machine a server thread that is really
+    // served the expensive calls). Not tighter: on a loaded machine a server thread that is really
     // slowed for a while is seen as slower, and rightly gets fewer calls meanwhile.
     assert!(
         served.iter().all(|&n| n * 2 >= fair),
         "served {served:?}, fair {fair} (at least half each): {:?}",
         ch.endpoints()
     );
-    // Compared with its own method, no answer is slow (dear calls compared with the cheap ones
+    // Compared with its own method, no answer is slow (expensive calls compared with the cheap ones
     // would read 8); below 4, so that one answer slowed by a loaded machine (a 10 ms call taking
     // 25 ms: 2.2) does not fail the test.
     for e in ch.endpoints() {

@@ -1,0 +1,525 @@
+//! What the least-pending tie-break learns from each answer (the pick itself is in `crate::pick`).
+//!
+//! Each time an instance answers a call (its response headers arrive), the time it took is
+//! compared with the *reference* for the call's method: a channel-wide estimate of how long that
+//! method takes on a fast instance. The ratio (the instance's *slowness*) is what the tie-break
+//! weighs, so a service whose methods differ in cost does not make whichever instance served
+//! the expensive ones look slow: each answer is compared with answers to the same method.
+//!
+//! From the slowness come two things, both stored in the instance for the pick to read:
+//!
+//! - **The stride**: how far the instance's pass advances when it wins a tie. One turn
+//!   ([`UNIT`]) up to [`KNEE`] times the reference (noise between equal instances costs
+//!   nothing); beyond it, (slowness / KNEE)² turns, at most [`MAX_TURNS`]. An instance twice as
+//!   slow as the rest wins about 40% of its fair share of the ties, three times as slow about
+//!   17%: its chance falls smoothly, and it keeps being re-checked, at least once every
+//!   [`MAX_TURNS`] turns of the others.
+//! - **The gate**: an answer slower than [`GATE_AT`] times the reference closes the instance to
+//!   ties for [`GATE_FACTOR`] times the excess (an answer of 50 ms where 5 ms is usual: 4 × 40
+//!   ms = 160 ms), doubling with every further slow answer in a row, at most [`MAX_GATE`]. So a re-check
+//!   of a slow instance costs at most a fixed share of time whatever the rate of calls, and an
+//!   instance that stays slow is re-checked ever more rarely; one that answers fast again is
+//!   open again at once. A cold start (a few slow first answers) costs a few short gates, not
+//!   a long exclusion.
+//!
+//! The slowness estimate moves half way towards a new sample, counting a sample for at most 4
+//! times the estimate (one hiccup does not mark an instance slow), and drops at once to a
+//! sample less than half of it (an instance that recovered is believed at once).
+//!
+//! The method references live in a small table indexed by a hash of the method's path, tagged
+//! so that two methods that share a slot replace each other rather than mix. A reference moves
+//! by 1/32 of itself towards each answer, so it settles on the median answer time of the
+//! method (the fast instances' time while the pick keeps the slow ones out), and a rare slow
+//! answer barely moves it; an answer less than half of it pulls it a quarter of the way down
+//! at once, so that a slow first answer (the reference's first value) is soon forgotten.
+//!
+//! **Expensive calls take turns of their own.** A method whose reference is more than
+//! [`EXPENSIVE_AT`] times the typical call's (the median over calls of their methods'
+//! references) is *expensive*: its calls hold an instance far longer than most. If they took the
+//! same turns as the rest, where they fell would follow the order of the turns (every fourth
+//! call expensive over four idle instances: all on one), and an instance that drew more than its
+//! share would be busy, and out of the ties for the cheap calls, longer than the others; so each
+//! instance keeps a second pass for expensive calls, and the pick of an expensive call compares
+//! those (see [`Tie::expensive_turn`]; what it changed in the shootout: `docs/design.md`,
+//! "Decisions").
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+mod method;
+mod noise;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use method::{Method, Methods};
+pub(crate) use noise::Noise;
+
+/// The stride of an instance as fast as the rest: one turn.
+pub const UNIT: u64 = 1 << 16;
+
+/// The turns an instance may be behind the others and win back: one that missed turns because
+/// it was busy (a long call kept it out of the ties) wins them back when it is idle again, up
+/// to this many; one that was away longer (new, or back from an ejection) is not owed more.
+pub const CREDIT: u64 = 8 * UNIT;
+
+/// What the least-pending tie-break reads of a tied candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Turn {
+    /// Its pass: the lowest wins the tie.
+    pub pass: u64,
+    /// How far its pass advances when it wins.
+    pub stride: u64,
+    /// 0: open. Otherwise it is gated (it answered markedly slower than the rest not long
+    /// ago): it wins no tie until the open candidates' passes reach this value, unless every
+    /// candidate is gated.
+    pub gate: u64,
+}
+
+/// Up to this many times the method's reference, an answer costs no turn.
+pub(crate) const KNEE: f64 = 1.25;
+/// The longest stride, in turns.
+pub(crate) const MAX_TURNS: f64 = 8.0;
+/// An answer slower than this many times the reference closes the instance to ties...
+pub(crate) const GATE_AT: f64 = 2.0;
+/// ...for this many times its excess over `GATE_AT` × the reference...
+pub(crate) const GATE_FACTOR: f64 = 4.0;
+/// ...doubled for each slow answer in a row, at most this long (nanoseconds: 10 s)...
+pub(crate) const MAX_GATE: f64 = 10e9;
+/// ...or until the others have taken this many turns (doubled likewise), if that comes first.
+pub(crate) const GATE_TURNS: u64 = 32;
+/// One call in flight in [`Tie::weight`]'s units.
+pub(crate) const WEIGHT_ONE: u64 = 16;
+/// The most one call in flight on a gated instance weighs, in calls: an instance whose calls
+/// in flight plus one are more than 4.5 times the fewest plus one never wins, however slow the
+/// one with the fewest has been (with none on it: one with four calls or more loses to it).
+pub(crate) const MAX_WEIGHT: f32 = 4.5;
+/// How long a slow answer gates an instance: `factor` times the answer's excess over
+/// [`GATE_AT`] times its method's reference, at least `min_refs` times that reference, doubled
+/// for each slow answer in a row to a re-check, at most [`MAX_GATE`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct GateRule {
+    pub(crate) factor: f64,
+    pub(crate) min_refs: f64,
+    /// Whether a gate waits for confirmation where answers come often: a slow answer gates
+    /// only if the instance's previous answer was slow too, and the gate is at least
+    /// `min_refs` long only after a third slow answer in a row or a slow re-check (see
+    /// [`Tie::observe_gated`]).
+    pub(crate) confirm: bool,
+}
+
+impl GateRule {
+    /// Least pending's: [`GATE_FACTOR`] times the excess.
+    pub(crate) const LEAST_PENDING: GateRule = GateRule {
+        factor: GATE_FACTOR,
+        min_refs: 0.0,
+        confirm: false,
+    };
+
+    /// [`Strategy::FewestThenFastest`](crate::Strategy::FewestThenFastest)'s: where answers
+    /// come often, a gate only after two slow answers in a row, for ten times the excess; after
+    /// a third in a row or a slow re-check (or at once where answers come rarely), at least two
+    /// hundred times the method's usual time (a second where 5 ms is usual). A slow instance is
+    /// re-checked one call at a time, ever more rarely while it stays slow: a bounded number of calls per second whatever the rate, rather than a share
+    /// of the traffic (least pending's gates re-check a 20 times slower instance every 0.4 s at
+    /// first, and open by turns as well as by time); and an instance whose slowness comes with
+    /// its load (it answers fast when idle, slow with a few calls) is not handed calls again
+    /// after every fast answer.
+    pub(crate) const FEWEST_THEN_FASTEST: GateRule = GateRule {
+        factor: 10.0,
+        min_refs: 200.0,
+        confirm: true,
+    };
+}
+
+/// A slow answer that comes more than this many times its method's reference after the
+/// instance's previous answer gates at once, without waiting for a second one: a client that
+/// sees an instance rarely (one of many clients, or a low rate) would get its confirmation after
+/// the slow spell is over (50 clients sharing 2,000 calls/s see each of 20 instances about
+/// twice a second; what waiting for two cost there: `docs/design.md`, the default's section).
+const SPARSE_REFS: f64 = 50.0;
+/// Slow answers in a row counted for the doubling.
+const MAX_STRIKES: u32 = 7;
+
+/// The tie-break's record of one instance. The pick reads `pass`, `stride`, `recheck_at` and
+/// `gate_pass`; the rest is written when an answer arrives.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct Tie {
+    pass: AtomicU64,
+    /// The gate: until this time (nanoseconds since the channel's epoch)...
+    recheck_at: AtomicU64,
+    /// ...or until the others' passes reach this one, it wins no tie.
+    gate_pass: AtomicU64,
+    /// How far `pass` advances when the instance wins, in 1/65536 turns.
+    stride: AtomicU32,
+    /// The slowness estimate (`f32` bits; 0 before the first sample).
+    slowness: AtomicU32,
+    /// What each call in flight on it weighs while it is gated, in [`WEIGHT_ONE`] units (its
+    /// slowness, at most [`MAX_WEIGHT`]): computed with the slowness, so the pick reads an
+    /// integer.
+    weight: AtomicU32,
+    /// The pass of the ties for calls to expensive methods (see [`Methods::is_expensive`]): they take
+    /// turns of their own, so that the calls that hold an instance longest are shared as evenly
+    /// as the rest.
+    expensive_pass: AtomicU64,
+    /// When the gate was last set: an answer to a call sent before then is no re-check.
+    gated_at: AtomicU64,
+    /// Slow answers in a row to re-checks.
+    strikes: AtomicU32,
+    /// Slow answers in a row, however sent (a gate that waits for confirmation counts them).
+    slow_run: AtomicU32,
+    /// When the last slow answer came.
+    slow_at: AtomicU64,
+    /// When the last answer came (any: a gate that waits for confirmation waits only where
+    /// answers come often).
+    answered_at: AtomicU64,
+}
+
+impl Tie {
+    pub(crate) fn new() -> Tie {
+        Tie {
+            pass: AtomicU64::new(0),
+            recheck_at: AtomicU64::new(0),
+            gate_pass: AtomicU64::new(0),
+            stride: AtomicU32::new(UNIT as u32),
+            slowness: AtomicU32::new(0),
+            weight: AtomicU32::new(WEIGHT_ONE as u32),
+            expensive_pass: AtomicU64::new(0),
+            gated_at: AtomicU64::new(0),
+            strikes: AtomicU32::new(0),
+            slow_run: AtomicU32::new(0),
+            slow_at: AtomicU64::new(0),
+            answered_at: AtomicU64::new(0),
+        }
+    }
+
+    /// What the pick compares; `now_ns` is the channel's clock.
+    #[inline]
+    pub(crate) fn turn(&self, now_ns: u64) -> Turn {
+        Turn {
+            pass: self.pass.load(Ordering::Relaxed),
+            stride: u64::from(self.stride.load(Ordering::Relaxed)),
+            gate: if self.recheck_at.load(Ordering::Relaxed) > now_ns {
+                self.gate_pass.load(Ordering::Relaxed)
+            } else {
+                0
+            },
+        }
+    }
+
+    /// What the pick compares: [`Tie::expensive_turn`] for a call to an expensive method, else
+    /// [`Tie::turn`].
+    #[inline]
+    pub(crate) fn turn_for(&self, expensive: bool, now_ns: u64) -> Turn {
+        if expensive {
+            self.expensive_turn(now_ns)
+        } else {
+            self.turn(now_ns)
+        }
+    }
+
+    /// What the pick compares for a call to an expensive method: the expensive pass, and no tie while
+    /// the instance is gated (the others' expensive passes say nothing of when to open it; the gate's
+    /// time still does, and so do the cheap calls' turns).
+    #[inline]
+    pub(crate) fn expensive_turn(&self, now_ns: u64) -> Turn {
+        Turn {
+            pass: self.expensive_pass.load(Ordering::Relaxed),
+            stride: u64::from(self.stride.load(Ordering::Relaxed)),
+            gate: if self.recheck_at.load(Ordering::Relaxed) > now_ns {
+                u64::MAX
+            } else {
+                0
+            },
+        }
+    }
+
+    /// How much one call in flight on the instance weighs in
+    /// [`Strategy::FewestThenFastest`](crate::Strategy::FewestThenFastest)'s count, in
+    /// [`WEIGHT_ONE`] units: one call while the instance is open; while it is gated (it answered
+    /// markedly slower than the rest), its slowness, at most [`MAX_WEIGHT`].
+    ///
+    /// Without a branch: whether an instance is gated follows no pattern the processor could
+    /// learn, and with the branch the pick over 50 busy instances took 120-129 ns against
+    /// 106-112 ns without (`benches/pick.rs`, three interleaved runs each).
+    #[inline]
+    pub(crate) fn weight(&self, now_ns: u64) -> u64 {
+        let gated = self.recheck_at.load(Ordering::Relaxed) > now_ns;
+        // The stored weight is never below one call's (see `observe_gated`).
+        let weight = u64::from(self.weight.load(Ordering::Relaxed));
+        std::hint::select_unpredictable(gated, weight, WEIGHT_ONE)
+    }
+
+    /// Whether the instance answered markedly slower than the rest last time (a gate was set)
+    /// and its gate is over: the call it is picked for now re-checks it.
+    #[inline]
+    pub(crate) fn is_due_for_recheck(&self, now_ns: u64) -> bool {
+        let at = self.recheck_at.load(Ordering::Relaxed);
+        at != 0 && at <= now_ns
+    }
+
+    /// A re-check was sent at `now_ns`: the instance stays gated for `hold_ns` more, until its
+    /// answer says whether it is fast again (a fast answer opens it at once), so that one
+    /// re-check goes at a time rather than every call while the answer is on its way.
+    #[cold]
+    pub(crate) fn recheck_sent(&self, now_ns: u64, hold_ns: u64) -> u64 {
+        let until = now_ns.saturating_add(hold_ns.max(1));
+        self.recheck_at.store(until, Ordering::Relaxed);
+        until
+    }
+
+    /// The instance won a tie: its pass advances by its stride, from at least `floor` (see
+    /// `pick::Chosen::floor`). Two picks at once may both read the old pass and one advance be
+    /// lost: harmless, a turn is a share, not a count.
+    #[inline]
+    pub(crate) fn advance(&self, floor: u64) {
+        self.step(floor, self.stride());
+    }
+
+    /// The instance won a tie for a call to an expensive method, `floor` read from the expensive passes:
+    /// its expensive pass advances from at least `floor`, and its pass as for any call (an expensive call
+    /// is a turn too).
+    #[inline]
+    pub(crate) fn advance_expensive(&self, floor: u64) {
+        self.step_expensive(floor, self.stride());
+    }
+
+    /// As [`advance`](Self::advance) or [`advance_expensive`](Self::advance_expensive), by `stretch`
+    /// times its stride (a warming instance in slow start).
+    pub(crate) fn advance_stretched(&self, expensive: bool, floor: u64, stretch: f64) {
+        let stride = (self.stride() as f64 * stretch) as u64;
+        if expensive {
+            self.step_expensive(floor, stride);
+        } else {
+            self.step(floor, stride);
+        }
+    }
+
+    #[inline]
+    fn stride(&self) -> u64 {
+        u64::from(self.stride.load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    fn step(&self, floor: u64, stride: u64) {
+        let pass = self.pass.load(Ordering::Relaxed).max(floor);
+        self.pass.store(pass + stride, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn step_expensive(&self, floor: u64, stride: u64) {
+        let expensive = self.expensive_pass.load(Ordering::Relaxed).max(floor);
+        self.expensive_pass
+            .store(expensive + stride, Ordering::Relaxed);
+        let pass = self.pass.load(Ordering::Relaxed);
+        self.pass.store(pass + stride, Ordering::Relaxed);
+    }
+
+    /// The instance joins a set whose turns are at `level`: its passes start there (or stay
+    /// where they are, if further on). Without this a newcomer (pass 0) would win
+    /// [`CREDIT`] turns in a row from every client at once: with 50
+    /// clients, 400 calls in a burst on an instance that gets 2 a second from each.
+    pub(crate) fn join_at(&self, level: Level) {
+        self.pass.fetch_max(level.pass, Ordering::Relaxed);
+        self.expensive_pass
+            .fetch_max(level.expensive_pass, Ordering::Relaxed);
+    }
+
+    /// Records that the instance answered at `at` (nanoseconds on the channel's clock) without
+    /// a sample: for fixtures (the benchmarks' fleet, tests) whose next answer is to be judged
+    /// as one that comes rarely, so that one slow answer gates at once.
+    pub(crate) fn answered_long_before(&self, at: u64) {
+        self.answered_at.store(at.max(1), Ordering::Relaxed);
+    }
+
+    /// The slowness estimate (1.0: as fast as the method's reference), `None` before the first
+    /// sample.
+    pub(crate) fn slowness(&self) -> Option<f64> {
+        let s = f32::from_bits(self.slowness.load(Ordering::Relaxed));
+        (s > 0.0).then_some(f64::from(s))
+    }
+
+    /// As [`observe_gated`](Self::observe_gated) with least pending's gates.
+    #[cfg(test)]
+    pub(crate) fn observe(&self, sample_ns: f64, reference_ns: f64, sent_ns: u64, now_ns: u64) {
+        self.observe_gated(
+            sample_ns,
+            reference_ns,
+            sent_ns,
+            now_ns,
+            GateRule::LEAST_PENDING,
+            &Noise::default(),
+        );
+    }
+
+    /// One answer to a call sent at `sent_ns`: it took `sample_ns`, where the method's
+    /// reference is `reference_ns`, at `now_ns` on the channel's clock. A gate it sets lasts as
+    /// `rule` says. Returns when the gate it set ends (0: it set none).
+    pub(crate) fn observe_gated(
+        &self,
+        sample_ns: f64,
+        reference_ns: f64,
+        sent_ns: u64,
+        now_ns: u64,
+        rule: GateRule,
+        noise: &Noise,
+    ) -> u64 {
+        if !(reference_ns > 0.0 && sample_ns.is_finite()) {
+            return 0;
+        }
+        // How many slow answers in a row it takes is judged before this answer counts.
+        let before = noise.word();
+        if rule.confirm && self.slow_run.load(Ordering::Relaxed) == 0 {
+            noise.observe(before, sample_ns > GATE_AT * reference_ns);
+        }
+        let prev = self.learn(sample_ns / reference_ns);
+        let excess = sample_ns - GATE_AT * reference_ns;
+        // The instance's first answer says nothing of how often answers come (and is often a
+        // warm-up's: a new connection, a cold server).
+        let sparse = rule.confirm && {
+            let last = self.answered_at.swap(now_ns, Ordering::Relaxed);
+            last != 0 && now_ns.saturating_sub(last) as f64 > SPARSE_REFS * reference_ns
+        };
+        if excess > 0.0 {
+            let gated_at = self.gated_at.load(Ordering::Relaxed);
+            let strikes = self.strikes.load(Ordering::Relaxed);
+            let (strikes, floor) = if rule.confirm {
+                let confirm = Noise::run_for(before);
+                let Some(gate) =
+                    self.confirmed(now_ns, sent_ns, reference_ns, rule, confirm, sparse)
+                else {
+                    return 0;
+                };
+                gate
+            } else {
+                // A strike: slow again when re-checked after a gate (answers to calls that
+                // were already on their way when the gate was set add none).
+                let strikes = if prev < GATE_AT {
+                    0
+                } else if sent_ns >= gated_at {
+                    (strikes + 1).min(MAX_STRIKES)
+                } else {
+                    strikes
+                };
+                (strikes, rule.min_refs * reference_ns)
+            };
+            self.strikes.store(strikes, Ordering::Relaxed);
+            let gate =
+                ((rule.factor * excess).max(floor) * f64::from(1u32 << strikes)).min(MAX_GATE);
+            let turns = (GATE_TURNS << strikes) * UNIT;
+            let pass = self.pass.load(Ordering::Relaxed);
+            self.gate_pass
+                .store(pass.saturating_add(turns), Ordering::Relaxed);
+            let until = now_ns.saturating_add(gate as u64);
+            self.recheck_at.store(until, Ordering::Relaxed);
+            self.gated_at.store(now_ns, Ordering::Relaxed);
+            until
+        } else {
+            self.slow_run.store(0, Ordering::Relaxed);
+            self.recheck_at.store(0, Ordering::Relaxed);
+            self.strikes.store(0, Ordering::Relaxed);
+            0
+        }
+    }
+}
+
+impl Tie {
+    /// The slowness estimate moves with an answer `x` times the method's reference (see the
+    /// module docs), and the stride and the weight of a gated instance's calls with it.
+    /// Returns the estimate before.
+    fn learn(&self, x: f64) -> f64 {
+        let prev = f64::from(f32::from_bits(self.slowness.load(Ordering::Relaxed)));
+        let s = if prev <= 0.0 || x < 0.5 * prev {
+            x
+        } else {
+            prev + 0.5 * (x.min(4.0 * prev) - prev)
+        };
+        self.slowness.store((s as f32).to_bits(), Ordering::Relaxed);
+        let weight = s.clamp(1.0, f64::from(MAX_WEIGHT)) * WEIGHT_ONE as f64;
+        self.weight.store(weight as u32, Ordering::Relaxed);
+        let turns = (s / KNEE).powi(2).clamp(1.0, MAX_TURNS);
+        self.stride
+            .store((turns * UNIT as f64) as u32, Ordering::Relaxed);
+        prev
+    }
+
+    /// A slow answer, under a rule that waits for confirmation: `None` if it sets no gate yet,
+    /// else the gate's strikes and floor.
+    ///
+    /// One slow answer from an instance whose previous answer was fast is most often the tail
+    /// every instance has (a pause, an expensive request): where answers come often, it sets no
+    /// gate. `confirm` in a row (see [`Noise::run_for`]: two on a quiet client), within
+    /// the longest gate, set a gate as long as the excess says; the long minimum waits for one
+    /// more in a row or a slow re-check. Where answers come rarely (see [`SPARSE_REFS`]), one
+    /// fewer sets the long gate at once. See
+    /// `pick::fastest_scenarios::equal_instances_with_a_tail` for what a gate at every slow
+    /// answer cost, and `a_client_that_stalls_gates_no_instance` for what a fixed two did on a
+    /// busy client.
+    fn confirmed(
+        &self,
+        now_ns: u64,
+        sent_ns: u64,
+        reference_ns: f64,
+        rule: GateRule,
+        confirm: u32,
+        sparse: bool,
+    ) -> Option<(u32, f64)> {
+        let last = self.slow_at.swap(now_ns, Ordering::Relaxed);
+        let run = if last != 0 && now_ns.saturating_sub(last) <= MAX_GATE as u64 {
+            self.slow_run.load(Ordering::Relaxed).saturating_add(1)
+        } else {
+            1
+        };
+        self.slow_run.store(run, Ordering::Relaxed);
+        if run < confirm - u32::from(sparse) {
+            return None;
+        }
+        let strikes = self.strikes.load(Ordering::Relaxed);
+        let strikes = if self.recheck_at.load(Ordering::Relaxed) == 0 {
+            0
+        } else if sent_ns >= self.gated_at.load(Ordering::Relaxed) {
+            (strikes + 1).min(MAX_STRIKES)
+        } else {
+            strikes
+        };
+        let long = strikes > 0 || run > confirm || sparse;
+        Some((
+            strikes,
+            if long {
+                rule.min_refs * reference_ns
+            } else {
+                0.0
+            },
+        ))
+    }
+}
+
+/// Where a set's turns are: the median of its instances' passes (the median, so that neither
+/// an instance far ahead, a slow one with a long stride, nor one far behind, owed turns it
+/// missed while busy, sets it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Level {
+    pass: u64,
+    expensive_pass: u64,
+}
+
+impl Level {
+    /// The level of these records; `None` for none.
+    pub(crate) fn of<'a>(ties: impl Iterator<Item = &'a Tie>) -> Option<Level> {
+        let (mut passes, mut expensive): (Vec<u64>, Vec<u64>) = ties
+            .map(|t| {
+                (
+                    t.pass.load(Ordering::Relaxed),
+                    t.expensive_pass.load(Ordering::Relaxed),
+                )
+            })
+            .unzip();
+        if passes.is_empty() {
+            return None;
+        }
+        let mid = passes.len() / 2;
+        Some(Level {
+            pass: *passes.select_nth_unstable(mid).1,
+            expensive_pass: *expensive.select_nth_unstable(mid).1,
+        })
+    }
+}

@@ -1,0 +1,239 @@
+//! The tie-break's record: its stride, its gates, its levels, and the method references.
+
+use super::*;
+
+const MS: f64 = 1e6;
+
+/// An instance back in service starts at the turns of the instances in service: with most
+/// of the set still out (their passes stopped where they left), their passes do not count.
+#[tokio::test]
+async fn a_returning_instance_starts_at_the_turns_of_those_in_service() {
+    use crate::State;
+    let ch = crate::BalancedChannel::builder()
+        .uris((1..=5).map(|p| format!("http://127.0.0.1:{p}")))
+        .build()
+        .unwrap();
+    let snap = ch.shared.snapshot();
+    let ahead = 50 * UNIT;
+    for (k, inst) in snap.iter().enumerate() {
+        if k < 4 {
+            inst.set_state(State::Ejected);
+            inst.tie.pass.store(0, Ordering::Relaxed);
+        } else {
+            inst.set_state(State::Ready);
+            inst.tie.pass.store(ahead, Ordering::Relaxed);
+        }
+    }
+    // Back (the median of all four others would be a pass of 0).
+    snap[0].set_state(State::Ready);
+    assert_eq!(snap[0].tie.pass.load(Ordering::Relaxed), ahead);
+    // With none in service, no level: the pass stays where it was.
+    for inst in snap.iter() {
+        inst.set_state(State::Ejected);
+    }
+    snap[1].set_state(State::Ready);
+    assert_eq!(snap[1].tie.pass.load(Ordering::Relaxed), 0);
+    // A pass further on than the set's stays.
+    snap[0].tie.pass.store(2 * ahead, Ordering::Relaxed);
+    snap[0].set_state(State::Ready);
+    assert_eq!(snap[0].tie.pass.load(Ordering::Relaxed), 2 * ahead);
+}
+
+#[test]
+fn method_keys_differ_and_are_stable() {
+    let a = Method::of("/fleet.Fleet/Unary");
+    let b = Method::of("/fleet.Fleet/ClientStream");
+    assert_eq!(a, Method::of("/fleet.Fleet/Unary"));
+    assert_ne!(a, b);
+    assert_ne!(Method::of(""), Method::NONE);
+}
+
+/// The reference follows fast answers and a rare slow one barely moves it; each method
+/// has its own.
+#[test]
+fn a_method_is_expensive_against_the_typical_call() {
+    let m = Methods::new();
+    let cheap = Method::of("/s.S/Cheap");
+    let expensive = Method::of("/s.S/Expensive");
+    let twice = Method::of("/s.S/Twice");
+    assert!(!m.is_expensive(expensive), "nothing known yet");
+    // Nine cheap calls in ten: the typical call is a cheap one.
+    for k in 0..400 {
+        match k % 10 {
+            3 => m.reference(expensive, 100.0 * MS),
+            7 => m.reference(twice, 10.0 * MS),
+            _ => m.reference(cheap, 5.0 * MS),
+        };
+    }
+    assert!(m.is_expensive(expensive), "20x the typical call");
+    assert!(!m.is_expensive(twice), "2x is not expensive");
+    assert!(!m.is_expensive(cheap));
+    assert!(!m.is_expensive(Method::of("/s.S/Unseen")));
+    assert!(!m.is_expensive(Method::NONE));
+    // A service of expensive calls only: none is expensive against the typical call, itself.
+    let alone = Methods::new();
+    for _ in 0..100 {
+        alone.reference(expensive, 100.0 * MS);
+    }
+    assert!(!alone.is_expensive(expensive));
+}
+
+#[test]
+fn expensive_calls_take_turns_of_their_own() {
+    // Two equal instances; the expensive pass decides expensive ties, the pass the others, and a
+    // expensive call is a turn of the pass too.
+    let a = Tie::new();
+    let b = Tie::new();
+    a.advance(0);
+    assert!(a.turn(0).pass > b.turn(0).pass, "b's turn for a cheap call");
+    assert_eq!(
+        a.expensive_turn(0).pass,
+        b.expensive_turn(0).pass,
+        "no expensive call yet"
+    );
+    a.advance_expensive(0);
+    assert!(
+        a.expensive_turn(0).pass > b.expensive_turn(0).pass,
+        "b's turn for an expensive one"
+    );
+    assert_eq!(
+        a.turn(0).pass,
+        2 * UNIT,
+        "an expensive call advances the pass too"
+    );
+    // Gated: no expensive tie at all while the gate's time runs, whatever the passes.
+    a.observe(100.0 * MS, 5.0 * MS, 0, 0);
+    assert_eq!(a.expensive_turn(1).gate, u64::MAX);
+    assert_eq!(a.turn_for(true, 1), a.expensive_turn(1));
+    assert_eq!(a.turn_for(false, 1), a.turn(1));
+    assert_eq!(b.expensive_turn(1).gate, 0);
+}
+
+#[test]
+fn references_follow_the_fast_answers_per_method() {
+    let m = Methods::new();
+    let cheap = Method::of("/s.S/Cheap");
+    let expensive = Method::of("/s.S/Expensive");
+    assert_eq!(m.reference(cheap, 5.0 * MS), 5.0 * MS);
+    assert_eq!(m.reference(expensive, 100.0 * MS), 100.0 * MS);
+    for _ in 0..20 {
+        m.reference(cheap, 5.0 * MS);
+        m.reference(expensive, 100.0 * MS);
+    }
+    let before = m.reference(cheap, 100.0 * MS);
+    let after = m.reference(cheap, 5.0 * MS);
+    assert!((before - 5.0 * MS).abs() < 0.01 * MS, "{before}");
+    assert!(after < 5.2 * MS, "one slow answer moved it to {after}");
+    // A slow first answer is soon forgotten.
+    let late = Method::of("/s.S/Late");
+    m.reference(late, 50.0 * MS);
+    let r = (0..40).fold(0.0, |_, _| m.reference(late, 5.0 * MS));
+    assert!(r < 5.5 * MS, "{r}");
+    assert!((m.reference(expensive, 100.0 * MS) - 100.0 * MS).abs() < 0.1 * MS);
+}
+
+/// Equal answers: one turn, never gated. A slow one: a longer stride, a gate that grows
+/// while the answers stay slow, and both gone at the first fast answer.
+#[test]
+fn slowness_sets_stride_and_gate() {
+    let t = Tie::new();
+    t.observe(5.0 * MS, 5.0 * MS, 0, 0);
+    assert_eq!(t.stride.load(Ordering::Relaxed), UNIT as u32);
+    assert_eq!(t.turn(0).gate, 0);
+    // 10x slower: counted as 4x (slowness 2.5: 4 turns), gated for 4 x (50 - 10) ms.
+    t.observe(50.0 * MS, 5.0 * MS, 900, 1_000);
+    assert_eq!(t.stride.load(Ordering::Relaxed), 4 * UNIT as u32);
+    let gate1 = t.recheck_at.load(Ordering::Relaxed) - 1_000;
+    assert_eq!(gate1, (GATE_FACTOR * 40.0 * MS) as u64);
+    // ...or until the others took GATE_TURNS turns.
+    assert_eq!(t.turn(1_000 + gate1 - 1).gate, GATE_TURNS * UNIT);
+    assert_eq!(t.turn(1_000 + gate1).gate, 0);
+    // An answer to a call sent before the gate: no strike.
+    t.observe(50.0 * MS, 5.0 * MS, 999, 1_500);
+    assert_eq!(t.recheck_at.load(Ordering::Relaxed) - 1_500, gate1);
+    // Slow again when re-checked: the longest stride, and the gate doubles.
+    t.observe(50.0 * MS, 5.0 * MS, 1_600, 2_000);
+    assert_eq!(
+        t.stride.load(Ordering::Relaxed),
+        (MAX_TURNS * UNIT as f64) as u32
+    );
+    let gate2 = t.recheck_at.load(Ordering::Relaxed) - 2_000;
+    assert_eq!(gate2, 2 * gate1);
+    assert_eq!(t.turn(2_000).gate, 2 * GATE_TURNS * UNIT);
+    // Fast again: open at once, one turn.
+    t.observe(5.0 * MS, 5.0 * MS, 2_900, 3_000);
+    assert_eq!(t.turn(3_000).gate, 0);
+    assert_eq!(t.stride.load(Ordering::Relaxed), UNIT as u32);
+    assert_eq!(t.slowness(), Some(1.0));
+}
+
+/// A quiet client's: a thousand answers, all fast.
+fn quiet_client() -> Noise {
+    let quiet = Noise::default();
+    quiet.settle_quiet();
+    quiet
+}
+
+/// The default's gates wait for confirmation where answers come often: one slow answer
+/// after fast ones sets none (the tail every instance has); a second in a row gates for ten
+/// times its excess; a third in a row, or a slow re-check, for at least two hundred usual
+/// call times. Where answers come rarely, the first slow one gates at once.
+#[test]
+fn the_default_gates_after_two_slow_answers_in_a_row() {
+    let rule = GateRule::FEWEST_THEN_FASTEST;
+    let t = Tie::new();
+    let quiet = quiet_client();
+    t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
+    assert_eq!(
+        t.observe_gated(15.0 * MS, 5.0 * MS, 1_000, 2_000, rule, &quiet),
+        0
+    );
+    assert_eq!(t.weight(2_000), WEIGHT_ONE, "open");
+    // A fast answer in between: the next slow one is the first again.
+    t.observe_gated(5.0 * MS, 5.0 * MS, 2_000, 3_000, rule, &quiet);
+    assert_eq!(
+        t.observe_gated(15.0 * MS, 5.0 * MS, 3_000, 4_000, rule, &quiet),
+        0
+    );
+    let until = t.observe_gated(15.0 * MS, 5.0 * MS, 4_000, 5_000, rule, &quiet);
+    assert_eq!(
+        until - 5_000,
+        (10.0 * 5.0 * MS) as u64,
+        "ten times the excess"
+    );
+    assert!(t.weight(5_000) > WEIGHT_ONE, "gated, its calls weigh more");
+    let until = t.observe_gated(15.0 * MS, 5.0 * MS, 4_500, 6_000, rule, &quiet);
+    assert_eq!(until - 6_000, (200.0 * 5.0 * MS) as u64, "the long minimum");
+    // Where answers come rarely (the previous one more than 50 usual call times before),
+    // one slow answer sets the long gate at once: no second one would come in time.
+    let t = Tie::new();
+    let quiet = quiet_client();
+    t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
+    let later = 1_000 + (50.0 * 5.0 * MS) as u64 + 1;
+    let until = t.observe_gated(15.0 * MS, 5.0 * MS, later - 1, later, rule, &quiet);
+    assert_eq!(until - later, (200.0 * 5.0 * MS) as u64);
+}
+
+/// Moderately slower: a stride that grows smoothly with the slowness, no cliff.
+#[test]
+fn the_stride_grows_smoothly() {
+    let mut last = 0;
+    for k in 0..40 {
+        let t = Tie::new();
+        let x = 1.0 + k as f64 * 0.1;
+        t.observe(x * MS, MS, 0, 0);
+        let stride = t.stride.load(Ordering::Relaxed);
+        assert!(stride >= last, "stride fell at {x}");
+        assert!(u64::from(stride) - u64::from(last) <= UNIT, "a step at {x}");
+        last = stride;
+    }
+}
+
+/// One hiccup (a sample 20x the estimate) counts for 4x at most.
+#[test]
+fn one_hiccup_counts_little() {
+    let t = Tie::new();
+    t.observe(5.0 * MS, 5.0 * MS, 0, 0);
+    t.observe(100.0 * MS, 5.0 * MS, 0, 0);
+    assert_eq!(t.slowness(), Some(2.5));
+}
