@@ -48,11 +48,7 @@
 //! at random how loaded they are (Prequal's probes) and picks among the fresh answers.
 //!
 //! The pick is a scan over a lock-free snapshot of the instances: atomics only, no lock shared
-//! by the calls, no allocation: for 50 instances 86-94 ns on one thread, busy or idle, on
-//! the machine of docs/benchmarks.md in its quiet spells, and up to twice that in its slow ones
-//! (`benches/pick.rs`). Idle, it is as fast as least pending's; busy, with instances gated for
-//! slow answers, it takes about a sixth more instructions (its weighted counts: 1,063 against
-//! 917, `scripts/instructions.sh pick`).
+//! by the calls, no allocation (its time and instructions: `docs/benchmarks.md`, "The pick").
 //!
 //! # Failures
 //!
@@ -125,39 +121,68 @@
 // docs.rs (`--cfg docsrs`, nightly): each item that a feature brings says which.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod builder;
-mod call;
-
+// The module map, from the call's way in to the parts it relies on (docs/design.md, "Layout",
+// has the layers).
+// The channel a stub calls, and its shared state.
 mod channel;
-mod checks;
+// The life of a call: one machine for every call, plain, replayed, retried or hedged.
+mod call;
+// The deadline of a call, from its `grpc-timeout`.
 mod deadline;
-pub mod discover;
-mod error;
-mod headers;
-mod health;
+// Opt-in retry policies, the per-method table, and the retry budget.
+mod retry;
+// Hedging: a call sent again after a delay, the first answer winning.
 mod hedge;
-mod hooks;
+// Server pushback (`grpc-retry-pushback-ms`).
+mod pushback;
+// The pick: the strategies, and the choice over a channel's set.
+mod pick;
+// The instances' set: a lock-free snapshot, membership changes, subsetting.
+mod set;
+// One instance: its address, connections, calls in flight and state.
 mod instance;
+// Health: the outcome classification, outlier ejection, A17 health checks.
+mod health;
+// What the channel does when an instance or the set changes.
+mod hooks;
+// Membership from a registry: DNS, or any [`Resolve`] source.
+pub mod discover;
+// Server-reported load (ORCA): reports in responses and out of band.
+pub mod orca;
+/// Load probes (Prequal): an instance's requests in flight and latency estimate, on request.
+pub mod probe;
+// The builder: instances, settings, and the checks at build time.
+mod builder;
+// The checks a settings type makes of itself at build time.
+mod checks;
+// gRPC service configs, read as grpc-go and grpc-java read them.
+#[cfg(feature = "service-config")]
+mod service_config;
+// gRPC's standard client metrics, through the `metrics` facade.
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+// Tracing spans and the channel's totals.
 mod observe;
-pub mod orca;
-mod pick;
-/// Load probes (Prequal): an instance's requests in flight and latency estimate, on request.
-pub mod probe;
-mod protowire;
-mod pushback;
-mod retry;
-mod rng;
-#[cfg(feature = "service-config")]
-mod service_config;
-mod set;
-mod shutdown;
+// Snapshots of one instance: [`EndpointStats`], [`ServedBy`].
 mod stats;
+// The errors the builder refuses a configuration with, and the channel's own statuses.
+mod error;
+// The gRPC headers the channel reads.
+mod headers;
+// The protobuf wire format of the few messages the library reads and writes.
+mod protowire;
+// Where an instance is and how its connections open.
 mod target;
+// Background tasks that end with what they serve.
+mod shutdown;
+// The channel's clock.
 mod time;
+// The random source of the pick and of the timers' jitter.
+mod rng;
+// Locks of the rare paths.
+mod sync;
 
 pub use builder::{Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT};
 pub use call::{ResponseFuture, WaitForReady};
@@ -175,6 +200,7 @@ pub use instance::conns::{
 };
 pub use instance::State;
 pub use observe::{ChannelStats, DiscoveryState};
+pub use pick::Strategy;
 pub use probe::ProbeConfig;
 pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 #[cfg(feature = "service-config")]
@@ -186,287 +212,9 @@ pub use stats::{EndpointStats, ServedBy};
 /// `tonic::transport::channel::Change` is this very type.
 pub use tonic::transport::channel::Change;
 
-/// Locks a mutex of the channel's rare paths (membership, discovery, replay), going on past a
-/// panic in another holder: what they guard stays consistent at every step.
-#[inline(always)]
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// How the channel chooses the instance for a call. All of them skip instances that are
-/// failing, ejected, unhealthy or draining.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Strategy {
-    /// Fewest calls in flight first, and among near ties the instance expected to answer
-    /// sooner. The default.
-    ///
-    /// Each call in flight counts one, except on an instance that answered markedly slower
-    /// than the rest twice in a row (more than twice its method's usual time, compared on the
-    /// same method; one slow answer alone is the tail every instance has): until it is
-    /// re-checked, each of its calls counts its slowness, at most 4.5. The lowest
-    /// count, with the call to be sent (calls in flight plus one, weighed so), wins, and equal
-    /// counts take turns as in [`LeastPending`](Strategy::LeastPending). So among equally fast
-    /// instances this is least pending exactly; an instance that has answered twenty times
-    /// slower with one, two or three calls fewer than the others loses; and an instance whose
-    /// calls in flight plus one are more than 4.5 times the fewest plus one never wins, however
-    /// slow the one with the fewest has been. A slow instance is re-checked with one call at a
-    /// time, at first after ten times the time its answer was late by; once it is slow again
-    /// (a third slow answer in a row, or a slow re-check), after at least two hundred times its
-    /// method's usual time (a second where 5 ms is usual),
-    /// then twice, four times... as long (at most 10 s) while it stays slow: a bounded number of
-    /// calls per second whatever the rate, not a share of the traffic; its first fast answer
-    /// counts it as one call again.
-    #[default]
-    FewestThenFastest,
-    /// The instance with the fewest calls in flight; among those, equally fast instances take
-    /// turns, and one that answers slower than the rest wins fewer of the ties, the fewer the
-    /// slower it is, without ever being shut out (see the crate docs).
-    LeastPending,
-    /// The next instance in turn, ignoring load: a baseline for comparisons.
-    RoundRobin,
-    /// The less loaded of two distinct instances chosen at random (as tower's `p2c`).
-    PowerOfTwoChoices,
-    /// The lowest (calls in flight + 1) × peak-sensitive moving average of latency, as in
-    /// Finagle and linkerd. The calls are this channel's own: calls in flight that instances
-    /// report ([`orca`]) are not added, since the latency already carries the other clients'
-    /// load.
-    PeakEwma,
-    /// Weighted round robin from the instances' load reports, as gRPC specifies it (gRFC
-    /// A58): weights from the reported queries, errors and utilization, an
-    /// earliest-deadline-first order; plain round robin until two instances have weights.
-    /// Needs servers that report their load (see [`orca`]); set its settings with
-    /// [`Builder::weighted_round_robin`].
-    WeightedRoundRobin,
-}
-
 #[doc(hidden)]
-pub mod __bench {
-    //! Internals exposed for `benches/` only; not part of the API.
-    pub use crate::pick::{
-        least_pending, peak_ewma, power_of_two, round_robin, Chosen, Load, Rng, Turn,
-    };
-    pub use crate::set::strides_for;
-    pub use crate::set::subset::{choose_by as subset_of, id_of as ring_id};
-
-    use std::sync::atomic::Ordering;
-    use std::time::Duration;
-
-    /// The probes' hot-cold choice (Prequal's rule, as a channel with probes makes it) among
-    /// `(index, answer)` pairs (at most 64), with `q` the quantile of the calls in flight above
-    /// which an answer is hot: the index of the chosen pair's instance; `None` with fewer than
-    /// two answers.
-    pub fn hot_cold(answers: &[(u32, crate::probe::ProbeAnswer)], q: f64) -> Option<usize> {
-        use crate::probe::Fresh;
-        let none = Fresh {
-            rif: 0,
-            latency_us: 0,
-        };
-        let mut fresh = [(0u32, none); 64];
-        let n = answers.len().min(fresh.len());
-        for (slot, (i, a)) in fresh.iter_mut().zip(answers) {
-            *slot = (*i, Fresh::of(a));
-        }
-        crate::pick::probed::hot_cold(&fresh[..n], q)
-    }
-
-    /// A deterministic stream of numbers (xorshift), for the benchmarks' fleets.
-    pub fn numbers(seed: u64) -> impl FnMut() -> u64 {
-        let mut x = seed | 1;
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        }
-    }
-
-    /// The benchmarks' fleet of `n` instances, `(calls in flight, latency, usable)` each, as
-    /// the pick meets them under load (`busy`: 0 to 3 calls in flight, latencies of 2 to 10
-    /// ms, one instance in twenty unusable) or on an idle fleet (nothing in flight, 2 ms).
-    pub fn fleet(n: usize, busy: bool) -> Vec<(usize, Duration, bool)> {
-        let mut next = numbers(0x5EED + n as u64);
-        (0..n)
-            .map(|_| {
-                let r = next();
-                if busy {
-                    let lat = Duration::from_micros(2_000 + (r >> 8) % 8_000);
-                    ((r % 4) as usize, lat, r % 20 != 7)
-                } else {
-                    (0, Duration::from_millis(2), true)
-                }
-            })
-            .collect()
-    }
-
-    /// The channel's own pick over real instance records (whose connections are never
-    /// opened), to measure the pick as calls make it.
-    pub struct Picker {
-        channel: crate::BalancedChannel,
-    }
-
-    impl Picker {
-        /// `n` instances on 127.0.0.1 ports 1..=n (never connected). Needs a tokio runtime.
-        pub fn new(n: usize, strategy: crate::Strategy) -> Picker {
-            let mut b = crate::BalancedChannel::builder().strategy(strategy);
-            if strategy == crate::Strategy::WeightedRoundRobin {
-                b = b.weighted_round_robin(
-                    crate::instance::load::WrrConfig::default().blackout_period(Duration::ZERO),
-                );
-            }
-            for port in 1..=n {
-                b = b.uri(&format!("http://127.0.0.1:{port}"));
-            }
-            Picker {
-                channel: b.build().expect("valid bench set-up"),
-            }
-        }
-
-        /// A channel over `n` instances as [`new`](Picker::new) makes them, with subsetting:
-        /// client `index` of `count` keeps `size` of them (`Builder::subset`).
-        pub fn with_subset(
-            n: usize,
-            strategy: crate::Strategy,
-            size: usize,
-            index: usize,
-            count: usize,
-        ) -> Picker {
-            let mut b = crate::BalancedChannel::builder()
-                .strategy(strategy)
-                .subset(size)
-                .subset_client(index, count);
-            for port in 1..=n {
-                b = b.uri(&format!("http://127.0.0.1:{port}"));
-            }
-            Picker {
-                channel: b.build().expect("valid bench set-up"),
-            }
-        }
-
-        /// The instances the pick chooses among (the subset, with subsetting).
-        pub fn len(&self) -> usize {
-            self.channel.shared.snapshot().len()
-        }
-
-        /// Whether the pick has no instance to choose.
-        pub fn is_empty(&self) -> bool {
-            self.len() == 0
-        }
-
-        /// Sets one instance's load as the pick will read it: calls in flight, and one answer
-        /// in `latency` where the method's reference is 2 ms.
-        pub fn set(&self, i: usize, in_flight: usize, latency: Duration, usable: bool) {
-            let pool = &self.channel.shared;
-            let snap = pool.snapshot();
-            let inst = &snap[i];
-            inst.standing.set_calls(in_flight);
-            let ns = latency.as_nanos() as f64;
-            inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
-            inst.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
-            // One second into the channel's life, its previous answer long before: one slow
-            // answer gates at once, as where answers come rarely.
-            let now = pool.ctx.now_ns() + 1_000_000_000;
-            inst.tie.answered_long_before(1);
-            pool.ctx.methods.noise.settle_quiet();
-            let noise = &pool.ctx.methods.noise;
-            let gated = inst
-                .tie
-                .observe_gated(ns, 2e6, now, now, pool.ctx.gate, noise);
-            pool.ctx.gated_until.fetch_max(gated, Ordering::Relaxed);
-            inst.latency_at.store(now, Ordering::Relaxed);
-            pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
-            inst.set_state(if usable {
-                crate::State::Ready
-            } else {
-                crate::State::Ejected
-            });
-        }
-
-        /// Sets every instance's load as [`fleet`] has it (busy or idle).
-        pub fn set_fleet(&self, busy: bool) {
-            for (i, (in_flight, latency, usable)) in fleet(self.len(), busy).into_iter().enumerate()
-            {
-                self.set(i, in_flight, latency, usable);
-            }
-        }
-
-        /// Gives instance `i` a load report of `others` calls in flight from other clients,
-        /// fresh for as long as a report can be (the pick then reads every instance's reported
-        /// count, as it does while any instance's report is fresh).
-        pub fn report(&self, i: usize, others: u64) {
-            let pool = &self.channel.shared;
-            let snap = pool.snapshot();
-            let now = pool.ctx.now_ns();
-            let until = snap[i].others.set(others, now, u32::MAX / 2);
-            pool.ctx.reports_fresh.note(until);
-        }
-
-        /// Removes the last instance while a call holds it (it drains) and takes it back at
-        /// once, as a discovery answer that names it again does: the same instance, last again.
-        pub fn remove_and_take_back_last(&self) {
-            let snap = self.channel.shared.snapshot();
-            let endpoints: Vec<_> = snap.iter().map(|i| i.target.endpoint.clone()).collect();
-            // What a call in flight holds: the instance drains rather than closes.
-            let held = snap.last().expect("an instance").clone();
-            drop(snap);
-            assert!(self.channel.shared.set().remove(&held.target.key));
-            let (added, _) = self
-                .channel
-                .replace_all(endpoints)
-                .expect("the same endpoints");
-            assert_eq!(added, 1);
-            let snap = self.channel.shared.snapshot();
-            assert!(
-                std::sync::Arc::ptr_eq(snap.last().expect("an instance"), &held),
-                "taken back, not made anew"
-            );
-        }
-
-        /// Gives instance `i` a weighted-round-robin weight (a report of `weight` queries per
-        /// second at utilization 1), then rebuilds the schedule as the channel's task does.
-        /// For a channel built with [`Strategy::WeightedRoundRobin`](crate::Strategy) and no
-        /// blackout.
-        pub fn set_weights(&self, weights: &[f64]) {
-            let pool = &self.channel.shared;
-            let snap = pool.snapshot();
-            let cfg = pool.ctx.reports.wrr;
-            let now = pool.ctx.now_ns();
-            for (inst, &w) in snap.iter().zip(weights) {
-                let report = crate::instance::load::LoadReport {
-                    rps_fractional: w,
-                    cpu_utilization: 1.0,
-                    ..Default::default()
-                };
-                inst.reported.wrr.update(&report, now, &cfg);
-            }
-            pool.picker.wrr.rebuild(&snap, now, &cfg);
-        }
-
-        /// One pick, exactly as a call makes it.
-        #[inline]
-        pub fn pick(&self) -> Option<usize> {
-            let pool = &self.channel.shared;
-            let snap = pool.snapshot();
-            crate::pick::dispatch::pick(
-                &pool.picker,
-                &snap,
-                &[],
-                crate::instance::tie::Method::NONE,
-            )
-        }
-
-        /// Adds `delta` to instance `i`'s count, as a call's guard does.
-        #[inline]
-        pub fn bump(&self, i: usize, up: bool) {
-            let snap = self.channel.shared.snapshot();
-            if up {
-                snap[i].standing.enter();
-            } else {
-                snap[i].standing.leave();
-            }
-        }
-    }
-}
+#[path = "bench.rs"]
+pub mod __bench;
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

@@ -213,14 +213,14 @@ where
     BoxError: From<C::Error> + Send,
 {
     fn connect_lazy(&self, endpoint: &Endpoint) -> Channel {
-        endpoint.connect_with_connector_lazy(crate::lock(&self.0).clone())
+        endpoint.connect_with_connector_lazy(crate::sync::lock(&self.0).clone())
     }
 
     fn connect(
         &self,
         endpoint: Endpoint,
     ) -> Pin<Box<dyn Future<Output = Result<Channel, tonic::transport::Error>> + Send>> {
-        let connector = crate::lock(&self.0).clone();
+        let connector = crate::sync::lock(&self.0).clone();
         Box::pin(async move { endpoint.connect_with_connector(connector).await })
     }
 }

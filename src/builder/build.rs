@@ -18,7 +18,7 @@ use crate::instance::Context;
 use crate::retry::RetryPolicy;
 use crate::set::Set;
 use crate::target::Key;
-use crate::{BalancedChannel, Strategy};
+use crate::BalancedChannel;
 
 /// The largest [`Builder::max_replay_body`].
 const MAX_REPLAY_BODY_CAP: usize = 16 * 1024 * 1024;
@@ -63,10 +63,15 @@ impl Builder {
         let discovery = match self.discovery.clone() {
             None => None,
             Some(DiscoverySource::Push(task)) => {
-                push = Some(crate::lock(&task).take().ok_or(Error::InvalidSetting {
-                    name: "discover",
-                    reason: "the stream was taken by an earlier build() of this builder".into(),
-                })?);
+                push = Some(
+                    crate::sync::lock(&task)
+                        .take()
+                        .ok_or(Error::InvalidSetting {
+                            name: "discover",
+                            reason: "the stream was taken by an earlier build() of this builder"
+                                .into(),
+                        })?,
+                );
                 None
             }
             Some(DiscoverySource::Custom(r)) => Some((r, "http", None)),
@@ -102,11 +107,7 @@ impl Builder {
             methods: crate::instance::tie::Methods::new(),
             default_latency_ns: 1_000_000.0,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
-            gate: if self.strategy == Strategy::FewestThenFastest {
-                crate::instance::tie::GateRule::FEWEST_THEN_FASTEST
-            } else {
-                crate::instance::tie::GateRule::LEAST_PENDING
-            },
+            gate: self.strategy.gate_rule(),
             gated_until: AtomicU64::new(0),
             probes: self.probes,
             probes_sent: AtomicU64::new(0),
@@ -181,7 +182,7 @@ impl Builder {
         }
         // The metrics first: weighted round robin's first schedule update is recorded.
         crate::metrics::spawn(&pool, &totals.metrics);
-        if self.strategy == Strategy::WeightedRoundRobin {
+        if self.strategy.keeps_weights() {
             pool.spawn(crate::pick::wrr::task(Arc::downgrade(&pool), self.wrr));
         }
         Ok(BalancedChannel { shared: pool })

@@ -185,7 +185,7 @@ mod tests {
             &self,
         ) -> Pin<Box<dyn Future<Output = Result<Vec<SocketAddr>, BoxError>> + Send + '_>> {
             let n = {
-                let mut asked = crate::lock(&self.asked);
+                let mut asked = crate::sync::lock(&self.asked);
                 asked.push(Instant::now());
                 asked.len()
             };
@@ -224,7 +224,7 @@ mod tests {
         assert_eq!(ch.stats().discovery_failures(), 1, "{}", ch.stats());
         assert_eq!(ch.endpoints().len(), 1, "the set stays as it was");
         tokio::time::sleep(Duration::from_secs(30)).await;
-        let at: Vec<u64> = crate::lock(&asked)
+        let at: Vec<u64> = crate::sync::lock(&asked)
             .iter()
             .map(|t| t.duration_since(start).as_secs())
             .collect();

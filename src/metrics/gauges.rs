@@ -153,7 +153,7 @@ impl Written {
     /// This channel's contributions are `now`: each series it writes (or wrote, and no
     /// longer does) is set to what every channel's contributions make.
     fn publish(&mut self, now: HashMap<Series, f64>) {
-        let mut all = crate::lock(&SERIES);
+        let mut all = crate::sync::lock(&SERIES);
         for (series, &v) in &now {
             if !all.contains_key(series) {
                 all.insert(series.clone(), Vec::new());
@@ -225,7 +225,7 @@ mod tests {
         let target = Label::new(LABEL_TARGET, "gauges.unit");
         let shared: Series = (INSTANCE_CALLS_IN_FLIGHT, vec![target.clone()]);
         let alone: Series = (OPEN_CONNECTIONS, vec![target]);
-        let value = |s: &Series| crate::lock(&SERIES).get(s).map(|v| combined(s.0, v));
+        let value = |s: &Series| crate::sync::lock(&SERIES).get(s).map(|v| combined(s.0, v));
         let mut a = Written::new();
         let mut b = Written::new();
         a.publish(HashMap::from([(shared.clone(), 3.0), (alone.clone(), 1.0)]));

@@ -2,9 +2,8 @@
 //!
 //! Each function scans the candidates once, reads each one's load through a closure that
 //! returns `None` for an instance that must not get calls, and returns the index it chose. No
-//! lock, no allocation: a pick over 50 instances takes 917 to 1,063 instructions (callgrind,
-//! `scripts/instructions.sh pick`), 86-94 ns on one thread in the machine's quiet spells
-//! (see `benches/pick.rs` and docs/benchmarks.md). Being pure, they are property-tested without
+//! lock, no allocation (`benches/pick.rs` and `scripts/instructions.sh pick` measure it; the
+//! figures are in docs/benchmarks.md). Being pure, they are property-tested without
 //! a network (see the tests of each file).
 //!
 //! By role: [`least_pending`](mod@least_pending) (the default, with its tie-break by turns), [`simple`] (Peak EWMA,
@@ -20,6 +19,7 @@ pub(crate) mod probed;
 #[cfg(test)]
 mod scenarios;
 pub(crate) mod simple;
+mod strategy;
 pub(crate) mod wrr;
 
 use crate::set::Set;
@@ -27,6 +27,7 @@ use crate::set::Set;
 pub use crate::instance::tie::{Turn, CREDIT};
 pub use least_pending::least_pending;
 pub use simple::{peak_ewma, power_of_two, round_robin};
+pub use strategy::Strategy;
 
 /// The least-pending choice: which candidate, and the pass its own restarts from at the lowest
 /// (`CREDIT` before the runner-up's pass when the runner-up last won; 0 when it had no

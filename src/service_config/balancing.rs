@@ -33,16 +33,6 @@ pub(crate) enum Balancing {
     },
 }
 
-/// The `tonic_balancer` policy's strategies, by name.
-const STRATEGIES: [(&str, Strategy); 6] = [
-    ("fewest_then_fastest", Strategy::FewestThenFastest),
-    ("least_pending", Strategy::LeastPending),
-    ("round_robin", Strategy::RoundRobin),
-    ("power_of_two_choices", Strategy::PowerOfTwoChoices),
-    ("peak_ewma", Strategy::PeakEwma),
-    ("weighted_round_robin", Strategy::WeightedRoundRobin),
-];
-
 /// `loadBalancingConfig`: the first policy the channel knows. `None` for an empty list.
 pub(super) fn from_config(list: &Node<'_>) -> Result<Option<Balancing>, Error> {
     let items = list.items()?;
@@ -102,12 +92,12 @@ fn policy(name: &str, config: &Node<'_>) -> Result<Option<Balancing>, Error> {
             None => Balancing::Strategy(Strategy::default()),
             Some(s) => {
                 let name = s.str()?;
-                let strategy = STRATEGIES
+                let strategy = Strategy::NAMES
                     .iter()
                     .find(|(n, _)| *n == name)
                     .map(|&(_, st)| st)
                     .ok_or_else(|| {
-                        let names: Vec<&str> = STRATEGIES.iter().map(|(n, _)| *n).collect();
+                        let names: Vec<&str> = Strategy::NAMES.iter().map(|(n, _)| *n).collect();
                         s.refuse(format_args!(
                             "unknown strategy {name:?} (one of {})",
                             names.join(", ")

@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 
 use crate::instance::Context;
 use crate::instance::{Instance, State};
-use crate::lock;
+use crate::sync::lock;
 use crate::target::{Key, Target};
 
 /// The instances of one moment, and the steps the pick may walk them with (the primes below

@@ -148,7 +148,7 @@ fn apply<R>(
     renewed: Option<&Key>,
     reuse: Reuse,
 ) -> R {
-    let mut all = crate::lock(&subset.all);
+    let mut all = crate::sync::lock(&subset.all);
     let result = edit(&mut all);
     let chosen = subset.settings.choose(&all);
     let keep: HashSet<&Key> = chosen.iter().map(|t| &t.key).collect();
@@ -216,7 +216,7 @@ pub(crate) fn insert(
 
 /// Whether the full list has an instance of this URI.
 pub(crate) fn has(subset: &Subset, key: &Key) -> bool {
-    crate::lock(&subset.all).iter().any(|t| t.key == *key)
+    crate::sync::lock(&subset.all).iter().any(|t| t.key == *key)
 }
 
 /// Adds the builder's instances to the full list at once (one subset, rather than one per

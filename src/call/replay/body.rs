@@ -9,7 +9,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::body::Body;
 
 use super::kept::{AttemptId, Kept, Sending, SlotRef};
-use crate::lock;
+use crate::sync::lock;
 
 /// Where an attempt's body comes from.
 pub(super) enum BodyFrom {

@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use tonic::body::Body;
 
-use crate::lock;
+use crate::sync::lock;
 
 pub(crate) use body::AttemptBody;
 use body::BodyFrom;
