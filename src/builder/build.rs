@@ -106,6 +106,7 @@ impl Builder {
             latency_decay: self.latency_decay,
             methods: crate::instance::tie::Methods::new(),
             default_latency_ns: 1_000_000.0,
+            ordinary_codes: self.ejection.ordinary,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
             gate: self.strategy.gate_rule(),
             gated_until: AtomicU64::new(0),

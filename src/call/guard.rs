@@ -92,16 +92,18 @@ impl CallGuard {
 
     /// The latency sample of an answered call (its response head came `at`), by how it ended:
     /// a failed answer is never a fast answer (an instance whose handler throws answers
-    /// UNKNOWN at once, and would look the fastest). An OK answer counts as it is, and so does
+    /// UNKNOWN at once, and would look the fastest). An OK answer (or one with a code the user
+    /// named ordinary) counts as it is, and so does
     /// an answer whose end says nothing against the instance (the caller dropped its stream, a
     /// CANCELLED the server passed on); an answer with another status, or a broken stream,
-    /// counts only if slower than the instance's usual latency (and not at all before it has
-    /// one): evidence of slowness, never of speed.
+    /// counts as it is only if slower than the instance's usual latency (evidence of
+    /// slowness), else as a slow answer for the tie-break alone ([`Instance::failed_answer`]).
     #[inline]
     fn sample_answer(&self, at: Instant, outcome: Outcome) {
         let took = at.saturating_duration_since(self.start);
         let counts = match outcome {
-            Outcome::Answer(tonic::Code::Ok) | Outcome::Neutral => true,
+            Outcome::Answer(code) if self.inst.ctx.is_ordinary(code) => true,
+            Outcome::Neutral => true,
             Outcome::Answer(_) | Outcome::Failure => {
                 let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
                 usual > 0.0 && took.as_nanos() as f64 > usual
@@ -109,6 +111,8 @@ impl CallGuard {
         };
         if counts {
             self.inst.sample_at(self.method, took, at);
+        } else {
+            self.inst.failed_answer(self.method, took, at);
         }
     }
 

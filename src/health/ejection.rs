@@ -13,6 +13,7 @@
 //!
 //! [gRFC A50]: https://github.com/grpc/proposal/blob/master/A50-xds-outlier-detection.md
 
+use crate::instance::context::code_bit;
 use std::time::Duration;
 
 use tonic::Code;
@@ -244,7 +245,7 @@ impl Ejection {
     /// named (it is always a success); CANCELLED and DEADLINE_EXCEEDED never count against an
     /// instance anyway. Replaces the codes named before; default none.
     pub fn ordinary_codes(mut self, codes: impl IntoIterator<Item = Code>) -> Self {
-        self.ordinary = codes.into_iter().fold(0, |bits, c| bits | bit(c));
+        self.ordinary = codes.into_iter().fold(0, |bits, c| bits | code_bit(c));
         self
     }
 
@@ -253,7 +254,7 @@ impl Ejection {
     pub(crate) fn class(&self, code: Code) -> Class {
         if code == Code::Ok {
             Class::Success
-        } else if self.ordinary & bit(code) != 0 {
+        } else if self.ordinary & code_bit(code) != 0 {
             Class::Ordinary
         } else if is_server_fault(code) {
             Class::Fault
@@ -295,7 +296,7 @@ impl Ejection {
             100,
         )?;
         c.field("ordinary_codes").that(
-            self.ordinary & bit(Code::Ok) == 0,
+            self.ordinary & code_bit(Code::Ok) == 0,
             "must not name OK (an OK answer is always a success)",
         )
     }
@@ -315,11 +316,6 @@ impl Ejection {
         }
         (members * self.max_ejected_percent as usize / 100).clamp(1, members - 1)
     }
-}
-
-/// The bit of `code` in [`Ejection::ordinary`].
-fn bit(code: Code) -> u32 {
-    1u32 << (code as u32).min(31)
 }
 
 #[cfg(test)]

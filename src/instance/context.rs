@@ -37,6 +37,10 @@ pub(crate) struct Context {
     pub(crate) gated_until: AtomicU64,
     /// Peak EWMA: the latency of an instance with no estimate yet.
     pub(crate) default_latency_ns: f64,
+    /// The status codes the user named ordinary answers of the service
+    /// ([`Ejection::ordinary_codes`](crate::Ejection::ordinary_codes)), one bit per code: such
+    /// an answer is an answer like OK, to the latency estimates too.
+    pub(crate) ordinary_codes: u32,
     pub(crate) backoff: Backoff,
     /// Wakes the discovery task, if there is one.
     pub(crate) discovery_wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
@@ -59,6 +63,13 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// Whether an answer with `code` is an ordinary answer of the service (OK, or a code the
+    /// user named so).
+    #[inline]
+    pub(crate) fn is_ordinary(&self, code: tonic::Code) -> bool {
+        code == tonic::Code::Ok || self.ordinary_codes & code_bit(code) != 0
+    }
+
     #[inline]
     pub(crate) fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
@@ -83,6 +94,7 @@ impl Context {
             gate: super::tie::GateRule::LEAST_PENDING,
             gated_until: AtomicU64::new(0),
             default_latency_ns: 1_000_000.0,
+            ordinary_codes: 0,
             backoff: Backoff::default(),
             discovery_wake: std::sync::OnceLock::new(),
             ejected: AtomicUsize::new(0),
@@ -113,4 +125,10 @@ impl Events for Unobserved {
     fn taken_back(&self, _: &Arc<super::Instance>, _: usize) {}
     fn membership(&self, _: usize, _: usize) {}
     fn discovery_answer(&self, _: Option<&str>) {}
+}
+
+/// A status code's bit in a set of codes (`u32`: gRPC's codes are 0 to 16).
+#[inline]
+pub(crate) fn code_bit(code: tonic::Code) -> u32 {
+    1u32 << (code as u32).min(31)
 }

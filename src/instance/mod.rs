@@ -338,13 +338,37 @@ impl Instance {
         let sample = sample.as_nanos() as u64 as f64;
         self.observe_latency(sample, now, ctx.latency_decay);
         let reference = ctx.methods.reference(method, sample);
-        let gated =
-            self.tie
-                .observe_gated(sample, reference, sent, now, ctx.gate, &ctx.methods.noise);
+        self.observe_tie(sample, reference, sent, now, ctx.gate);
+    }
+
+    /// The tie-break's record and the pick's coarse clock move with an answer that counts as
+    /// `sample` where its method's reference is `reference`; a gate it sets follows `rule`.
+    #[inline]
+    fn observe_tie(&self, sample: f64, reference: f64, sent: u64, now: u64, rule: tie::GateRule) {
+        let ctx = &self.ctx;
+        let gated = self
+            .tie
+            .observe_gated(sample, reference, sent, now, rule, &ctx.methods.noise);
         if gated > 0 {
             ctx.gated_until.fetch_max(gated, Ordering::Relaxed);
         }
         ctx.clock.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// A failed answer to a call to `method` that took `elapsed`, taken at `at`: the tie-break
+    /// counts it as an answer at least [`tie::FAILED_AS`] times the method's reference (a slow
+    /// answer, gated as [`tie::GateRule::FAILED`] says); the latency estimates
+    /// and the method's reference do not move (nothing is known for a method no instance has
+    /// answered yet).
+    pub(crate) fn failed_answer(&self, method: Method, elapsed: Duration, at: Instant) {
+        let reference = self.ctx.methods.current(method);
+        if reference > 0.0 {
+            let now = at.saturating_duration_since(self.ctx.epoch).as_nanos() as u64;
+            let took = elapsed.as_nanos() as u64;
+            let sample = (took as f64).max(tie::FAILED_AS * reference);
+            let sent = now.saturating_sub(took);
+            self.observe_tie(sample, reference, sent, now, tie::GateRule::FAILED);
+        }
     }
 
     /// A response arrived: its connection works.

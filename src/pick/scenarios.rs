@@ -320,7 +320,7 @@ async fn a_slow_instance_is_re_checked_ever_more_rarely_but_always() {
 /// served the expensive calls is not taken for slow, each answer being compared with answers to the
 /// same method.
 #[tokio::test]
-async fn a_expensive_method_does_not_make_an_instance_look_slow() {
+async fn an_expensive_method_does_not_make_an_instance_look_slow() {
     let mut sim = Sim::new(4);
     for k in 0..400 {
         if k % 10 == 3 {

@@ -362,6 +362,39 @@ async fn a_failed_answer_is_never_a_fast_answer() {
     }
 }
 
+/// The other side of [`a_failed_answer_is_never_a_fast_answer`]: errors that every instance
+/// answers alike (a lookup service's NOT_FOUND, three calls in ten at random) count as slow
+/// answers on every instance alike, and move no calls: each instance keeps at least half its
+/// fair share, under the default and under least pending (whose gates need no confirmation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_errors_that_every_instance_answers_move_no_calls() {
+    for strategy in [Strategy::FewestThenFastest, Strategy::LeastPending] {
+        let fleet = Fleet::start(
+            5,
+            Behavior::FailAtRandom {
+                p: 0.3,
+                code: Code::NotFound,
+                delay: Duration::ZERO,
+            },
+        );
+        let ch = builder(&fleet.uris())
+            .strategy(strategy)
+            .ejection(Ejection::disabled())
+            .build()
+            .unwrap();
+        let failed = concurrent_calls(&FleetClient::new(ch.clone()), 4, 2000).await;
+        assert!(failed.iter().all(|s| s.code() == Code::NotFound));
+        let started: Vec<u64> = ch.endpoints().iter().map(|e| e.started()).collect();
+        let fair = started.iter().sum::<u64>() / 5;
+        eprintln!("{strategy:?}: calls started on each instance {started:?}");
+        assert!(
+            started.iter().all(|&n| 2 * n >= fair),
+            "{strategy:?}: {started:?}:{}",
+            dump(&ch)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_answering_unknown_at_once_does_not_draw_the_traffic() {
     a_server_fault_does_not_draw_the_traffic(Code::Unknown).await;

@@ -67,7 +67,7 @@ async fn a_cold_start_does_not_shut_an_instance_out() {
 /// the expensive calls is not taken for slow, because each answer is compared with answers to the
 /// same method.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_expensive_method_does_not_make_an_instance_look_slow() {
+async fn an_expensive_method_does_not_make_an_instance_look_slow() {
     let fleet = Fleet::start(
         4,
         Behavior::MethodCost {

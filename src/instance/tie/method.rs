@@ -85,6 +85,16 @@ impl Methods {
         typical > 0.0 && f64::from(r) > EXPENSIVE_AT * f64::from(typical)
     }
 
+    /// The reference for `method` as it is (0 for a method not seen yet), without a sample.
+    pub(crate) fn current(&self, method: Method) -> f64 {
+        let word = self.slots[method.slot()].load(Ordering::Relaxed);
+        if (word >> 32) as u32 == method.0 {
+            f64::from(f32::from_bits(word as u32))
+        } else {
+            0.0
+        }
+    }
+
     /// The reference for `method` before this sample, which then updates it. A method new to
     /// its slot takes it, and its first sample is its own reference.
     pub(crate) fn reference(&self, method: Method, sample_ns: f64) -> f64 {

@@ -86,6 +86,11 @@ pub(crate) const GATE_FACTOR: f64 = 4.0;
 pub(crate) const MAX_GATE: f64 = 10e9;
 /// ...or until the others have taken this many turns (doubled likewise), if that comes first.
 pub(crate) const GATE_TURNS: u64 = 32;
+/// A failed answer counts in the tie-break as an answer this many times its method's reference
+/// (unless it was slower): a slow answer, past [`GATE_AT`], so that an instance that fails at
+/// once, whose calls end sooner than anyone's, does not win the ties as the idlest and fastest:
+/// it takes the longest stride, and it is gated under [`GateRule::FAILED`].
+pub(crate) const FAILED_AS: f64 = 4.0;
 /// One call in flight in [`Tie::weight`]'s units.
 pub(crate) const WEIGHT_ONE: u64 = 16;
 /// The most one call in flight on a gated instance weighs, in calls: an instance whose calls
@@ -104,6 +109,11 @@ pub(crate) struct GateRule {
     /// `min_refs` long only after a third slow answer in a row or a slow re-check (see
     /// [`Tie::observe_gated`]).
     pub(crate) confirm: bool,
+    /// Whether its gates are a failed answer's: an answer slow by chance after one is no slow
+    /// re-check (it adds no strike to a failure's).
+    pub(crate) failure: bool,
+    /// The slow re-checks in a row that double the gate, at most.
+    pub(crate) max_strikes: u32,
 }
 
 impl GateRule {
@@ -112,21 +122,39 @@ impl GateRule {
         factor: GATE_FACTOR,
         min_refs: 0.0,
         confirm: false,
+        failure: false,
+        max_strikes: MAX_STRIKES,
+    };
+
+    /// A failed answer's ([`FAILED_AS`]), whatever the strategy: least pending's short gates,
+    /// at the first failure, opened by the others' turns as well as by time. A failure is no
+    /// chance delay of a busy client (it feeds no [`Noise`]), and an instance that fails at
+    /// once is out of the ties from its first failure; but failures that every instance
+    /// answers alike (a lookup service's NOT_FOUND, three calls in ten) must not shut one out
+    /// for seconds, as the default's long gates after a run of three would: its gates stay as
+    /// short as 32 turns of the others, doubled only while re-checks fail in a row.
+    pub(crate) const FAILED: GateRule = GateRule {
+        failure: true,
+        max_strikes: 2,
+        ..GateRule::LEAST_PENDING
     };
 
     /// [`Strategy::FewestThenFastest`](crate::Strategy::FewestThenFastest)'s: where answers
     /// come often, a gate only after two slow answers in a row, for ten times the excess; after
     /// a third in a row or a slow re-check (or at once where answers come rarely), at least two
     /// hundred times the method's usual time (a second where 5 ms is usual). A slow instance is
-    /// re-checked one call at a time, ever more rarely while it stays slow: a bounded number of calls per second whatever the rate, rather than a share
-    /// of the traffic (least pending's gates re-check a 20 times slower instance every 0.4 s at
-    /// first, and open by turns as well as by time); and an instance whose slowness comes with
+    /// re-checked one call at a time, ever more rarely while it stays slow: a bounded number of
+    /// calls per second whatever the rate, rather than a share of the traffic (least pending's
+    /// gates re-check a 20 times slower instance every 0.4 s at first, and open by turns as
+    /// well as by time); and an instance whose slowness comes with
     /// its load (it answers fast when idle, slow with a few calls) is not handed calls again
     /// after every fast answer.
     pub(crate) const FEWEST_THEN_FASTEST: GateRule = GateRule {
         factor: 10.0,
         min_refs: 200.0,
         confirm: true,
+        failure: false,
+        max_strikes: MAX_STRIKES,
     };
 }
 
@@ -138,6 +166,8 @@ impl GateRule {
 const SPARSE_REFS: f64 = 50.0;
 /// Slow answers in a row counted for the doubling.
 const MAX_STRIKES: u32 = 7;
+/// In [`Tie`]'s `strikes`: the gate set last was a failed answer's ([`GateRule::failure`]).
+const FAILURE_GATE: u32 = 1 << 8;
 
 /// The tie-break's record of one instance. The pick reads `pass`, `stride`, `recheck_at` and
 /// `gate_pass`; the rest is written when an answer arrives.
@@ -163,7 +193,8 @@ pub(crate) struct Tie {
     expensive_pass: AtomicU64,
     /// When the gate was last set: an answer to a call sent before then is no re-check.
     gated_at: AtomicU64,
-    /// Slow answers in a row to re-checks.
+    /// Slow answers in a row to re-checks, and [`FAILURE_GATE`] if the gate set last was a
+    /// failed answer's.
     strikes: AtomicU32,
     /// Slow answers in a row, however sent (a gate that waits for confirmation counts them).
     slow_run: AtomicU32,
@@ -374,14 +405,21 @@ impl Tie {
         let prev = self.learn(sample_ns / reference_ns);
         let excess = sample_ns - GATE_AT * reference_ns;
         // The instance's first answer says nothing of how often answers come (and is often a
-        // warm-up's: a new connection, a cold server).
-        let sparse = rule.confirm && {
-            let last = self.answered_at.swap(now_ns, Ordering::Relaxed);
-            last != 0 && now_ns.saturating_sub(last) as f64 > SPARSE_REFS * reference_ns
-        };
+        // warm-up's: a new connection, a cold server). Every answer counts for how often they
+        // come, whatever its rule (a failed answer's too: an instance gated by failures is
+        // answering often, and its next slow answer is no rare one).
+        let last = self.answered_at.swap(now_ns, Ordering::Relaxed);
+        let sparse = rule.confirm
+            && last != 0
+            && now_ns.saturating_sub(last) as f64 > SPARSE_REFS * reference_ns;
         if excess > 0.0 {
             let gated_at = self.gated_at.load(Ordering::Relaxed);
-            let strikes = self.strikes.load(Ordering::Relaxed);
+            let strikes = self.strikes_so_far(rule);
+            if strikes.is_none() {
+                // An answer, slow but not failed, ends a run of failed re-checks (the failure's
+                // gate stays one: the answers slow by chance after it are no re-checks).
+                self.strikes.store(FAILURE_GATE, Ordering::Relaxed);
+            }
             let (strikes, floor) = if rule.confirm {
                 let confirm = Noise::run_for(before);
                 let Some(gate) =
@@ -393,16 +431,16 @@ impl Tie {
             } else {
                 // A strike: slow again when re-checked after a gate (answers to calls that
                 // were already on their way when the gate was set add none).
-                let strikes = if prev < GATE_AT {
-                    0
-                } else if sent_ns >= gated_at {
-                    (strikes + 1).min(MAX_STRIKES)
-                } else {
-                    strikes
+                let strikes = match strikes {
+                    Some(_) if prev < GATE_AT => 0,
+                    Some(n) if sent_ns >= gated_at => (n + 1).min(rule.max_strikes),
+                    Some(n) => n,
+                    None => 0,
                 };
                 (strikes, rule.min_refs * reference_ns)
             };
-            self.strikes.store(strikes, Ordering::Relaxed);
+            let mark = if rule.failure { FAILURE_GATE } else { 0 };
+            self.strikes.store(strikes | mark, Ordering::Relaxed);
             let gate =
                 ((rule.factor * excess).max(floor) * f64::from(1u32 << strikes)).min(MAX_GATE);
             let turns = (GATE_TURNS << strikes) * UNIT;
@@ -423,6 +461,16 @@ impl Tie {
 }
 
 impl Tie {
+    /// The slow re-checks in a row so far, as an answer under `rule` counts them; `None` if
+    /// this answer can be no slow re-check: an answer that did not fail, after a failed
+    /// answer's gate (a failure's gate is no slowness, and an answer slow by chance after it
+    /// is no slow re-check: under the default's rule it would gate for 200 references at once,
+    /// shutting out for a second an instance that answers NOT_FOUND as often as the rest).
+    fn strikes_so_far(&self, rule: GateRule) -> Option<u32> {
+        let word = self.strikes.load(Ordering::Relaxed);
+        (word & FAILURE_GATE == 0 || rule.failure).then_some(word & !FAILURE_GATE)
+    }
+
     /// The slowness estimate moves with an answer `x` times the method's reference (see the
     /// module docs), and the stride and the weight of a gated instance's calls with it.
     /// Returns the estimate before.
@@ -473,13 +521,13 @@ impl Tie {
         if run < confirm - u32::from(sparse) {
             return None;
         }
-        let strikes = self.strikes.load(Ordering::Relaxed);
-        let strikes = if self.recheck_at.load(Ordering::Relaxed) == 0 {
-            0
-        } else if sent_ns >= self.gated_at.load(Ordering::Relaxed) {
-            (strikes + 1).min(MAX_STRIKES)
-        } else {
-            strikes
+        let strikes = match self.strikes_so_far(rule) {
+            Some(_) if self.recheck_at.load(Ordering::Relaxed) == 0 => 0,
+            Some(n) if sent_ns >= self.gated_at.load(Ordering::Relaxed) => {
+                (n + 1).min(rule.max_strikes)
+            }
+            Some(n) => n,
+            None => 0,
         };
         let long = strikes > 0 || run > confirm || sparse;
         Some((

@@ -237,3 +237,43 @@ fn one_hiccup_counts_little() {
     t.observe(100.0 * MS, 5.0 * MS, 0, 0);
     assert_eq!(t.slowness(), Some(2.5));
 }
+
+/// A failed answer ([`FAILED_AS`] times the reference) gates at its first, for least
+/// pending's short time, under any strategy; failed re-checks in a row double it twice at
+/// most; an answer after it that did not fail, slow by chance, is no slow re-check (no long
+/// gate) and ends the run of failed re-checks.
+#[test]
+fn a_failed_answer_gates_briefly() {
+    let quiet = quiet_client();
+    let failed = FAILED_AS * 5.0 * MS;
+    let short = (GATE_FACTOR * (FAILED_AS - GATE_AT) * 5.0 * MS) as u64;
+    let t = Tie::new();
+    t.observe_gated(
+        5.0 * MS,
+        5.0 * MS,
+        0,
+        1_000,
+        GateRule::FEWEST_THEN_FASTEST,
+        &quiet,
+    );
+    let until = t.observe_gated(failed, 5.0 * MS, 1_000, 2_000, GateRule::FAILED, &quiet);
+    assert_eq!(until - 2_000, short, "gated at the first failure");
+    // Re-checks (sent after the gate) that fail: doubled, twice at most.
+    let mut now = 2_000;
+    for doubled in [2, 4, 4, 4] {
+        now += 1_000;
+        let until = t.observe_gated(failed, 5.0 * MS, now - 500, now, GateRule::FAILED, &quiet);
+        assert_eq!(until - now, doubled * short);
+    }
+    // Slow by chance, twice in a row (the default's confirmation on a quiet client): its
+    // short gate, not the long minimum of a slow re-check.
+    let rule = GateRule::FEWEST_THEN_FASTEST;
+    t.observe_gated(15.0 * MS, 5.0 * MS, now, now + 1_000, rule, &quiet);
+    let until = t.observe_gated(15.0 * MS, 5.0 * MS, now + 1_000, now + 2_000, rule, &quiet);
+    assert_eq!(until - (now + 2_000), (10.0 * 5.0 * MS) as u64);
+    // The failures' run ended: a failure that re-checks the slow answers' gate is the first
+    // failed re-check again.
+    let (sent, at) = (now + 2_500, now + 3_000);
+    let until = t.observe_gated(failed, 5.0 * MS, sent, at, GateRule::FAILED, &quiet);
+    assert_eq!(until - at, 2 * short);
+}
