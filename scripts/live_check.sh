@@ -28,7 +28,10 @@ if [ "$profile" = release ]; then
 else
   cargo build --all-features --example shootout
 fi
-bin="${CARGO_TARGET_DIR:-$root/target}/$profile/examples/shootout"
+# Where cargo built it (CARGO_TARGET_DIR, a config's build.target-dir, else target/).
+target_dir=$(cargo metadata --format-version 1 --no-deps \
+  | python3 -c 'import sys,json;print(json.load(sys.stdin)["target_directory"])')
+bin="$target_dir/$profile/examples/shootout"
 work=$(mktemp -d)
 session="live-check-$$"
 failed=0
