@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::budget::{Budget, Throttling, DEFAULT_BUDGET};
+use super::hedge::{Hedging, HedgingPolicy};
 use super::name::Name;
 use super::policy::{RetryPolicy, CHECKS};
 use crate::checks::Checks;
 use crate::error::Error;
-use crate::hedge::{Hedging, HedgingPolicy};
 
 /// A retry or a hedging policy.
 #[derive(Debug, Clone)]

@@ -16,11 +16,14 @@
 //! while failures outnumber successes by more than the token ratio), so both are kept.
 
 mod budget;
+mod hedge;
 mod methods;
 mod name;
 mod policy;
 
 pub(crate) use budget::{Budget, Throttling};
+pub(crate) use hedge::Hedging;
+pub use hedge::HedgingPolicy;
 pub(crate) use methods::{MethodConfig, MethodPolicies, MethodPolicy};
 // What a service config's method configs are made of.
 #[cfg(feature = "service-config")]

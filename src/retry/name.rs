@@ -32,9 +32,9 @@ impl Name {
     /// `package.Service`, with or without a leading `/` (read as [`HedgingPolicy`]'s names
     /// are).
     pub(crate) fn parse(name: &str, checks: Checks) -> Result<Name, Error> {
-        Ok(match crate::hedge::parse_name(name, checks)? {
-            crate::hedge::Name::Method(path) => Name::Method(path.into()),
-            crate::hedge::Name::Service(path) => Name::Service(path.into()),
+        Ok(match super::hedge::parse_name(name, checks)? {
+            super::hedge::Name::Method(path) => Name::Method(path.into()),
+            super::hedge::Name::Service(path) => Name::Service(path.into()),
         })
     }
 

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use super::json::Node;
 use crate::error::Error;
-use crate::hedge::HedgingPolicy;
-use crate::retry::{CallSettings, MethodConfig, Name, Policy, RetryPolicy};
+use crate::retry::{CallSettings, HedgingPolicy, MethodConfig, Name, Policy, RetryPolicy};
 
 /// gRFC A6's cap on a policy's attempts: a config asking for more gets this many.
 const MAX_ATTEMPTS: u64 = 5;
