@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use tonic::Code;
 
+use super::name::MethodName;
+
 /// gRFC A6's client-side cap on the attempts of a call.
 const MAX_ATTEMPTS: u32 = 5;
 
@@ -173,42 +175,6 @@ impl HedgingPolicy {
 /// The checks of the `hedging` setting.
 const CHECKS: crate::checks::Checks = crate::checks::Checks::of("hedging");
 
-/// A method name of a policy, as the path it matches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Name {
-    /// `/package.Service/Method`.
-    Method(String),
-    /// `/package.Service/`: every method of the service.
-    Service(String),
-}
-
-/// Reads a method name as the user gives it to a policy (hedging's here, retries' in
-/// `crate::retry`): `package.Service/Method` or `package.Service`, with or without a leading
-/// `/`; a refusal names the setting of `checks`.
-pub(crate) fn parse_name(name: &str, checks: crate::checks::Checks) -> Result<Name, crate::Error> {
-    let refuse = |why: &str| checks.refusal(format_args!("method name {name:?}: {why}"));
-    let rest = name.strip_prefix('/').unwrap_or(name);
-    if rest.is_empty() {
-        return Err(refuse("empty"));
-    }
-    if rest
-        .bytes()
-        .any(|b| !b.is_ascii_graphic() || matches!(b, b'?' | b'#' | b'%'))
-    {
-        return Err(refuse("not a gRPC method name (`package.Service/Method`)"));
-    }
-    match rest.split_once('/') {
-        None => Ok(Name::Service(format!("/{rest}/"))),
-        Some((service, "")) if !service.is_empty() => Ok(Name::Service(format!("/{rest}"))),
-        Some((service, method)) if !service.is_empty() && !method.contains('/') => {
-            Ok(Name::Method(format!("/{rest}")))
-        }
-        _ => Err(refuse(
-            "expected `package.Service/Method` or `package.Service`",
-        )),
-    }
-}
-
 /// The hedging policies of a channel, by the paths they match.
 #[derive(Debug)]
 pub(crate) struct Hedging {
@@ -243,9 +209,12 @@ impl Hedging {
             )?;
             let p = Arc::new(p);
             for name in &p.methods {
-                let (list, path) = match parse_name(name, CHECKS)? {
-                    Name::Method(path) => (&mut h.methods, path),
-                    Name::Service(path) => (&mut h.services, path),
+                let (list, path) = match MethodName::parse(name, CHECKS)? {
+                    MethodName::Method(path) => (&mut h.methods, String::from(path)),
+                    MethodName::Service(path) => (&mut h.services, String::from(path)),
+                    MethodName::Every => {
+                        unreachable!("a policy's name is a method's or a service's")
+                    }
                 };
                 CHECKS.that(
                     !list.iter().any(|(q, _)| *q == path),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::budget::{Budget, Throttling, DEFAULT_BUDGET};
 use super::hedge::{Hedging, HedgingPolicy};
-use super::name::Name;
+use super::name::MethodName;
 use super::policy::{RetryPolicy, CHECKS};
 use crate::checks::Checks;
 use crate::error::Error;
@@ -23,7 +23,7 @@ pub(crate) enum Policy {
 /// nothing (which still takes the place of a less specific entry, as in gRPC).
 #[derive(Debug, Clone)]
 pub(crate) struct MethodConfig {
-    pub(crate) names: Vec<Name>,
+    pub(crate) names: Vec<MethodName>,
     /// A service config's settings (none for a builder's policy).
     pub(crate) settings: CallSettings,
     pub(crate) policy: Option<Policy>,
@@ -106,7 +106,7 @@ impl MethodPolicies {
             policy_from: Option<String>,
             settings_from: Option<String>,
         }
-        let mut slots: BTreeMap<Name, Slot> = BTreeMap::new();
+        let mut slots: BTreeMap<MethodName, Slot> = BTreeMap::new();
         for c in &entries {
             for name in &c.names {
                 let slot = slots.entry(name.clone()).or_default();
@@ -145,9 +145,9 @@ impl MethodPolicies {
             table.budgeted |= e.retry.as_ref().is_some_and(|r| !r.from_config)
                 || e.hedging.as_ref().is_some_and(|h| !h.from_config);
             match name {
-                Name::Every => table.default = e,
-                Name::Service(p) => table.services.push((p, e)),
-                Name::Method(p) => table.methods.push((p, e)),
+                MethodName::Every => table.default = e,
+                MethodName::Service(p) => table.services.push((p, e)),
+                MethodName::Method(p) => table.methods.push((p, e)),
             }
         }
         Ok(table)
@@ -222,10 +222,10 @@ fn builder_entries(
     let mut entries = Vec::with_capacity(retry.len() + hedging.len());
     for p in retry {
         let names = match &p.methods {
-            None => vec![Name::Every],
+            None => vec![MethodName::Every],
             Some(m) => m
                 .iter()
-                .map(|n| Name::parse(n, CHECKS))
+                .map(|n| MethodName::parse(n, CHECKS))
                 .collect::<Result<_, _>>()?,
         };
         entries.push(MethodConfig {
@@ -239,7 +239,7 @@ fn builder_entries(
     if let Some(hedged) = hedged {
         for p in hedging {
             for name in &p.methods {
-                let name = Name::parse(name, Checks::of("hedging"))?;
+                let name = MethodName::parse(name, Checks::of("hedging"))?;
                 // The policy as `Hedging` keeps it: the one a call to that path gets.
                 let Some(policy) = hedged.policy(name.path()) else {
                     continue;
@@ -367,8 +367,8 @@ mod tests {
 
     #[test]
     fn method_configs_take_part_whole() {
-        let config =
-            |names: Vec<Name>, timeout: u64, policy: Option<Policy>, at: usize| MethodConfig {
+        let config = |names: Vec<MethodName>, timeout: u64, policy: Option<Policy>, at: usize| {
+            MethodConfig {
                 names,
                 settings: CallSettings {
                     timeout: (timeout > 0).then(|| Duration::from_millis(timeout)),
@@ -377,12 +377,18 @@ mod tests {
                 policy,
                 setting: "service_config",
                 origin: format!("methodConfig[{at}]"),
-            };
+            }
+        };
         let retry = Some(Policy::Retry(Arc::new(RetryPolicy::default())));
         let configs = [
-            config(vec![Name::of_parts("pkg.A", "")], 100, retry.clone(), 0),
-            config(vec![Name::of_parts("pkg.A", "Get")], 200, None, 1),
-            config(vec![Name::of_parts("", "")], 300, None, 2),
+            config(
+                vec![MethodName::of_parts("pkg.A", "")],
+                100,
+                retry.clone(),
+                0,
+            ),
+            config(vec![MethodName::of_parts("pkg.A", "Get")], 200, None, 1),
+            config(vec![MethodName::of_parts("", "")], 300, None, 2),
         ];
         let t = MethodPolicies::new(&[], &[], None, &configs).unwrap();
         assert_eq!(t.timeout("/pkg.A/Put"), Some(Duration::from_millis(100)));

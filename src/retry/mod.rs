@@ -29,7 +29,7 @@ pub(crate) use methods::{MethodConfig, MethodPolicies, MethodPolicy};
 #[cfg(feature = "service-config")]
 pub(crate) use methods::{CallSettings, Policy};
 #[cfg(feature = "service-config")]
-pub(crate) use name::Name;
+pub(crate) use name::MethodName;
 pub(crate) use policy::shared_budget;
 pub use policy::RetryPolicy;
 

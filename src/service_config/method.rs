@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::json::Node;
 use crate::error::Error;
-use crate::retry::{CallSettings, HedgingPolicy, MethodConfig, Name, Policy, RetryPolicy};
+use crate::retry::{CallSettings, HedgingPolicy, MethodConfig, MethodName, Policy, RetryPolicy};
 
 /// gRFC A6's cap on a policy's attempts: a config asking for more gets this many.
 const MAX_ATTEMPTS: u64 = 5;
@@ -17,7 +17,7 @@ const MAX_ATTEMPTS: u64 = 5;
 pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
     let mut out = Vec::new();
     // Each name, and where it was given: a name may be given once in a whole config.
-    let mut seen: HashMap<Name, String> = HashMap::new();
+    let mut seen: HashMap<MethodName, String> = HashMap::new();
     for (i, entry) in list.items()?.into_iter().enumerate() {
         entry.object()?;
         let Some(names) = entry.field("name")? else {
@@ -67,14 +67,14 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
 }
 
 /// One `name` entry: `service` and `method`, each absent, null or empty for none.
-fn name(n: &Node<'_>) -> Result<Name, Error> {
+fn name(n: &Node<'_>) -> Result<MethodName, Error> {
     let (service, method) = (part(n, "service")?, part(n, "method")?);
     if service.is_empty() && !method.is_empty() {
         return Err(n.refuse(format_args!(
             "method {method:?} has no service: a name with a method needs its service"
         )));
     }
-    Ok(Name::of_parts(service, method))
+    Ok(MethodName::of_parts(service, method))
 }
 
 /// `service` or `method` of a name: a string without `/` or spaces; empty if absent.
