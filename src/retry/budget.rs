@@ -10,7 +10,7 @@ pub(super) const DEFAULT_BUDGET: (f64, u32) = (0.2, 10);
 /// `max_tokens` (in thousandths), that each failure takes one from and each success gives
 /// `token_ratio` back to; retries and hedges stop while it holds half or less.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Throttling {
+pub(crate) struct RetryThrottling {
     pub(crate) max_milli: i64,
     pub(crate) ratio_milli: i64,
 }
@@ -19,20 +19,20 @@ pub(crate) struct Throttling {
 #[derive(Debug)]
 pub(crate) enum Budget {
     /// A share of the calls plus a floor per second.
-    Ratio(Ratio),
+    ShareOfCalls(ShareOfCallsBudget),
     /// gRPC's token bucket.
-    Tokens(Tokens),
+    TokenBucket(TokenBucket),
 }
 
 impl Budget {
     /// A budget of `ratio` of a retry per call plus `min_per_sec` per second.
     pub(crate) fn with(ratio: f64, min_per_sec: u32) -> Budget {
-        Budget::Ratio(Ratio::with(ratio, min_per_sec))
+        Budget::ShareOfCalls(ShareOfCallsBudget::with(ratio, min_per_sec))
     }
 
     /// gRPC's token bucket, full.
-    pub(crate) fn throttled(t: Throttling) -> Budget {
-        Budget::Tokens(Tokens {
+    pub(crate) fn throttled(t: RetryThrottling) -> Budget {
+        Budget::TokenBucket(TokenBucket {
             milli: AtomicI64::new(t.max_milli),
             max: t.max_milli,
             ratio: t.ratio_milli,
@@ -42,7 +42,7 @@ impl Budget {
     /// A call started (that may be retried or hedged).
     #[inline]
     pub(crate) fn deposit(&self) {
-        if let Budget::Ratio(r) = self {
+        if let Budget::ShareOfCalls(r) = self {
             r.deposit();
         }
     }
@@ -51,7 +51,7 @@ impl Budget {
     /// call): gRPC's throttle counts it, whether or not the call goes on.
     #[inline]
     pub(crate) fn failed(&self) {
-        if let Budget::Tokens(t) = self {
+        if let Budget::TokenBucket(t) = self {
             t.failed();
         }
     }
@@ -59,7 +59,7 @@ impl Budget {
     /// A call got an answer that is not an error status: gRPC's throttle counts it.
     #[inline]
     pub(crate) fn succeeded(&self) {
-        if let Budget::Tokens(t) = self {
+        if let Budget::TokenBucket(t) = self {
             t.succeeded();
         }
     }
@@ -68,15 +68,15 @@ impl Budget {
     /// budget (which limits the builder's policies only).
     #[inline]
     pub(crate) fn is_throttle(&self) -> bool {
-        matches!(self, Budget::Tokens(_))
+        matches!(self, Budget::TokenBucket(_))
     }
 
     /// Whether one more retry or hedge may go now; takes nothing. gRPC's throttle is asked
     /// when a retry is decided (gRFC A6), the crate's budget whether it holds a retry.
     pub(crate) fn allows(&self) -> bool {
         match self {
-            Budget::Ratio(r) => r.allows(),
-            Budget::Tokens(t) => t.above_threshold(),
+            Budget::ShareOfCalls(r) => r.allows(),
+            Budget::TokenBucket(t) => t.above_threshold(),
         }
     }
 
@@ -85,14 +85,14 @@ impl Budget {
     /// decided. [`refund`](Self::refund) gives it back if the pick then finds no instance.
     pub(crate) fn take(&self) -> bool {
         match self {
-            Budget::Ratio(r) => r.withdraw(),
-            Budget::Tokens(_) => true,
+            Budget::ShareOfCalls(r) => r.withdraw(),
+            Budget::TokenBucket(_) => true,
         }
     }
 
     /// Gives back what [`take`](Self::take) took: the retry or hedge did not go out after all.
     pub(crate) fn refund(&self) {
-        if let Budget::Ratio(r) = self {
+        if let Budget::ShareOfCalls(r) = self {
             r.balance.fetch_add(1000, Ordering::Relaxed);
         }
     }
@@ -109,7 +109,7 @@ impl Budget {
 /// one from, topped up by `min_per_sec` per second, capped so that a long quiet spell does not
 /// bank a burst.
 #[derive(Debug)]
-pub(crate) struct Ratio {
+pub(crate) struct ShareOfCallsBudget {
     /// Tokens × 1000.
     balance: AtomicI64,
     /// Last top-up, in ms since `epoch`.
@@ -120,10 +120,10 @@ pub(crate) struct Ratio {
     cap_milli: i64,
 }
 
-impl Ratio {
-    fn with(ratio: f64, min_per_sec: u32) -> Ratio {
+impl ShareOfCallsBudget {
+    fn with(ratio: f64, min_per_sec: u32) -> ShareOfCallsBudget {
         let min = i64::from(min_per_sec);
-        Ratio {
+        ShareOfCallsBudget {
             balance: AtomicI64::new(min * 1000),
             topped_at: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -173,13 +173,13 @@ impl Ratio {
 
 /// gRPC's token bucket, in thousandths of a token (as grpc/grpc's `RetryThrottler`).
 #[derive(Debug)]
-pub(crate) struct Tokens {
+pub(crate) struct TokenBucket {
     milli: AtomicI64,
     max: i64,
     ratio: i64,
 }
 
-impl Tokens {
+impl TokenBucket {
     fn failed(&self) {
         let _ = self
             .milli
@@ -235,7 +235,7 @@ mod tests {
     /// or fewer (half), and successes bring them back, never above the maximum.
     #[test]
     fn the_token_bucket_counts_failures_and_successes() {
-        let b = Budget::throttled(Throttling {
+        let b = Budget::throttled(RetryThrottling {
             max_milli: 10_000,
             ratio_milli: 500,
         });

@@ -157,7 +157,7 @@ impl HedgingPolicy {
     }
 
     fn validate(&self) -> Result<(), crate::Error> {
-        let c = CHECKS;
+        let c = HEDGING_CHECKS;
         c.field("max_attempts")
             .between(self.max_attempts, 2, MAX_ATTEMPTS)?;
         c.field("non_fatal_codes")
@@ -173,28 +173,28 @@ impl HedgingPolicy {
 }
 
 /// The checks of the `hedging` setting.
-const CHECKS: crate::checks::Checks = crate::checks::Checks::of("hedging");
+pub(super) const HEDGING_CHECKS: crate::checks::Checks = crate::checks::Checks::of("hedging");
 
 /// The hedging policies of a channel, by the paths they match.
 #[derive(Debug)]
-pub(crate) struct Hedging {
+pub(crate) struct HedgingPolicies {
     /// Exact method paths first, then service prefixes; each with its policy.
     methods: Vec<(String, Arc<HedgingPolicy>)>,
     services: Vec<(String, Arc<HedgingPolicy>)>,
 }
 
-impl Hedging {
+impl HedgingPolicies {
     /// Checks the policies (each in range, no method named twice, one budget with the retry
     /// policy's `retry_budget` if any) and indexes them by path. `None` for no policy.
     pub(crate) fn new(
         policies: Vec<HedgingPolicy>,
         retry_budget: Option<(f64, u32)>,
-    ) -> Result<Option<Hedging>, crate::Error> {
+    ) -> Result<Option<HedgingPolicies>, crate::Error> {
         let Some(first) = policies.first() else {
             return Ok(None);
         };
         let (ratio, min) = retry_budget.unwrap_or((first.budget_ratio, first.budget_min_per_sec));
-        let mut h = Hedging {
+        let mut h = HedgingPolicies {
             methods: Vec::new(),
             services: Vec::new(),
         };
@@ -202,21 +202,21 @@ impl Hedging {
             let mut p = p;
             p.delay = crate::time::cap(p.delay);
             p.validate()?;
-            CHECKS.that(
+            HEDGING_CHECKS.that(
                 p.same_budget(ratio, min),
                 "retries and hedges share one budget: every hedging policy's budget_ratio and \
                  budget_min_per_sec must equal the others' and the retry policy's",
             )?;
             let p = Arc::new(p);
             for name in &p.methods {
-                let (list, path) = match MethodName::parse(name, CHECKS)? {
+                let (list, path) = match MethodName::parse(name, HEDGING_CHECKS)? {
                     MethodName::Method(path) => (&mut h.methods, String::from(path)),
                     MethodName::Service(path) => (&mut h.services, String::from(path)),
                     MethodName::Every => {
                         unreachable!("a policy's name is a method's or a service's")
                     }
                 };
-                CHECKS.that(
+                HEDGING_CHECKS.that(
                     !list.iter().any(|(q, _)| *q == path),
                     format_args!("{name:?} is named twice"),
                 )?;
@@ -261,7 +261,7 @@ mod tests {
 
     #[test]
     fn names_match_their_methods_and_services() {
-        let h = Hedging::new(
+        let h = HedgingPolicies::new(
             vec![
                 policy(&["pkg.A/Get", "/pkg.A/List"]),
                 policy(&["pkg.B", "/pkg.C/"]).max_attempts(4),
@@ -284,7 +284,7 @@ mod tests {
 
     #[test]
     fn a_method_wins_over_its_service() {
-        let h = Hedging::new(
+        let h = HedgingPolicies::new(
             vec![policy(&["pkg.A"]), policy(&["pkg.A/Get"]).max_attempts(5)],
             None,
         )
@@ -332,7 +332,9 @@ mod tests {
             (vec![policy(&["pkg.A"])], Some((0.5, 10)), "one budget"),
         ];
         for (policies, retry, what) in cases {
-            let err = Hedging::new(policies, retry).unwrap_err().to_string();
+            let err = HedgingPolicies::new(policies, retry)
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.contains("hedging") && err.contains(what),
                 "{what}: {err}"

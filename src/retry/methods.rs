@@ -5,16 +5,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::budget::{Budget, Throttling, DEFAULT_BUDGET};
-use super::hedge::{Hedging, HedgingPolicy};
+use super::budget::{Budget, RetryThrottling, DEFAULT_BUDGET};
+use super::hedge::{HedgingPolicies, HedgingPolicy, HEDGING_CHECKS};
 use super::name::MethodName;
-use super::policy::{RetryPolicy, CHECKS};
+use super::policy::{RetryPolicy, RETRY_CHECKS};
 use crate::checks::Checks;
 use crate::error::Error;
 
 /// A retry or a hedging policy.
 #[derive(Debug, Clone)]
-pub(crate) enum Policy {
+pub(crate) enum RetryOrHedging {
     Retry(Arc<RetryPolicy>),
     Hedge(Arc<HedgingPolicy>),
 }
@@ -26,7 +26,7 @@ pub(crate) struct MethodConfig {
     pub(crate) names: Vec<MethodName>,
     /// A service config's settings (none for a builder's policy).
     pub(crate) settings: CallSettings,
-    pub(crate) policy: Option<Policy>,
+    pub(crate) policy: Option<RetryOrHedging>,
     /// The builder method that took it, for the refusals (`retry`, `service_config`).
     pub(crate) setting: &'static str,
     /// What it is, for the refusals (`a retry policy`, `methodConfig[2]`).
@@ -88,13 +88,13 @@ pub(crate) struct MethodPolicies {
 
 impl MethodPolicies {
     /// The table of the builder's retry policies (each checked already), its hedging policies
-    /// (`hedged`: as [`Hedging::new`] checked them, delays capped) and the service config's
+    /// (`hedged`: as [`HedgingPolicies::new`] checked them, delays capped) and the service config's
     /// method configs. Refuses a malformed name, and a name given two policies or two
     /// deadlines.
     pub(crate) fn new(
         retry: &[RetryPolicy],
         hedging: &[HedgingPolicy],
-        hedged: Option<&Hedging>,
+        hedged: Option<&HedgingPolicies>,
         configs: &[MethodConfig],
     ) -> Result<MethodPolicies, Error> {
         let mut entries = builder_entries(retry, hedging, hedged)?;
@@ -121,8 +121,8 @@ impl MethodPolicies {
                         return Err(refuse(prev, "one retry or hedging policy at most"));
                     }
                     match policy {
-                        Policy::Retry(r) => slot.entry.retry = Some(r.clone()),
-                        Policy::Hedge(h) => slot.entry.hedging = Some(h.clone()),
+                        RetryOrHedging::Retry(r) => slot.entry.retry = Some(r.clone()),
+                        RetryOrHedging::Hedge(h) => slot.entry.hedging = Some(h.clone()),
                     }
                     slot.policy_from = Some(c.origin.clone());
                 }
@@ -196,7 +196,7 @@ impl MethodPolicies {
     pub(crate) fn budget(
         &self,
         set: Option<(f64, u32)>,
-        throttling: Option<Throttling>,
+        throttling: Option<RetryThrottling>,
     ) -> Option<Budget> {
         if !self.policies {
             return None;
@@ -213,11 +213,11 @@ impl MethodPolicies {
 }
 
 /// The entries of the builder's retry policies (each checked already) and hedging policies
-/// (`hedged`: as [`Hedging::new`] checked them, delays capped), as method configs.
+/// (`hedged`: as [`HedgingPolicies::new`] checked them, delays capped), as method configs.
 fn builder_entries(
     retry: &[RetryPolicy],
     hedging: &[HedgingPolicy],
-    hedged: Option<&Hedging>,
+    hedged: Option<&HedgingPolicies>,
 ) -> Result<Vec<MethodConfig>, Error> {
     let mut entries = Vec::with_capacity(retry.len() + hedging.len());
     for p in retry {
@@ -225,13 +225,13 @@ fn builder_entries(
             None => vec![MethodName::Every],
             Some(m) => m
                 .iter()
-                .map(|n| MethodName::parse(n, CHECKS))
+                .map(|n| MethodName::parse(n, RETRY_CHECKS))
                 .collect::<Result<_, _>>()?,
         };
         entries.push(MethodConfig {
             names,
             settings: CallSettings::default(),
-            policy: Some(Policy::Retry(Arc::new(p.clone()))),
+            policy: Some(RetryOrHedging::Retry(Arc::new(p.clone()))),
             setting: "retry",
             origin: "a retry policy".into(),
         });
@@ -239,15 +239,15 @@ fn builder_entries(
     if let Some(hedged) = hedged {
         for p in hedging {
             for name in &p.methods {
-                let name = MethodName::parse(name, Checks::of("hedging"))?;
-                // The policy as `Hedging` keeps it: the one a call to that path gets.
+                let name = MethodName::parse(name, HEDGING_CHECKS)?;
+                // The policy as `HedgingPolicies` keeps it: the one a call to that path gets.
                 let Some(policy) = hedged.policy(name.path()) else {
                     continue;
                 };
                 entries.push(MethodConfig {
                     names: vec![name],
                     settings: CallSettings::default(),
-                    policy: Some(Policy::Hedge(policy.clone())),
+                    policy: Some(RetryOrHedging::Hedge(policy.clone())),
                     setting: "hedging",
                     origin: "a hedging policy".into(),
                 });
@@ -263,7 +263,7 @@ mod tests {
     use crate::retry::shared_budget;
 
     fn table(retry: &[RetryPolicy], hedging: &[HedgingPolicy]) -> Result<MethodPolicies, Error> {
-        let hedged = Hedging::new(hedging.to_vec(), shared_budget(retry)?)?;
+        let hedged = HedgingPolicies::new(hedging.to_vec(), shared_budget(retry)?)?;
         MethodPolicies::new(retry, hedging, hedged.as_ref(), &[])
     }
 
@@ -367,19 +367,20 @@ mod tests {
 
     #[test]
     fn method_configs_take_part_whole() {
-        let config = |names: Vec<MethodName>, timeout: u64, policy: Option<Policy>, at: usize| {
-            MethodConfig {
-                names,
-                settings: CallSettings {
-                    timeout: (timeout > 0).then(|| Duration::from_millis(timeout)),
-                    ..CallSettings::default()
-                },
-                policy,
-                setting: "service_config",
-                origin: format!("methodConfig[{at}]"),
-            }
-        };
-        let retry = Some(Policy::Retry(Arc::new(RetryPolicy::default())));
+        let config =
+            |names: Vec<MethodName>, timeout: u64, policy: Option<RetryOrHedging>, at: usize| {
+                MethodConfig {
+                    names,
+                    settings: CallSettings {
+                        timeout: (timeout > 0).then(|| Duration::from_millis(timeout)),
+                        ..CallSettings::default()
+                    },
+                    policy,
+                    setting: "service_config",
+                    origin: format!("methodConfig[{at}]"),
+                }
+            };
+        let retry = Some(RetryOrHedging::Retry(Arc::new(RetryPolicy::default())));
         let configs = [
             config(
                 vec![MethodName::of_parts("pkg.A", "")],

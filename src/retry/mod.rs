@@ -21,13 +21,13 @@ mod methods;
 mod name;
 mod policy;
 
-pub(crate) use budget::{Budget, Throttling};
-pub(crate) use hedge::Hedging;
+pub(crate) use budget::{Budget, RetryThrottling};
+pub(crate) use hedge::HedgingPolicies;
 pub use hedge::HedgingPolicy;
 pub(crate) use methods::{MethodConfig, MethodPolicies, MethodPolicy};
 // What a service config's method configs are made of.
 #[cfg(feature = "service-config")]
-pub(crate) use methods::{CallSettings, Policy};
+pub(crate) use methods::{CallSettings, RetryOrHedging};
 #[cfg(feature = "service-config")]
 pub(crate) use name::MethodName;
 pub(crate) use policy::shared_budget;

@@ -180,7 +180,7 @@ impl RetryPolicy {
     }
 
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
-        let c = CHECKS;
+        let c = RETRY_CHECKS;
         c.field("max_attempts").between(self.max_attempts, 2, 10)?;
         c.field("codes").that(
             !self.codes.is_empty() && !self.codes.contains(&Code::Ok),
@@ -229,7 +229,7 @@ impl RetryPolicy {
 }
 
 /// The checks of the `retry` setting.
-pub(super) const CHECKS: Checks = Checks::of("retry");
+pub(super) const RETRY_CHECKS: Checks = Checks::of("retry");
 
 /// The one budget that the builder's retry policies set (they must all set the same), if
 /// there is any policy.
@@ -238,7 +238,7 @@ pub(crate) fn shared_budget(policies: &[RetryPolicy]) -> Result<Option<(f64, u32
         return Ok(None);
     };
     for p in &policies[1..] {
-        CHECKS.that(
+        RETRY_CHECKS.that(
             p.budget_ratio == first.budget_ratio
                 && p.budget_min_per_sec == first.budget_min_per_sec,
             "retries and hedges share one budget: every retry policy's budget_ratio and \

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use super::json::Node;
 use crate::error::Error;
-use crate::retry::{CallSettings, HedgingPolicy, MethodConfig, MethodName, Policy, RetryPolicy};
+use crate::retry::{
+    CallSettings, HedgingPolicy, MethodConfig, MethodName, RetryOrHedging, RetryPolicy,
+};
 
 /// gRFC A6's cap on a policy's attempts: a config asking for more gets this many.
 const MAX_ATTEMPTS: u64 = 5;
@@ -51,8 +53,8 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
                     "retryPolicy and hedgingPolicy are both set: a method config has one or the \
                      other",
                 )),
-                (Some(r), None) => Some(Policy::Retry(Arc::new(retry(&r)?))),
-                (None, Some(h)) => Some(Policy::Hedge(Arc::new(hedging(&h)?))),
+                (Some(r), None) => Some(RetryOrHedging::Retry(Arc::new(retry(&r)?))),
+                (None, Some(h)) => Some(RetryOrHedging::Hedge(Arc::new(hedging(&h)?))),
                 (None, None) => None,
             };
         out.push(MethodConfig {
