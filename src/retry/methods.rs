@@ -99,47 +99,21 @@ impl MethodPolicies {
     ) -> Result<MethodPolicies, Error> {
         let mut entries = builder_entries(retry, hedging, hedged)?;
         entries.extend(configs.iter().cloned());
-
-        #[derive(Default)]
-        struct Slot {
-            entry: MethodPolicy,
-            policy_from: Option<String>,
-            settings_from: Option<String>,
-        }
-        let mut slots: BTreeMap<MethodName, Slot> = BTreeMap::new();
-        for c in &entries {
-            for name in &c.names {
-                let slot = slots.entry(name.clone()).or_default();
-                let refuse = |prev: &str, what: &str| {
-                    Checks::of(c.setting).refusal(format_args!(
-                        "{name} is named twice, by {prev} and by {}: a method has {what}",
-                        c.origin
-                    ))
-                };
-                if let Some(policy) = &c.policy {
-                    if let Some(prev) = &slot.policy_from {
-                        return Err(refuse(prev, "one retry or hedging policy at most"));
-                    }
-                    match policy {
-                        RetryOrHedging::Retry(r) => slot.entry.retry = Some(r.clone()),
-                        RetryOrHedging::Hedge(h) => slot.entry.hedging = Some(h.clone()),
-                    }
-                    slot.policy_from = Some(c.origin.clone());
-                }
-                if !c.settings.is_empty() {
-                    if let Some(prev) = &slot.settings_from {
-                        return Err(refuse(prev, "one method config at most"));
-                    }
-                    slot.entry.settings = c.settings;
-                    slot.entry.settings.timeout = c.settings.timeout.map(crate::time::cap);
-                    slot.settings_from = Some(c.origin.clone());
-                }
+        let mut merged: BTreeMap<MethodName, MergedEntry> = BTreeMap::new();
+        for config in &entries {
+            for name in &config.names {
+                merged.entry(name.clone()).or_default().take(name, config)?;
             }
         }
+        Ok(MethodPolicies::of_merged(merged))
+    }
+
+    /// The table of the entries merged by name: in the map's order, each list sorted by its
+    /// paths.
+    fn of_merged(merged: BTreeMap<MethodName, MergedEntry>) -> MethodPolicies {
         let mut table = MethodPolicies::default();
-        // In the map's order: each list sorted by its paths.
-        for (name, slot) in slots {
-            let e = slot.entry;
+        for (name, merged) in merged {
+            let e = merged.entry;
             table.settings |= !e.settings.is_empty();
             table.policies |= e.retry.is_some() || e.hedging.is_some();
             table.budgeted |= e.retry.as_ref().is_some_and(|r| !r.from_config)
@@ -150,7 +124,7 @@ impl MethodPolicies {
                 MethodName::Method(p) => table.methods.push((p, e)),
             }
         }
-        Ok(table)
+        table
     }
 
     /// What applies to a call to `path` (`/package.Service/Method`): the method's own entry,
@@ -209,6 +183,47 @@ impl MethodPolicies {
             }
             None => None,
         }
+    }
+}
+
+/// The entry of one name while the table is built: what the method configs that name it set,
+/// and which of them set its policy and its settings (for the refusals).
+#[derive(Default)]
+struct MergedEntry {
+    entry: MethodPolicy,
+    policy_from: Option<String>,
+    settings_from: Option<String>,
+}
+
+impl MergedEntry {
+    /// Takes what `config` sets for `name`, one of the names it gives; refuses a second policy,
+    /// or a second method config's settings, at one name.
+    fn take(&mut self, name: &MethodName, config: &MethodConfig) -> Result<(), Error> {
+        let refuse = |prev: &str, what: &str| {
+            Checks::of(config.setting).refusal(format_args!(
+                "{name} is named twice, by {prev} and by {}: a method has {what}",
+                config.origin
+            ))
+        };
+        if let Some(policy) = &config.policy {
+            if let Some(prev) = &self.policy_from {
+                return Err(refuse(prev, "one retry or hedging policy at most"));
+            }
+            match policy {
+                RetryOrHedging::Retry(r) => self.entry.retry = Some(r.clone()),
+                RetryOrHedging::Hedge(h) => self.entry.hedging = Some(h.clone()),
+            }
+            self.policy_from = Some(config.origin.clone());
+        }
+        if !config.settings.is_empty() {
+            if let Some(prev) = &self.settings_from {
+                return Err(refuse(prev, "one method config at most"));
+            }
+            self.entry.settings = config.settings;
+            self.entry.settings.timeout = config.settings.timeout.map(crate::time::cap);
+            self.settings_from = Some(config.origin.clone());
+        }
+        Ok(())
     }
 }
 
