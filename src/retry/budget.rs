@@ -1,4 +1,10 @@
-//! The budget that retries and hedges share: the crate's own, or gRPC's token bucket.
+//! The budget that retries and hedges share: the crate's own (a share of the calls, as
+//! [Finagle's retry budget]), or gRPC's token bucket ([gRFC A6]'s `retryThrottling`, as
+//! grpc/grpc's [`RetryThrottler`]).
+//!
+//! [Finagle's retry budget]: https://github.com/twitter/finagle/blob/develop/finagle-core/src/main/scala/com/twitter/finagle/service/RetryBudget.scala
+//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+//! [`RetryThrottler`]: https://github.com/grpc/grpc/blob/master/src/core/client_channel/retry_throttle.h
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use tokio::time::Instant;

@@ -1,9 +1,11 @@
-//! Hedging (gRFC A6's hedging policy): for the methods that the user names (idempotent ones),
+//! Hedging ([gRFC A6]'s hedging policy): for the methods that the user names (idempotent ones),
 //! a call that has no answer after a delay is sent again to another instance, and the first
 //! answer wins.
 //!
 //! The rules are in [`HedgingPolicy`]'s docs; a hedged call's attempts are driven by the one
 //! machine of every call (`crate::call`).
+//!
+//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
 use std::sync::Arc;
 use std::time::Duration;

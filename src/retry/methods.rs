@@ -1,5 +1,7 @@
 //! The per-method table: which retry or hedging policy, and which service-config settings, apply
-//! to a call, by its path.
+//! to a call, by its path ([gRFC A6]'s rule: the most specific name wins, whole).
+//!
+//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

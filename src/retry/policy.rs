@@ -1,4 +1,8 @@
-//! [`RetryPolicy`]: the builder's retry settings, their checks and the backoff they give.
+//! [`RetryPolicy`]: the builder's retry settings, their checks and the backoff they give (a
+//! service config's policy jittered as [gRFC A6] and [grpc-go] jitter it).
+//!
+//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
+//! [grpc-go]: https://github.com/grpc/grpc-go/blob/master/stream.go
 
 use std::time::Duration;
 
