@@ -129,10 +129,8 @@ mod channel;
 mod call;
 // The deadline of a call, from its `grpc-timeout`.
 mod deadline;
-// Opt-in retry policies, the per-method table, and the retry budget.
+// Opt-in retry and hedging policies, the per-method table, and the budget they share.
 mod retry;
-// Hedging: a call sent again after a delay, the first answer winning.
-mod hedge;
 // Server pushback (`grpc-retry-pushback-ms`).
 mod pushback;
 // The pick: the strategies, and the choice over a channel's set.
@@ -194,7 +192,6 @@ pub use error::Error;
 #[cfg(feature = "health-check")]
 pub use health::HealthCheck;
 pub use health::{Backoff, Ejection};
-pub use hedge::HedgingPolicy;
 pub use instance::conns::{
     DEFAULT_CONNECTION_IDLE, DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION,
 };
@@ -202,7 +199,7 @@ pub use instance::State;
 pub use observe::{ChannelStats, DiscoveryState};
 pub use pick::Strategy;
 pub use probe::ProbeConfig;
-pub use retry::{RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
+pub use retry::{HedgingPolicy, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};
 #[cfg(feature = "service-config")]
 pub use service_config::ServiceConfig;
 pub use stats::{EndpointStats, ServedBy};

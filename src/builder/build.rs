@@ -48,7 +48,7 @@ impl Builder {
         #[cfg(feature = "metrics")]
         let metrics = (self.metrics.clone(), self.default_target());
         let retry_budget = crate::retry::shared_budget(&self.retry)?;
-        let hedging = crate::hedge::Hedging::new(self.hedging.clone(), retry_budget)?;
+        let hedging = crate::retry::HedgingPolicies::new(self.hedging.clone(), retry_budget)?;
         let methods = crate::retry::MethodPolicies::new(
             &self.retry,
             &self.hedging,

@@ -77,7 +77,7 @@ pub struct Builder {
     /// The method configs of a service config (feature `service-config`).
     method_configs: Vec<crate::retry::MethodConfig>,
     /// gRPC's retry throttling, from a service config, in place of the budget.
-    throttling: Option<crate::retry::Throttling>,
+    throttling: Option<crate::retry::RetryThrottling>,
     probes: Option<crate::ProbeConfig>,
     #[cfg(feature = "health-check")]
     health_check: Option<HealthCheck>,

@@ -17,13 +17,12 @@ use super::outcome::End;
 use super::replay::{AttemptId, Copied, Replay};
 use super::shared::Shared;
 use super::CallResult;
-use crate::hedge::HedgingPolicy;
 use crate::instance::events::Kind;
 use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::pick::dispatch::{could_take, pick_now};
 use crate::pushback::Pushback;
-use crate::retry::{Budget, MethodPolicy, RetryPolicy};
+use crate::retry::{Budget, HedgingPolicy, MethodPolicy, RetryPolicy};
 
 /// At most this many transparent replays of one call on instances it has tried already (a
 /// connection closed before the request was written: the same instance may take the call on a

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use super::json::Node;
 use crate::error::Error;
-use crate::hedge::HedgingPolicy;
-use crate::retry::{CallSettings, MethodConfig, Name, Policy, RetryPolicy};
+use crate::retry::{
+    CallSettings, HedgingPolicy, MethodConfig, MethodName, RetryOrHedging, RetryPolicy,
+};
 
 /// gRFC A6's cap on a policy's attempts: a config asking for more gets this many.
 const MAX_ATTEMPTS: u64 = 5;
@@ -18,7 +19,7 @@ const MAX_ATTEMPTS: u64 = 5;
 pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
     let mut out = Vec::new();
     // Each name, and where it was given: a name may be given once in a whole config.
-    let mut seen: HashMap<Name, String> = HashMap::new();
+    let mut seen: HashMap<MethodName, String> = HashMap::new();
     for (i, entry) in list.items()?.into_iter().enumerate() {
         entry.object()?;
         let Some(names) = entry.field("name")? else {
@@ -52,8 +53,8 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
                     "retryPolicy and hedgingPolicy are both set: a method config has one or the \
                      other",
                 )),
-                (Some(r), None) => Some(Policy::Retry(Arc::new(retry(&r)?))),
-                (None, Some(h)) => Some(Policy::Hedge(Arc::new(hedging(&h)?))),
+                (Some(r), None) => Some(RetryOrHedging::Retry(Arc::new(retry(&r)?))),
+                (None, Some(h)) => Some(RetryOrHedging::Hedge(Arc::new(hedging(&h)?))),
                 (None, None) => None,
             };
         out.push(MethodConfig {
@@ -68,14 +69,14 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
 }
 
 /// One `name` entry: `service` and `method`, each absent, null or empty for none.
-fn name(n: &Node<'_>) -> Result<Name, Error> {
+fn name(n: &Node<'_>) -> Result<MethodName, Error> {
     let (service, method) = (part(n, "service")?, part(n, "method")?);
     if service.is_empty() && !method.is_empty() {
         return Err(n.refuse(format_args!(
             "method {method:?} has no service: a name with a method needs its service"
         )));
     }
-    Ok(Name::of_parts(service, method))
+    Ok(MethodName::of_parts(service, method))
 }
 
 /// `service` or `method` of a name: a string without `/` or spaces; empty if absent.

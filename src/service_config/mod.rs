@@ -17,7 +17,7 @@ use std::str::FromStr;
 pub(crate) use self::balancing::Balancing;
 use self::json::Node;
 use crate::error::Error;
-use crate::retry::{MethodConfig, Throttling};
+use crate::retry::{MethodConfig, RetryThrottling};
 
 /// gRPC's client-side cap on the connections per instance (gRFC A105).
 const MAX_CONNECTIONS: u64 = 10;
@@ -119,7 +119,7 @@ const MAX_CONNECTIONS: u64 = 10;
 #[derive(Debug, Clone, Default)]
 pub struct ServiceConfig {
     pub(crate) methods: Vec<MethodConfig>,
-    pub(crate) throttling: Option<Throttling>,
+    pub(crate) throttling: Option<RetryThrottling>,
     /// `None`: the config names no policy, and the channel keeps its strategy.
     pub(crate) balancing: Option<Balancing>,
     /// The service name of `healthCheckConfig`, if it is there.
@@ -189,7 +189,7 @@ impl FromStr for ServiceConfig {
 
 /// `retryThrottling`: `maxTokens` in (0, 1000] (grpc-go's range), `tokenRatio` above 0 in
 /// thousandths (grpc/grpc keeps three decimals).
-fn throttling(node: &Node<'_>) -> Result<Throttling, Error> {
+fn throttling(node: &Node<'_>) -> Result<RetryThrottling, Error> {
     let max = node.required("maxTokens")?;
     let max_tokens = max.number()?;
     if !(max_tokens > 0.0 && max_tokens <= 1000.0) {
@@ -206,7 +206,7 @@ fn throttling(node: &Node<'_>) -> Result<Throttling, Error> {
             "must be at least 0.001 (gRPC counts thousandths of a token), not {token_ratio}"
         )));
     }
-    Ok(Throttling {
+    Ok(RetryThrottling {
         max_milli: (max_tokens * 1000.0).round() as i64,
         ratio_milli: ratio_milli.min(1e12) as i64,
     })
@@ -250,7 +250,7 @@ mod tests {
         );
         assert_eq!(
             c.throttling,
-            Some(Throttling {
+            Some(RetryThrottling {
                 max_milli: 10_000,
                 ratio_milli: 100
             })

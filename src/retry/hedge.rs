@@ -1,14 +1,18 @@
-//! Hedging (gRFC A6's hedging policy): for the methods that the user names (idempotent ones),
+//! Hedging ([gRFC A6]'s hedging policy): for the methods that the user names (idempotent ones),
 //! a call that has no answer after a delay is sent again to another instance, and the first
 //! answer wins.
 //!
 //! The rules are in [`HedgingPolicy`]'s docs; a hedged call's attempts are driven by the one
 //! machine of every call (`crate::call`).
+//!
+//! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::Code;
+
+use super::name::MethodName;
 
 /// gRFC A6's client-side cap on the attempts of a call.
 const MAX_ATTEMPTS: u32 = 5;
@@ -155,7 +159,7 @@ impl HedgingPolicy {
     }
 
     fn validate(&self) -> Result<(), crate::Error> {
-        let c = CHECKS;
+        let c = HEDGING_CHECKS;
         c.field("max_attempts")
             .between(self.max_attempts, 2, MAX_ATTEMPTS)?;
         c.field("non_fatal_codes")
@@ -171,64 +175,28 @@ impl HedgingPolicy {
 }
 
 /// The checks of the `hedging` setting.
-const CHECKS: crate::checks::Checks = crate::checks::Checks::of("hedging");
-
-/// A method name of a policy, as the path it matches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Name {
-    /// `/package.Service/Method`.
-    Method(String),
-    /// `/package.Service/`: every method of the service.
-    Service(String),
-}
-
-/// Reads a method name as the user gives it to a policy (hedging's here, retries' in
-/// `crate::retry`): `package.Service/Method` or `package.Service`, with or without a leading
-/// `/`; a refusal names the setting of `checks`.
-pub(crate) fn parse_name(name: &str, checks: crate::checks::Checks) -> Result<Name, crate::Error> {
-    let refuse = |why: &str| checks.refusal(format_args!("method name {name:?}: {why}"));
-    let rest = name.strip_prefix('/').unwrap_or(name);
-    if rest.is_empty() {
-        return Err(refuse("empty"));
-    }
-    if rest
-        .bytes()
-        .any(|b| !b.is_ascii_graphic() || matches!(b, b'?' | b'#' | b'%'))
-    {
-        return Err(refuse("not a gRPC method name (`package.Service/Method`)"));
-    }
-    match rest.split_once('/') {
-        None => Ok(Name::Service(format!("/{rest}/"))),
-        Some((service, "")) if !service.is_empty() => Ok(Name::Service(format!("/{rest}"))),
-        Some((service, method)) if !service.is_empty() && !method.contains('/') => {
-            Ok(Name::Method(format!("/{rest}")))
-        }
-        _ => Err(refuse(
-            "expected `package.Service/Method` or `package.Service`",
-        )),
-    }
-}
+pub(super) const HEDGING_CHECKS: crate::checks::Checks = crate::checks::Checks::of("hedging");
 
 /// The hedging policies of a channel, by the paths they match.
 #[derive(Debug)]
-pub(crate) struct Hedging {
+pub(crate) struct HedgingPolicies {
     /// Exact method paths first, then service prefixes; each with its policy.
     methods: Vec<(String, Arc<HedgingPolicy>)>,
     services: Vec<(String, Arc<HedgingPolicy>)>,
 }
 
-impl Hedging {
+impl HedgingPolicies {
     /// Checks the policies (each in range, no method named twice, one budget with the retry
     /// policy's `retry_budget` if any) and indexes them by path. `None` for no policy.
     pub(crate) fn new(
         policies: Vec<HedgingPolicy>,
         retry_budget: Option<(f64, u32)>,
-    ) -> Result<Option<Hedging>, crate::Error> {
+    ) -> Result<Option<HedgingPolicies>, crate::Error> {
         let Some(first) = policies.first() else {
             return Ok(None);
         };
         let (ratio, min) = retry_budget.unwrap_or((first.budget_ratio, first.budget_min_per_sec));
-        let mut h = Hedging {
+        let mut h = HedgingPolicies {
             methods: Vec::new(),
             services: Vec::new(),
         };
@@ -236,18 +204,21 @@ impl Hedging {
             let mut p = p;
             p.delay = crate::time::cap(p.delay);
             p.validate()?;
-            CHECKS.that(
+            HEDGING_CHECKS.that(
                 p.same_budget(ratio, min),
                 "retries and hedges share one budget: every hedging policy's budget_ratio and \
                  budget_min_per_sec must equal the others' and the retry policy's",
             )?;
             let p = Arc::new(p);
             for name in &p.methods {
-                let (list, path) = match parse_name(name, CHECKS)? {
-                    Name::Method(path) => (&mut h.methods, path),
-                    Name::Service(path) => (&mut h.services, path),
+                let (list, path) = match MethodName::parse(name, HEDGING_CHECKS)? {
+                    MethodName::Method(path) => (&mut h.methods, String::from(path)),
+                    MethodName::Service(path) => (&mut h.services, String::from(path)),
+                    MethodName::Every => {
+                        unreachable!("a policy's name is a method's or a service's")
+                    }
                 };
-                CHECKS.that(
+                HEDGING_CHECKS.that(
                     !list.iter().any(|(q, _)| *q == path),
                     format_args!("{name:?} is named twice"),
                 )?;
@@ -292,7 +263,7 @@ mod tests {
 
     #[test]
     fn names_match_their_methods_and_services() {
-        let h = Hedging::new(
+        let h = HedgingPolicies::new(
             vec![
                 policy(&["pkg.A/Get", "/pkg.A/List"]),
                 policy(&["pkg.B", "/pkg.C/"]).max_attempts(4),
@@ -315,7 +286,7 @@ mod tests {
 
     #[test]
     fn a_method_wins_over_its_service() {
-        let h = Hedging::new(
+        let h = HedgingPolicies::new(
             vec![policy(&["pkg.A"]), policy(&["pkg.A/Get"]).max_attempts(5)],
             None,
         )
@@ -363,7 +334,9 @@ mod tests {
             (vec![policy(&["pkg.A"])], Some((0.5, 10)), "one budget"),
         ];
         for (policies, retry, what) in cases {
-            let err = Hedging::new(policies, retry).unwrap_err().to_string();
+            let err = HedgingPolicies::new(policies, retry)
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.contains("hedging") && err.contains(what),
                 "{what}: {err}"
