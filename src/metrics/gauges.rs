@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use metrics::{Label, SharedString};
 
-use super::labels::{instance_label, Config, Labels};
+use super::labels::{instance_label, ChannelLabels, Labels};
 use super::names::*;
 use crate::instance::State;
 use crate::set::Set;
@@ -68,7 +68,7 @@ async fn sample<T: AsRef<Set> + Send + Sync + 'static>(owner: std::sync::Weak<T>
 
 /// What one channel's instances add to each series now.
 fn contributions(
-    config: &Config,
+    config: &ChannelLabels,
     set: &Set,
     own: &mut HashMap<Arc<str>, bool>,
 ) -> HashMap<Series, f64> {

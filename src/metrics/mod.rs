@@ -187,6 +187,8 @@ pub const COUNT_BUCKETS: &[f64] = &[
 #[cfg(feature = "metrics")]
 mod call;
 #[cfg(feature = "metrics")]
+mod describe;
+#[cfg(feature = "metrics")]
 mod events;
 #[cfg(feature = "metrics")]
 mod framing;

@@ -1,4 +1,4 @@
-//! Server-reported load (ORCA, gRFC A51): the report an instance attaches to its responses,
+//! Server-reported load (ORCA, [gRFC A51]): the report an instance attaches to its responses,
 //! and what the channel keeps of it.
 //!
 //! A server that reports its load puts a trailer [`TRAILER`] (`endpoint-load-metrics-bin`) on
@@ -18,7 +18,7 @@
 //!   [`Builder::load_report_max_age`](crate::Builder::load_report_max_age) (1 s by default)
 //!   are not used: the pick falls back to its own count.
 //! - [`Strategy::WeightedRoundRobin`](crate::Strategy::WeightedRoundRobin): weights from the
-//!   reported queries, errors and utilization, as gRFC A58 specifies (see [`WrrConfig`]).
+//!   reported queries, errors and utilization, as [gRFC A58] specifies (see [`WrrConfig`]).
 //!
 //! Reports also come out of band (gRFC A51), for channels that send an instance too few calls
 //! to hear from it often: with
@@ -29,22 +29,37 @@
 //!
 //! The report types and the out-of-band client need no feature; the server side
 //! (`OrcaLayer`, `OrcaHandle`, and `OobService` for out-of-band reports) is in the `orca`
-//! feature.
+//! feature. The server side is one role per file: `handle` (the server's own load), `layer`
+//! (`OrcaLayer`), `probe_server` (its answers to probes), `latency` (the probe answer's latency
+//! estimate), `rate` (queries and errors per second), `oob_server` (`OobService`).
+//!
+//! [gRFC A51]: https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md
+//! [gRFC A58]: https://github.com/grpc/proposal/blob/master/A58-client-side-weighted-round-robin-lb-policy.md
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+#[cfg(feature = "orca")]
+mod handle;
+#[cfg(feature = "orca")]
+mod latency;
+#[cfg(feature = "orca")]
+mod layer;
 pub(crate) mod oob;
 #[cfg(feature = "orca")]
 mod oob_server;
 #[cfg(feature = "orca")]
-mod server;
+mod probe_server;
+#[cfg(feature = "orca")]
+mod rate;
 mod wire;
 
 #[cfg(feature = "orca")]
-pub use oob_server::{OobService, DEFAULT_MIN_REPORT_INTERVAL};
+pub use handle::OrcaHandle;
 #[cfg(feature = "orca")]
-pub use server::{OrcaBody, OrcaFuture, OrcaHandle, OrcaLayer, OrcaService};
+pub use layer::{OrcaBody, OrcaFuture, OrcaLayer, OrcaService};
+#[cfg(feature = "orca")]
+pub use oob_server::{OobService, DEFAULT_MIN_REPORT_INTERVAL};
 
 use crate::instance::load::{Fresh, Others, ReportSettings, Reported};
 pub use crate::instance::load::{

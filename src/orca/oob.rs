@@ -1,4 +1,4 @@
-//! Out-of-band load reports (gRFC A51): one `OpenRcaService/StreamCoreMetrics` stream per
+//! Out-of-band load reports ([gRFC A51]): one `OpenRcaService/StreamCoreMetrics` stream per
 //! instance, on its own connection, whose reports go where per-call reports go.
 //!
 //! The stream is the channel's, not a caller's: it goes straight to the instance's tonic
@@ -17,6 +17,8 @@
 //!
 //! The messages are encoded by hand (see `wire`), through tonic's own gRPC framing (a
 //! [`tonic::codec::Codec`] of this module's).
+//!
+//! [gRFC A51]: https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md
 
 use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
@@ -80,30 +82,30 @@ impl Decode for Option<LoadReport> {
 }
 
 /// tonic's gRPC framing around this module's hand-made messages.
-pub(crate) struct Codec<E, D>(PhantomData<fn(E) -> D>);
+pub(crate) struct OrcaCodec<E, D>(PhantomData<fn(E) -> D>);
 
-impl<E, D> Default for Codec<E, D> {
+impl<E, D> Default for OrcaCodec<E, D> {
     fn default() -> Self {
-        Codec(PhantomData)
+        OrcaCodec(PhantomData)
     }
 }
 
-impl<E: Encode, D: Decode> tonic::codec::Codec for Codec<E, D> {
+impl<E: Encode, D: Decode> tonic::codec::Codec for OrcaCodec<E, D> {
     type Encode = E;
     type Decode = D;
-    type Encoder = Codec<E, D>;
-    type Decoder = Codec<E, D>;
+    type Encoder = OrcaCodec<E, D>;
+    type Decoder = OrcaCodec<E, D>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        Codec::default()
+        OrcaCodec::default()
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        Codec::default()
+        OrcaCodec::default()
     }
 }
 
-impl<E: Encode, D> tonic::codec::Encoder for Codec<E, D> {
+impl<E: Encode, D> tonic::codec::Encoder for OrcaCodec<E, D> {
     type Item = E;
     type Error = Status;
 
@@ -115,7 +117,7 @@ impl<E: Encode, D> tonic::codec::Encoder for Codec<E, D> {
     }
 }
 
-impl<E, D: Decode> tonic::codec::Decoder for Codec<E, D> {
+impl<E, D: Decode> tonic::codec::Decoder for OrcaCodec<E, D> {
     type Item = D;
     type Error = Status;
 
@@ -222,7 +224,7 @@ async fn stream(
         grpc.server_streaming(
             request,
             path,
-            Codec::<ReportRequest, Option<LoadReport>>::default(),
+            OrcaCodec::<ReportRequest, Option<LoadReport>>::default(),
         )
         .await
     };

@@ -1,6 +1,10 @@
 //! The server side of out-of-band load reports: `xds.service.orca.v3.OpenRcaService`, a
 //! service a tonic server adds next to its own, that streams an [`OrcaHandle`]'s report at the
-//! interval each client asks for.
+//! interval each client asks for ([gRFC A51]). Its minimum interval is gRPC's, as in
+//! [grpc-go's ORCA service].
+//!
+//! [gRFC A51]: https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md
+//! [grpc-go's ORCA service]: https://github.com/grpc/grpc-go/blob/master/orca/service.go
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,7 +15,7 @@ use std::time::Duration;
 use tonic::codegen::tokio_stream::Stream;
 use tonic::Status;
 
-use super::oob::{Codec, ReportRequest, PATH};
+use super::oob::{OrcaCodec, ReportRequest, PATH};
 use super::{LoadReport, OrcaHandle};
 
 /// The shortest interval an [`OobService`] sends reports at unless told otherwise: 30 s, gRPC's
@@ -104,7 +108,8 @@ where
         }
         let svc = Streamer(self.clone());
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(Codec::<LoadReport, ReportRequest>::default());
+            let mut grpc =
+                tonic::server::Grpc::new(OrcaCodec::<LoadReport, ReportRequest>::default());
             Ok(grpc.server_streaming(svc, req).await)
         })
     }

@@ -10,10 +10,15 @@
 //! wire type, a key that is not UTF-8, field number 0, an unmatched end of group) makes the
 //! whole report malformed. The property tests check it against prost's encoding.
 //!
-//! Field numbers, from `xds/data/orca/v3/orca_load_report.proto` (cncf/xds):
+//! Field numbers, from [`xds/data/orca/v3/orca_load_report.proto`] (cncf/xds):
 //! 1 `cpu_utilization`, 2 `mem_utilization`, 3 `rps` (deprecated, `uint64`, skipped),
 //! 4 `request_cost`, 5 `utilization`, 6 `rps_fractional`, 7 `eps`, 8 `named_metrics`,
-//! 9 `application_utilization`.
+//! 9 `application_utilization`. The request of out-of-band reports is
+//! [`xds/service/orca/v3/orca.proto`]'s `OrcaLoadReportRequest`; what it means is [gRFC A51]'s.
+//!
+//! [`xds/data/orca/v3/orca_load_report.proto`]: https://github.com/cncf/xds/blob/main/xds/data/orca/v3/orca_load_report.proto
+//! [`xds/service/orca/v3/orca.proto`]: https://github.com/cncf/xds/blob/main/xds/service/orca/v3/orca.proto
+//! [gRFC A51]: https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md
 
 use std::collections::BTreeMap;
 

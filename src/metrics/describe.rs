@@ -1,0 +1,199 @@
+//! The instruments of a channel's metrics, described to the recorder (unit, help) when the
+//! channel is built, one function per group: the groups gRPC's designs name ([gRFC A66] for
+//! calls and attempts, [gRFC A96] for retries, [gRFC A94] for connections, [gRFC A91] for
+//! outlier ejection, [gRFC A78] for weighted round robin), and the balancer's own
+//! (`tonic_balancer.*`).
+//!
+//! [gRFC A66]: https://github.com/grpc/proposal/blob/master/A66-otel-stats.md
+//! [gRFC A96]: https://github.com/grpc/proposal/blob/master/A96-retry-otel-stats.md
+//! [gRFC A94]: https://github.com/grpc/proposal/blob/master/A94-subchannel-otel-metrics.md
+//! [gRFC A91]: https://github.com/grpc/proposal/blob/master/A91-outlier-detection-metrics.md
+//! [gRFC A78]: https://github.com/grpc/proposal/blob/master/A78-grpc-metrics-wrr-pf-xds.md
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+use super::names::*;
+
+/// Describes every instrument of the crate to the recorder.
+pub(super) fn describe() {
+    describe_calls();
+    describe_retries();
+    describe_refusals();
+    describe_connections();
+    describe_ejections();
+    describe_instances();
+    describe_discovery();
+    describe_wrr();
+}
+
+/// The instruments of calls and attempts (gRFC A66).
+fn describe_calls() {
+    describe_counter!(ATTEMPT_STARTED, Unit::Count, "RPC attempts started");
+    describe_histogram!(
+        ATTEMPT_DURATION,
+        Unit::Seconds,
+        "time of each RPC attempt, from its pick to its end"
+    );
+    describe_histogram!(
+        ATTEMPT_SENT_SIZE,
+        Unit::Bytes,
+        "bytes of the request messages each RPC attempt sent"
+    );
+    describe_histogram!(
+        ATTEMPT_RCVD_SIZE,
+        Unit::Bytes,
+        "bytes of the response messages each RPC attempt received"
+    );
+    describe_histogram!(
+        CALL_DURATION,
+        Unit::Seconds,
+        "time of each RPC as its caller sees it"
+    );
+}
+
+/// The instruments of retries and hedges (gRFC A96).
+fn describe_retries() {
+    describe_histogram!(CALL_RETRIES, Unit::Count, "retries per call");
+    describe_histogram!(
+        CALL_TRANSPARENT_RETRIES,
+        Unit::Count,
+        "transparent retries per call"
+    );
+    describe_histogram!(CALL_HEDGES, Unit::Count, "hedges per call");
+    describe_histogram!(
+        CALL_RETRY_DELAY,
+        Unit::Seconds,
+        "time per call spent waiting between attempts"
+    );
+}
+
+/// The balancer's own counters of calls and retries it did not make.
+fn describe_refusals() {
+    describe_counter!(
+        CALL_REFUSED,
+        Unit::Count,
+        "calls refused because no instance was usable"
+    );
+    describe_counter!(
+        RETRY_BUDGET_EXHAUSTED,
+        Unit::Count,
+        "retries not made because the retry budget was spent"
+    );
+}
+
+/// The instruments of each instance's connections (gRFC A94).
+fn describe_connections() {
+    describe_counter!(
+        CONNECTION_ATTEMPTS_SUCCEEDED,
+        Unit::Count,
+        "connections opened to an instance"
+    );
+    describe_counter!(
+        CONNECTION_ATTEMPTS_FAILED,
+        Unit::Count,
+        "connections to an instance that could not be opened"
+    );
+    describe_gauge!(
+        OPEN_CONNECTIONS,
+        Unit::Count,
+        "connections open to an instance"
+    );
+    describe_counter!(
+        DISCONNECTIONS,
+        Unit::Count,
+        "connections to an instance that broke"
+    );
+}
+
+/// The instruments of outlier ejection (gRFC A91).
+fn describe_ejections() {
+    describe_counter!(EJECTIONS_ENFORCED, Unit::Count, "ejections of instances");
+    describe_counter!(
+        EJECTIONS_OVERFLOW,
+        Unit::Count,
+        "outliers not ejected because of the cap on ejected instances"
+    );
+    describe_counter!(
+        EJECTIONS_ENFORCED_SUCCESS_RATE,
+        Unit::Count,
+        "ejections by the success-rate rule"
+    );
+    describe_counter!(
+        EJECTIONS_DETECTED_SUCCESS_RATE,
+        Unit::Count,
+        "outliers found by the success-rate rule, ejected or not"
+    );
+    describe_counter!(
+        EJECTIONS_ENFORCED_FAILURE_PERCENTAGE,
+        Unit::Count,
+        "ejections by the failure-percentage rule"
+    );
+    describe_counter!(
+        EJECTIONS_DETECTED_FAILURE_PERCENTAGE,
+        Unit::Count,
+        "outliers found by the failure-percentage rule, ejected or not"
+    );
+}
+
+/// The balancer's own gauges of its instances.
+fn describe_instances() {
+    describe_gauge!(
+        INSTANCE_CALLS_IN_FLIGHT,
+        Unit::Count,
+        "calls in flight on each instance"
+    );
+    describe_gauge!(
+        INSTANCE_STATE,
+        Unit::Count,
+        "instances in each state (with the instance label: 1 for its state, 0 for the others)"
+    );
+    describe_gauge!(
+        INSTANCE_LATENCY,
+        Unit::Seconds,
+        "each instance's latency estimate"
+    );
+}
+
+/// The balancer's own counters of discovery and membership.
+fn describe_discovery() {
+    describe_counter!(
+        DISCOVERY_LOOKUPS,
+        Unit::Count,
+        "answers of the discovery source"
+    );
+    describe_counter!(
+        DISCOVERY_FAILURES,
+        Unit::Count,
+        "failed answers of the discovery source"
+    );
+    describe_counter!(INSTANCES_ADDED, Unit::Count, "instances added to the set");
+    describe_counter!(
+        INSTANCES_REMOVED,
+        Unit::Count,
+        "instances removed from the set"
+    );
+}
+
+/// The instruments of weighted round robin (gRFC A78).
+fn describe_wrr() {
+    describe_counter!(
+        WRR_RR_FALLBACK,
+        Unit::Count,
+        "weighted round robin schedule updates that fell back to round robin"
+    );
+    describe_counter!(
+        WRR_ENDPOINT_WEIGHT_NOT_YET_USABLE,
+        Unit::Count,
+        "instances without a usable weight yet, at each weighted round robin schedule update"
+    );
+    describe_counter!(
+        WRR_ENDPOINT_WEIGHT_STALE,
+        Unit::Count,
+        "instances whose weight is stale, at each weighted round robin schedule update"
+    );
+    describe_histogram!(
+        WRR_ENDPOINT_WEIGHTS,
+        Unit::Count,
+        "the weight of each instance at each weighted round robin schedule update"
+    );
+}
