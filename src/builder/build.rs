@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
 
-use super::{Builder, DiscoverySource, DEFAULT_CONNECT_TIMEOUT};
+use super::{Builder, DiscoverySource, PushTask, DEFAULT_CONNECT_TIMEOUT};
 use crate::call::shared::Shared;
 use crate::error::Error;
 #[cfg(feature = "health-check")]
@@ -19,6 +19,33 @@ use crate::retry::RetryPolicy;
 use crate::set::Set;
 use crate::target::Key;
 use crate::BalancedChannel;
+
+/// A source the channel asks for the membership: the source, the scheme of the instances'
+/// URIs, the name it resolves (see [`crate::discover::Discovery`]).
+type DnsOrCustom = (
+    Arc<dyn crate::discover::Resolve>,
+    &'static str,
+    Option<String>,
+);
+
+/// The builder's instances join the set (a subset of them, with subsetting), each with its
+/// connection if one is open already; those that come later are warmed up as they join.
+fn add_instances(
+    set: &Set,
+    endpoints: Vec<crate::target::Target>,
+    mut connected: std::collections::HashMap<Key, tonic::transport::Channel>,
+) {
+    if let Some(subset) = &set.subset {
+        crate::set::subset::extend(set, subset, endpoints, connected);
+    } else {
+        for target in endpoints {
+            let channel = connected.remove(&target.key);
+            set.insert_with(target, channel);
+        }
+    }
+    set.warm_new
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// The largest [`Builder::max_replay_body`].
 const MAX_REPLAY_BODY_CAP: usize = 16 * 1024 * 1024;
@@ -35,10 +62,11 @@ impl Builder {
         self.build_with(std::collections::HashMap::new())
     }
 
-    /// Builds the channel, with connections opened already to some of its instances.
+    /// Builds the channel, with connections opened already to some of its instances: the
+    /// settings checked, the shared parts made, the instances added, the tasks started.
     pub(super) fn build_with(
         mut self,
-        mut connected: std::collections::HashMap<Key, tonic::transport::Channel>,
+        connected: std::collections::HashMap<Key, tonic::transport::Channel>,
     ) -> Result<BalancedChannel, Error> {
         if let Some(e) = self.error.take() {
             return Err(e);
@@ -59,32 +87,7 @@ impl Builder {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::NoRuntime);
         };
-        let mut push = None;
-        let discovery = match self.discovery.clone() {
-            None => None,
-            Some(DiscoverySource::Push(task)) => {
-                push = Some(
-                    crate::sync::lock(&task)
-                        .take()
-                        .ok_or(Error::InvalidSetting {
-                            name: "discover",
-                            reason: "the stream was taken by an earlier build() of this builder"
-                                .into(),
-                        })?,
-                );
-                None
-            }
-            Some(DiscoverySource::Custom(r)) => Some((r, "http", None)),
-            Some(DiscoverySource::Dns {
-                target,
-                #[cfg(feature = "hickory-dns")]
-                settings,
-            }) => Some(crate::discover::dns_source(
-                &target,
-                #[cfg(feature = "hickory-dns")]
-                settings,
-            )?),
-        };
+        let (discovery, push) = self.discovery_sources()?;
         let totals = Arc::new(crate::observe::Totals::default());
         let health = crate::health::Health {
             ejection: self.ejection.clone(),
@@ -93,34 +96,11 @@ impl Builder {
         let hooks = Arc::new(Hooks {
             shared: std::sync::OnceLock::new(),
             #[cfg(feature = "health-check")]
-            health_check: self.health_check,
+            health_check: self.health_check.take(),
             oob: self.load_reports_oob,
             health: health.clone(),
         });
-        let policy = Arc::new(Context {
-            epoch: Instant::now(),
-            runtime,
-            clock: AtomicU64::new(0),
-            latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
-            inv_latency_expiry: 1.0 / self.latency_expiry.as_nanos() as f64,
-            latency_decay: self.latency_decay,
-            methods: crate::instance::tie::Methods::new(),
-            default_latency_ns: 1_000_000.0,
-            ordinary_codes: self.ejection.ordinary,
-            slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
-            gate: self.strategy.gate_rule(),
-            gated_until: AtomicU64::new(0),
-            probes: self.probes,
-            probes_sent: AtomicU64::new(0),
-            backoff: self.backoff,
-            discovery_wake: std::sync::OnceLock::new(),
-            ejected: AtomicUsize::new(0),
-            members: AtomicUsize::new(0),
-            conns: self.conns,
-            reports: crate::instance::load::ReportSettings::new(self.load_report_max_age, self.wrr),
-            reports_fresh: Default::default(),
-            events: hooks.clone(),
-        });
+        let policy = Arc::new(self.context(runtime, hooks.clone()));
         let mut set = Set::new(policy.clone());
         set.subset = subset.map(|s| Box::new(crate::set::subset::Subset::new(s)));
         let mut pool = Shared::new(set, self.strategy, totals.clone());
@@ -136,40 +116,11 @@ impl Builder {
         #[cfg(feature = "metrics")]
         crate::metrics::configure(&totals.metrics, metrics.0, metrics.1);
         let set = pool.set();
-        if let Some(subset) = &set.subset {
-            crate::set::subset::extend(set, subset, self.endpoints, connected);
-        } else {
-            for target in self.endpoints {
-                let channel = connected.remove(&target.key);
-                set.insert_with(target, channel);
-            }
-        }
-        set.warm_new
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        add_instances(set, std::mem::take(&mut self.endpoints), connected);
         tracing::info!(instances = pool.snapshot().len(), strategy = ?self.strategy, "balanced channel built");
-        if let Some((source, scheme, authority)) = discovery {
+        if let Some(source) = discovery {
             let _ = policy.discovery_wake.set(set.discovery_wake.clone());
-            if pool.snapshot().is_empty() {
-                set.discovered.send_replace(false);
-            }
-            let template = self.template.clone().unwrap_or_else(|| {
-                Arc::new(|uri: http::Uri| {
-                    Endpoint::from(uri).connect_timeout(DEFAULT_CONNECT_TIMEOUT)
-                })
-            });
-            tracing::info!(source = %source.name(), "discovery on");
-            totals.set_source(source.name());
-            crate::discover::spawn(
-                &pool,
-                crate::discover::Discovery {
-                    source,
-                    interval: self.discovery_interval,
-                    timeout: self.discovery_timeout,
-                    scheme,
-                    authority,
-                    template,
-                },
-            );
+            self.start_discovery(&pool, source);
         }
         if let Some(task) = push {
             totals.set_source("discovery stream".to_owned());
@@ -178,15 +129,104 @@ impl Builder {
             }
             pool.spawn(task(Arc::downgrade(&pool), self.discovery_timeout));
         }
+        self.start_tasks(&pool, health);
+        Ok(BalancedChannel { shared: pool })
+    }
+
+    /// The tasks every channel runs as its settings say: the interval rules of outlier
+    /// ejection, the metrics' observers, weighted round robin's weights.
+    fn start_tasks(&self, pool: &Arc<Shared>, health: crate::health::Health) {
         if let Some(every) = self.ejection.interval {
-            pool.spawn(interval_rules_task(Arc::downgrade(&pool), health, every));
+            pool.spawn(interval_rules_task(Arc::downgrade(pool), health, every));
         }
         // The metrics first: weighted round robin's first schedule update is recorded.
-        crate::metrics::spawn(&pool, &totals.metrics);
+        crate::metrics::spawn(pool, &pool.totals.metrics);
         if self.strategy.keeps_weights() {
-            pool.spawn(crate::pick::wrr::task(Arc::downgrade(&pool), self.wrr));
+            pool.spawn(crate::pick::wrr::task(Arc::downgrade(pool), self.wrr));
         }
-        Ok(BalancedChannel { shared: pool })
+    }
+
+    /// Where the membership comes from, if not only from the builder's list: a source the
+    /// channel asks (DNS, a [`Resolve`](crate::discover::Resolve)), or a stream of changes
+    /// pushed to it (taken from the builder: a stream cannot be cloned).
+    fn discovery_sources(&self) -> Result<(Option<DnsOrCustom>, Option<PushTask>), Error> {
+        Ok(match self.discovery.clone() {
+            None => (None, None),
+            Some(DiscoverySource::Push(task)) => {
+                let task = crate::sync::lock(&task)
+                    .take()
+                    .ok_or(Error::InvalidSetting {
+                        name: "discover",
+                        reason: "the stream was taken by an earlier build() of this builder".into(),
+                    })?;
+                (None, Some(task))
+            }
+            Some(DiscoverySource::Custom(r)) => (Some((r, "http", None)), None),
+            Some(DiscoverySource::Dns {
+                target,
+                #[cfg(feature = "hickory-dns")]
+                settings,
+            }) => {
+                let source = crate::discover::dns_source(
+                    &target,
+                    #[cfg(feature = "hickory-dns")]
+                    settings,
+                )?;
+                (Some(source), None)
+            }
+        })
+    }
+
+    /// The instances' shared context, from the settings.
+    fn context(&self, runtime: tokio::runtime::Handle, hooks: Arc<Hooks>) -> Context {
+        Context {
+            epoch: Instant::now(),
+            runtime,
+            clock: AtomicU64::new(0),
+            latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
+            inv_latency_expiry: 1.0 / self.latency_expiry.as_nanos() as f64,
+            latency_decay: self.latency_decay,
+            methods: crate::instance::tie::Methods::new(),
+            default_latency_ns: 1_000_000.0,
+            ordinary_codes: self.ejection.ordinary,
+            slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
+            gate: self.strategy.gate_rule(),
+            gated_until: AtomicU64::new(0),
+            probes: self.probes,
+            probes_sent: AtomicU64::new(0),
+            backoff: self.backoff.clone(),
+            discovery_wake: std::sync::OnceLock::new(),
+            ejected: AtomicUsize::new(0),
+            members: AtomicUsize::new(0),
+            conns: self.conns,
+            reports: crate::instance::load::ReportSettings::new(self.load_report_max_age, self.wrr),
+            reports_fresh: Default::default(),
+            events: hooks,
+        }
+    }
+
+    /// Starts asking `source` for the membership, every [`Builder::discovery_interval`].
+    fn start_discovery(&self, pool: &Arc<Shared>, (source, scheme, authority): DnsOrCustom) {
+        let set = pool.set();
+        if pool.snapshot().is_empty() {
+            set.discovered.send_replace(false);
+        }
+        let template = self.template.clone().unwrap_or_else(|| {
+            Arc::new(|uri: http::Uri| Endpoint::from(uri).connect_timeout(DEFAULT_CONNECT_TIMEOUT))
+        });
+        tracing::info!(source = %source.name(), "discovery on");
+        pool.totals.set_source(source.name());
+        crate::discover::spawn(
+            pool,
+            crate::discover::Discovery {
+                source,
+                interval: self.discovery_interval,
+                timeout: self.discovery_timeout,
+                scheme,
+                authority,
+                template,
+            },
+        );
     }
 
     /// The checks of the instances and of every setting, each settings type checking itself;

@@ -260,21 +260,9 @@ impl ResponseFuture {
         if !same_ok {
             again.tried(inst);
         }
-        let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
-        let to = match picked {
-            Some(idx) => snap[idx].clone(),
-            None if same_ok && inst.is_usable() => inst.clone(),
-            None if again.wait_for_ready() && again.replay.replayable() => {
-                // Wait-for-ready goes through transient failures: the call waits for an
-                // instance to come back, then is sent again.
-                tracing::debug!(server.address = %inst.target.name, reason = %e, "no instance can take the call: it waits for one (wait-for-ready)");
-                again.park(Kind::Transparent, a.previous);
-                return true;
-            }
-            None => {
-                tracing::debug!(server.address = %inst.target.name, reason = %e, "no other instance to send the call to");
-                return false;
-            }
+        let to = match again.where_again(a, same_ok, e) {
+            Ok(to) => to,
+            Err(parked) => return parked,
         };
         let Some((mut req, id)) = again.replay.instead_of(a.id, time_left, a.previous) else {
             tracing::debug!(reason = %e, "call cannot be sent again: its request body is gone");

@@ -218,6 +218,34 @@ impl Next {
 }
 
 impl Again {
+    /// Where a call whose attempt `a` was not processed goes again: the pick's choice among the
+    /// instances it has not tried, else the same instance if it may take it again (`same_ok`).
+    /// `Err(true)`: none now, and the call waits for one (wait-for-ready); `Err(false)`: none.
+    pub(super) fn where_again(
+        &mut self,
+        a: &Attempt,
+        same_ok: bool,
+        e: &(dyn std::error::Error + 'static),
+    ) -> Result<Arc<Instance>, bool> {
+        let inst = a.instance();
+        let (snap, picked) = pick_now(&self.shared.picker, &self.tried, self.method);
+        match picked {
+            Some(idx) => Ok(snap[idx].clone()),
+            None if same_ok && inst.is_usable() => Ok(inst.clone()),
+            None if self.wait_for_ready() && self.replay.replayable() => {
+                // Wait-for-ready goes through transient failures: the call waits for an instance
+                // to come back, then is sent again.
+                tracing::debug!(server.address = %inst.target.name, reason = %e, "no instance can take the call: it waits for one (wait-for-ready)");
+                self.park(Kind::Transparent, a.previous);
+                Err(true)
+            }
+            None => {
+                tracing::debug!(server.address = %inst.target.name, reason = %e, "no other instance to send the call to");
+                Err(false)
+            }
+        }
+    }
+
     /// What a call to `method` routed with `plan` (for its method's `policy`) needs for its
     /// attempts after the first: its request in `replay`, its deadline.
     #[inline(always)]

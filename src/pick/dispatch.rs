@@ -124,8 +124,6 @@ fn pick_with(
 ) -> Option<usize> {
     let policy = &picker.set.ctx;
     let now = policy.clock.load(Ordering::Relaxed);
-    let expiry = policy.latency_expiry_ns;
-    let inv_expiry = policy.inv_latency_expiry;
     // Calls in flight: this channel's, plus the other clients' as of a fresh load report.
     let tick = crate::instance::load::tick(now);
     let mut rng = Rng::thread();
@@ -133,7 +131,7 @@ fn pick_with(
     let mut gate =
         (slow > 0).then(|| Rng::seeded(rng.next_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15)));
     // Whether the pick may send calls to `i` at all.
-    let mut usable = |i: &Arc<Instance>| -> bool {
+    let usable = |i: &Arc<Instance>| -> bool {
         if !i.is_usable() || (!tried.is_empty() && tried.iter().any(|t| Arc::ptr_eq(t, i))) {
             return false;
         }
@@ -148,105 +146,153 @@ fn pick_with(
         true
     };
     let picked = match picker.strategy {
-        Strategy::FewestThenFastest | Strategy::LeastPending => {
-            let expensive = policy.methods.is_expensive(method);
-            // While no instance is gated, fewest then fastest weighs no call: the plain scan.
-            let weighted = picker.strategy == Strategy::FewestThenFastest
-                && policy.gated_until.load(Ordering::Relaxed) > now;
-            // The common case, a first attempt without slow start: nothing to check but the
-            // state, which the scan reads with the count (see `tight`).
-            let quick = if tried.is_empty() && slow == 0 {
-                let turn = |i: &Arc<Instance>| i.tie.turn_for(expensive, now);
-                // No instance has a fresh report (every `others` reads 0): the scan does not
-                // read them.
-                let fresh = policy.reports_fresh.any(tick);
-                match (weighted, fresh) {
-                    (true, true) => tight::<true, true>(snap, &mut rng, tick, now, turn),
-                    (true, false) => tight::<true, false>(snap, &mut rng, tick, now, turn),
-                    (false, true) => tight::<false, true>(snap, &mut rng, tick, now, turn),
-                    (false, false) => tight::<false, false>(snap, &mut rng, tick, now, turn),
-                }
-            } else {
-                None
-            };
-            match quick {
-                Some(c) => {
-                    if picker.strategy == Strategy::FewestThenFastest {
-                        recheck(&snap[c.index], now);
-                    }
-                    Some(took_turn(snap, c, expensive))
-                }
-                // Retries, slow start, and a quick scan that found no instance in service
-                // (there is none, or the one it chose just left): each candidate checked.
-                None => super::least_pending(
-                    snap,
-                    &mut rng,
-                    &snap.strides,
-                    |i| {
-                        usable(i).then(|| {
-                            let n = counted(i, tick, true);
-                            if weighted {
-                                weighted_count(n + 1, i, now)
-                            } else {
-                                n
-                            }
-                        })
-                    },
-                    |i| i.tie.turn_for(expensive, now),
-                )
-                .map(|c| {
-                    // As the quick scan's choice: the call is its re-check if its gate is
-                    // over (whether or not another instance is gated now).
-                    if picker.strategy == Strategy::FewestThenFastest {
-                        recheck(&snap[c.index], now);
-                    }
-                    // Slow start again: a tie won costs a warming instance 1/ramp turns, so
-                    // that among ties (at low load) its share of the calls is the ramp times
-                    // its fair share. Taking part in a share of the picks is not enough
-                    // there: an instance left out of some picks falls behind in turns, then
-                    // wins every pick it takes part in (a share of all the calls, the fair
-                    // share of 20 instances from the start).
-                    let stretch = if slow > 0 {
-                        1.0 / ramp(&snap[c.index], now, slow)
-                    } else {
-                        1.0
-                    };
-                    took_turn_stretched(snap, c, expensive, stretch)
-                }),
-            }
-        }
-        strategy => {
-            // Peak EWMA's latency already carries the other clients' load (their calls
-            // queue with ours): it weighs this channel's own calls only (see
-            // examples/shootout/many_clients.rs for what adding the reported ones did).
-            let reports = strategy != Strategy::PeakEwma;
-            let mut load = |i: &Arc<Instance>| -> Option<Load> {
-                usable(i).then(|| Load {
-                    in_flight: counted(i, tick, reports),
-                    latency_ns: i.latency(now, expiry, inv_expiry),
-                })
-            };
-            match strategy {
-                Strategy::PeakEwma => {
-                    super::peak_ewma(snap, &mut rng, policy.default_latency_ns, load)
-                }
-                Strategy::PowerOfTwoChoices => super::power_of_two(snap, &mut rng, load),
-                Strategy::WeightedRoundRobin => picker
-                    .wrr
-                    .pick(snap, &mut rng, |i| load(i).is_some())
-                    .or_else(|| {
-                        let c = picker.rr.fetch_add(1, Ordering::Relaxed);
-                        super::round_robin(snap, c, load)
-                    }),
-                _ => {
-                    let c = picker.rr.fetch_add(1, Ordering::Relaxed);
-                    super::round_robin(snap, c, load)
-                }
-            }
-        }
+        Strategy::FewestThenFastest | Strategy::LeastPending => fewest_first(
+            picker,
+            snap,
+            !tried.is_empty(),
+            method,
+            When { now, tick, slow },
+            &mut rng,
+            usable,
+        ),
+        strategy => by_load(picker, snap, strategy, (now, tick), &mut rng, usable),
     };
     rng.store();
     picked
+}
+
+/// What a pick reads of the time: the channel's clock, the load reports' tick (see
+/// `instance::load::tick`), and slow start's window (0: none).
+#[derive(Debug, Clone, Copy)]
+struct When {
+    now: u64,
+    tick: u64,
+    slow: u64,
+}
+
+/// [`Strategy::FewestThenFastest`] and [`Strategy::LeastPending`]: the fewest calls in flight
+/// (weighed, for the former, by the slowness of an instance gated for a slow answer), ties
+/// broken by turns; `retry`: the call tried other instances before.
+#[inline(always)]
+fn fewest_first(
+    picker: &Picker,
+    snap: &Members,
+    retry: bool,
+    method: Method,
+    When { now, tick, slow }: When,
+    rng: &mut Rng,
+    mut usable: impl FnMut(&Arc<Instance>) -> bool,
+) -> Option<usize> {
+    let policy = &picker.set.ctx;
+    let expensive = policy.methods.is_expensive(method);
+    // While no instance is gated, fewest then fastest weighs no call: the plain scan.
+    let weighted = picker.strategy == Strategy::FewestThenFastest
+        && policy.gated_until.load(Ordering::Relaxed) > now;
+    // The common case, a first attempt without slow start: nothing to check but the
+    // state, which the scan reads with the count (see `tight`).
+    let quick = if !retry && slow == 0 {
+        let turn = |i: &Arc<Instance>| i.tie.turn_for(expensive, now);
+        // No instance has a fresh report (every `others` reads 0): the scan does not
+        // read them.
+        let fresh = policy.reports_fresh.any(tick);
+        match (weighted, fresh) {
+            (true, true) => tight::<true, true>(snap, rng, tick, now, turn),
+            (true, false) => tight::<true, false>(snap, rng, tick, now, turn),
+            (false, true) => tight::<false, true>(snap, rng, tick, now, turn),
+            (false, false) => tight::<false, false>(snap, rng, tick, now, turn),
+        }
+    } else {
+        None
+    };
+    match quick {
+        Some(c) => {
+            if picker.strategy == Strategy::FewestThenFastest {
+                recheck(&snap[c.index], now);
+            }
+            Some(took_turn(snap, c, expensive))
+        }
+        // Retries, slow start, and a quick scan that found no instance in service
+        // (there is none, or the one it chose just left): each candidate checked.
+        None => super::least_pending(
+            snap,
+            rng,
+            &snap.strides,
+            |i| {
+                usable(i).then(|| {
+                    let n = counted(i, tick, true);
+                    if weighted {
+                        weighted_count(n + 1, i, now)
+                    } else {
+                        n
+                    }
+                })
+            },
+            |i| i.tie.turn_for(expensive, now),
+        )
+        .map(|c| {
+            // As the quick scan's choice: the call is its re-check if its gate is
+            // over (whether or not another instance is gated now).
+            if picker.strategy == Strategy::FewestThenFastest {
+                recheck(&snap[c.index], now);
+            }
+            // Slow start again: a tie won costs a warming instance 1/ramp turns, so
+            // that among ties (at low load) its share of the calls is the ramp times
+            // its fair share. Taking part in a share of the picks is not enough
+            // there: an instance left out of some picks falls behind in turns, then
+            // wins every pick it takes part in (a share of all the calls, the fair
+            // share of 20 instances from the start).
+            let stretch = if slow > 0 {
+                1.0 / ramp(&snap[c.index], now, slow)
+            } else {
+                1.0
+            };
+            took_turn_stretched(snap, c, expensive, stretch)
+        }),
+    }
+}
+
+/// The strategies that weigh a load (calls in flight, a latency estimate) or take turns: peak
+/// EWMA, power of two choices, weighted round robin, round robin; `(now, tick)` as in
+/// [`When`].
+#[inline(always)]
+fn by_load(
+    picker: &Picker,
+    snap: &Members,
+    strategy: Strategy,
+    (now, tick): (u64, u64),
+    rng: &mut Rng,
+    mut usable: impl FnMut(&Arc<Instance>) -> bool,
+) -> Option<usize> {
+    let policy = &picker.set.ctx;
+    let expiry = policy.latency_expiry_ns;
+    let inv_expiry = policy.inv_latency_expiry;
+    // Peak EWMA's latency already carries the other clients' load (their calls
+    // queue with ours): it weighs this channel's own calls only (see
+    // examples/shootout/many_clients.rs for what adding the reported ones did).
+    let reports = strategy != Strategy::PeakEwma;
+    let mut load = |i: &Arc<Instance>| -> Option<Load> {
+        usable(i).then(|| Load {
+            in_flight: counted(i, tick, reports),
+            latency_ns: i.latency(now, expiry, inv_expiry),
+        })
+    };
+    match strategy {
+        Strategy::PeakEwma => super::peak_ewma(snap, rng, policy.default_latency_ns, load),
+        Strategy::PowerOfTwoChoices => super::power_of_two(snap, rng, load),
+        Strategy::WeightedRoundRobin => {
+            picker
+                .wrr
+                .pick(snap, rng, |i| load(i).is_some())
+                .or_else(|| {
+                    let c = picker.rr.fetch_add(1, Ordering::Relaxed);
+                    super::round_robin(snap, c, load)
+                })
+        }
+        _ => {
+            let c = picker.rr.fetch_add(1, Ordering::Relaxed);
+            super::round_robin(snap, c, load)
+        }
+    }
 }
 
 /// The calls in flight on `i` that the pick compares: this channel's, plus, with `reports`,
