@@ -68,7 +68,7 @@ impl ResponseFuture {
         let mut error = false;
         if let Some((code, outcome)) = head_status(&resp) {
             // A trailers-only response carries its load report in its head.
-            crate::orca::take_report(inst, resp.headers_mut());
+            a.guard().take_report(resp.headers_mut());
             a.guard_mut().finish(outcome);
             if code != Code::Ok && self.answer_goes_on(i, code, &resp) {
                 self.again.as_mut().expect("goes on").next().last = Some(Ok(resp));

@@ -90,6 +90,15 @@ impl CallGuard {
         }
     }
 
+    /// The call's status came with `map` (its trailers, or a trailers-only head): the load
+    /// report it carries, if any, is taken while the guard still counts the call, as the
+    /// server counted it when it wrote the report. The one place where a call's load reports
+    /// are read.
+    #[inline]
+    pub(crate) fn take_report(&self, map: &mut http::HeaderMap) {
+        crate::orca::take_report(&self.inst, map);
+    }
+
     /// The latency sample of an answered call (its response head came `at`), by how it ended:
     /// a failed answer is never a fast answer (an instance whose handler throws answers
     /// UNKNOWN at once, and would look the fastest). An OK answer (or one with a code the user
@@ -342,8 +351,7 @@ impl HttpBody for GuardedBody {
             Poll::Ready(Some(Ok(mut frame))) => {
                 this.obs.received(&frame);
                 if let Some(trailers) = frame.trailers_mut() {
-                    // Before the guard goes: the report counts this call as the server did.
-                    crate::orca::take_report(guard.instance(), trailers);
+                    guard.take_report(trailers);
                     let code = grpc_status(trailers);
                     let late = this.deadline.as_deref().is_some_and(deadline::passed);
                     if late
