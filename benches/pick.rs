@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tonic_balancer::__bench::{fleet, least_pending, numbers, strides_for, Picker, Rng, Turn};
+use tonic_balancer::__bench::{fleet, least_pending, numbers, strides_for, BenchPicker, Rng, Turn};
 use tonic_balancer::Strategy;
 
 const SIZES: [usize; 3] = [10, 50, 1000];
@@ -50,9 +50,9 @@ const STRATS: [(Strategy, &str); 6] = [
     (Strategy::WeightedRoundRobin, "weighted_round_robin"),
 ];
 
-fn picker(rt: &tokio::runtime::Runtime, n: usize, s: Strategy, busy: bool) -> Picker {
+fn picker(rt: &tokio::runtime::Runtime, n: usize, s: Strategy, busy: bool) -> BenchPicker {
     let _enter = rt.enter();
-    let p = Picker::new(n, s);
+    let p = BenchPicker::new(n, s);
     p.set_fleet(busy);
     if s == Strategy::WeightedRoundRobin {
         // Weights from 10 to 100 queries per second at full utilization.
@@ -144,7 +144,7 @@ fn bench_subset(c: &mut Criterion) {
         let reported = fleet.ends_with("reported");
         let subset = {
             let _enter = rt.enter();
-            let p = Picker::with_subset(1000, Strategy::LeastPending, 50, 7, 100);
+            let p = BenchPicker::with_subset(1000, Strategy::LeastPending, 50, 7, 100);
             p.set_fleet(busy);
             p
         };
@@ -170,7 +170,7 @@ fn bench_subset(c: &mut Criterion) {
 
 /// Pick, +1 on the chosen instance, -1: the counting a call does, without the call.
 #[inline]
-fn pick_and_count(p: &Picker) -> Option<usize> {
+fn pick_and_count(p: &BenchPicker) -> Option<usize> {
     let i = p.pick()?;
     p.bump(i, true);
     p.bump(i, false);

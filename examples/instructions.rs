@@ -90,7 +90,7 @@ fn picks_alone(busy: bool, strategy: tonic_balancer::Strategy, picks: usize) {
         .build()
         .expect("runtime");
     let _in_rt = rt.enter();
-    let picker = tonic_balancer::__bench::Picker::new(50, strategy);
+    let picker = tonic_balancer::__bench::BenchPicker::new(50, strategy);
     picker.set_fleet(busy);
     for _ in 0..picks {
         std::hint::black_box(picker.pick());

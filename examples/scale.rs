@@ -202,7 +202,7 @@ fn moved(before: &[Vec<usize>], after: &[Vec<usize>], map: impl Fn(usize) -> usi
 /// `picks (subset|all) N [idle]`: N picks over 1,000 instances with 0 to 3 calls in flight
 /// each (`idle`: none in flight, every instance ties).
 fn picks(which: &str, n: usize, idle: bool) {
-    use tonic_balancer::__bench::Picker;
+    use tonic_balancer::__bench::BenchPicker;
     use tonic_balancer::Strategy;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -210,8 +210,8 @@ fn picks(which: &str, n: usize, idle: bool) {
         .expect("runtime");
     let _enter = rt.enter();
     let p = match which {
-        "subset" => Picker::with_subset(1000, Strategy::LeastPending, 50, 7, 100),
-        "all" => Picker::new(1000, Strategy::LeastPending),
+        "subset" => BenchPicker::with_subset(1000, Strategy::LeastPending, 50, 7, 100),
+        "all" => BenchPicker::new(1000, Strategy::LeastPending),
         other => panic!("picks subset|all N, not {other}"),
     };
     let mut r = Rng::seeded(0xB05);

@@ -57,13 +57,13 @@ pub fn fleet(n: usize, busy: bool) -> Vec<(usize, Duration, bool)> {
 
 /// The channel's own pick over real instance records (whose connections are never
 /// opened), to measure the pick as calls make it.
-pub struct Picker {
+pub struct BenchPicker {
     channel: crate::BalancedChannel,
 }
 
-impl Picker {
+impl BenchPicker {
     /// `n` instances on 127.0.0.1 ports 1..=n (never connected). Needs a tokio runtime.
-    pub fn new(n: usize, strategy: crate::Strategy) -> Picker {
+    pub fn new(n: usize, strategy: crate::Strategy) -> BenchPicker {
         let mut b = crate::BalancedChannel::builder().strategy(strategy);
         if strategy.keeps_weights() {
             b = b.weighted_round_robin(
@@ -73,12 +73,12 @@ impl Picker {
         for port in 1..=n {
             b = b.uri(&format!("http://127.0.0.1:{port}"));
         }
-        Picker {
+        BenchPicker {
             channel: b.build().expect("valid bench set-up"),
         }
     }
 
-    /// A channel over `n` instances as [`new`](Picker::new) makes them, with subsetting:
+    /// A channel over `n` instances as [`new`](BenchPicker::new) makes them, with subsetting:
     /// client `index` of `count` keeps `size` of them (`Builder::subset`).
     pub fn with_subset(
         n: usize,
@@ -86,7 +86,7 @@ impl Picker {
         size: usize,
         index: usize,
         count: usize,
-    ) -> Picker {
+    ) -> BenchPicker {
         let mut b = crate::BalancedChannel::builder()
             .strategy(strategy)
             .subset(size)
@@ -94,7 +94,7 @@ impl Picker {
         for port in 1..=n {
             b = b.uri(&format!("http://127.0.0.1:{port}"));
         }
-        Picker {
+        BenchPicker {
             channel: b.build().expect("valid bench set-up"),
         }
     }

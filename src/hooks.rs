@@ -53,7 +53,7 @@ impl Events for Hooks {
         crate::observe::retired(&self.health.totals, inst);
     }
 
-    /// Its passes start where the rest of the set's turns are (see `Tie::join_at`); calls that
+    /// Its passes start where the rest of the set's turns are (see `TieBreak::join_at`); calls that
     /// wait for a usable instance look again.
     fn back_in_service(&self, inst: &Instance) {
         let Some(shared) = self.shared() else { return };

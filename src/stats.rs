@@ -63,7 +63,7 @@ impl EndpointStats {
             connections: 1 + i
                 .extra
                 .as_deref()
-                .map_or(0, crate::instance::conns::Extra::open),
+                .map_or(0, crate::instance::conns::ExtraConnections::open),
             started: i.started.load(Ordering::Relaxed),
             failed: i.failed.load(Ordering::Relaxed),
             consecutive_failures: i.consecutive_failures.load(Ordering::Relaxed),

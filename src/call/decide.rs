@@ -294,16 +294,16 @@ impl ResponseFuture {
     }
 
     /// The plan's next attempt: a retry after its backoff, or a hedge.
-    pub(super) fn next_attempt(&mut self, cx: &mut Context<'_>) -> Made {
+    pub(super) fn next_attempt(&mut self, cx: &mut Context<'_>) -> NextAttempt {
         match self.again.as_ref().expect("a plan").plan {
             Plan::Hedge => self.hedge(cx),
             Plan::Retry => self.retry(),
-            Plan::Replay => Made::Waits,
+            Plan::Replay => NextAttempt::Waits,
         }
     }
 
     /// The hedging policy's next attempt, if it can go now.
-    fn hedge(&mut self, cx: &mut Context<'_>) -> Made {
+    fn hedge(&mut self, cx: &mut Context<'_>) -> NextAttempt {
         let again = self.again.as_mut().expect("a plan");
         let next = again.next.as_mut().expect("a hedged call's state");
         let policy = next.hedging.clone().expect("a hedged call's policy");
@@ -311,12 +311,12 @@ impl ResponseFuture {
         next.hedge_waits = false;
         if next.stopped || next.made >= policy.max_attempts {
             next.armed = false;
-            return Made::Waits;
+            return NextAttempt::Waits;
         }
         // The attempts so far, before this hedge.
         let previous = next.made;
         let Some(time_left) = again.time_left() else {
-            return Made::Waits;
+            return NextAttempt::Waits;
         };
         let busy = !self.attempts.is_empty();
         if !could_take(&again.shared.picker, &again.tried) {
@@ -325,16 +325,16 @@ impl ResponseFuture {
             if busy {
                 again.arm(policy.delay.max(RECHECK));
             }
-            return Made::Waits;
+            return NextAttempt::Waits;
         }
         let Some((mut req, id)) = again.hedge_request(time_left, previous, busy, cx) else {
-            return Made::Waits;
+            return NextAttempt::Waits;
         };
         if again.budget().is_some_and(|b| !b.withdraw()) {
             tracing::debug!("retry budget spent: no further hedge");
             crate::observe::budget_exhausted(&again.shared.totals);
             again.stop();
-            return Made::Waits;
+            return NextAttempt::Waits;
         }
         let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
         let Some(idx) = picked else {
@@ -343,7 +343,7 @@ impl ResponseFuture {
                 budget.refund();
             }
             again.arm(policy.delay.max(RECHECK));
-            return Made::Waits;
+            return NextAttempt::Waits;
         };
         let inst = snap[idx].clone();
         again.tried(&inst);
@@ -361,11 +361,11 @@ impl ResponseFuture {
         let mut hedge = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
         hedge.previous = previous;
         self.attempts.push(hedge);
-        Made::Sent
+        NextAttempt::Sent
     }
 
     /// The retry policy's next attempt, its backoff over.
-    fn retry(&mut self) -> Made {
+    fn retry(&mut self) -> NextAttempt {
         let again = self.again.as_mut().expect("a plan");
         // `made` counts this retry already.
         let previous = again.next().made - 1;
@@ -378,7 +378,7 @@ impl ResponseFuture {
         if budget.is_some_and(|b| !b.take()) {
             tracing::debug!("retry budget spent: not retrying");
             crate::observe::budget_exhausted(&shared.totals);
-            return Made::Over(self.last_word());
+            return NextAttempt::Over(self.last_word());
         }
         let inst = again.retry_pick();
         if inst.is_none() && again.wait_for_ready() && again.replay.replayable() {
@@ -387,7 +387,7 @@ impl ResponseFuture {
                 budget.refund();
             }
             again.park(Kind::Retry, previous);
-            return Made::Waits;
+            return NextAttempt::Waits;
         }
         let sent = again.time_left().and_then(|time_left| {
             let (req, id) = again.replay.request(time_left, previous)?;
@@ -398,7 +398,7 @@ impl ResponseFuture {
             if let Some(budget) = budget {
                 budget.refund();
             }
-            return Made::Over(self.last_word());
+            return NextAttempt::Over(self.last_word());
         };
         tracing::debug!(server.address = %inst.target.name, attempt = again.next().made, "call retried");
         let method = again.method;
@@ -408,16 +408,16 @@ impl ResponseFuture {
         let mut retry = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
         retry.previous = previous;
         self.attempts.push(retry);
-        Made::Sent
+        NextAttempt::Sent
     }
 
     /// Wait-for-ready, or room on an instance that refused the call's stream: an instance may
     /// take it now. The parked attempt goes to one (a retry through the retry policy), or the
     /// call waits again.
-    pub(super) fn resume(&mut self, cx: &mut Context<'_>) -> Made {
+    pub(super) fn resume(&mut self, cx: &mut Context<'_>) -> NextAttempt {
         let again = self.again.as_mut().expect("a plan");
         let Some(parked) = again.parked.take() else {
-            return Made::Waits;
+            return NextAttempt::Waits;
         };
         let made = match parked.kind {
             Kind::Retry => self.retry(),
@@ -435,24 +435,24 @@ impl ResponseFuture {
     /// Sends the parked call again, unseen by the caller, to a usable instance (the request
     /// whole, with `previous` attempts before it); with none, a wait-for-ready call parks again
     /// and any other is over.
-    fn send_unseen(&mut self, previous: u32) -> Made {
+    fn send_unseen(&mut self, previous: u32) -> NextAttempt {
         let again = self.again.as_mut().expect("a plan");
         let Some(time_left) = again.time_left() else {
             // The deadline ends the call.
             again.park(Kind::Transparent, previous);
-            return Made::Waits;
+            return NextAttempt::Waits;
         };
         let (snap, picked) = pick_now(&again.shared.picker, &[], again.method);
         let Some(idx) = picked else {
             if !again.wait_for_ready() {
                 // Waited for room on an instance that left service meanwhile.
-                return Made::Over(self.last_word());
+                return NextAttempt::Over(self.last_word());
             }
             again.park(Kind::Transparent, previous);
-            return Made::Waits;
+            return NextAttempt::Waits;
         };
         let Some((mut req, id)) = again.replay.request(time_left, previous) else {
-            return Made::Over(self.last_word());
+            return NextAttempt::Over(self.last_word());
         };
         let inst = snap[idx].clone();
         if again.plan == Plan::Hedge {
@@ -466,7 +466,7 @@ impl ResponseFuture {
         let mut attempt = Attempt::start(&inst, again.method, req, id, true, UNCOUNTED, obs);
         attempt.previous = previous;
         self.attempts.push(attempt);
-        Made::Sent
+        NextAttempt::Sent
     }
 
     /// The attempts are over and no other will be made: the last answer, as it was.
@@ -586,7 +586,7 @@ fn timed_out(resp: &http::Response<Body>) -> bool {
 }
 
 /// What the plan's next attempt came to.
-pub(super) enum Made {
+pub(super) enum NextAttempt {
     /// An attempt was sent.
     Sent,
     /// None now: the call waits (for its timer, the attempts in flight, or the request).

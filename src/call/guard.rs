@@ -50,7 +50,7 @@ pub(crate) struct CallGuard {
     /// The call's method, for the tie-break's per-method reference.
     method: Method,
     /// The connection of its instance it counts against (see `crate::instance::conns`).
-    pub(crate) held: crate::instance::conns::Held,
+    pub(crate) held: crate::instance::conns::HeldConnection,
     outcome: Option<Outcome>,
 }
 

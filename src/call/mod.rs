@@ -43,8 +43,8 @@ use tonic::body::Body;
 use tower::BoxError;
 
 use self::attempt::Attempt;
-use self::decide::Made;
-use self::plan::{Again, Attempts, Plan};
+use self::decide::NextAttempt;
+use self::plan::{Attempts, Plan, RetryState};
 use self::replay::Replay;
 use self::shared::Shared;
 use crate::error::{deadline_exceeded, no_usable_instance};
@@ -63,7 +63,7 @@ pub struct ResponseFuture {
     attempts: Attempts,
     /// What the call needs to make another attempt; `None` for a call that makes none
     /// (transparent retry off, no policy).
-    again: Option<Box<Again>>,
+    again: Option<Box<RetryState>>,
     deadline: Option<Pin<Box<Sleep>>>,
     /// The call's span and metrics (moved into the response body with the answer).
     obs: CallObs,
@@ -76,14 +76,14 @@ enum Phase {
     /// Waiting, before it is routed, for the first answer of discovery, or (wait-for-ready)
     /// for a usable instance (rare: boxed, so that the future of every other call does not
     /// carry room for a request).
-    Held(Box<Held>),
+    Held(Box<WaitingCall>),
     /// Over: refused before routing (the status to give), or delivered.
     Over(Option<tonic::Status>),
 }
 
 /// A call waiting before it is routed: for the first answer of discovery, or for a usable
 /// instance.
-struct Held {
+struct WaitingCall {
     wait: Pin<Box<dyn Future<Output = ()> + Send>>,
     req: Option<http::Request<Body>>,
     shared: Arc<Shared>,
@@ -168,9 +168,9 @@ impl ResponseFuture {
                     .is_some_and(|n| n.fired(cx) || n.hedge_now || n.hedge_waits)
                 {
                     match self.next_attempt(cx) {
-                        Made::Sent => moved = true,
-                        Made::Waits => {}
-                        Made::Over(result) => return Poll::Ready(result),
+                        NextAttempt::Sent => moved = true,
+                        NextAttempt::Waits => {}
+                        NextAttempt::Over(result) => return Poll::Ready(result),
                     }
                 }
             }
@@ -178,9 +178,9 @@ impl ResponseFuture {
             let parked = self.again.as_mut().and_then(|a| a.parked.as_mut());
             if parked.is_some_and(|p| p.ready(cx)) {
                 match self.resume(cx) {
-                    Made::Sent => moved = true,
-                    Made::Waits => {}
-                    Made::Over(result) => return Poll::Ready(result),
+                    NextAttempt::Sent => moved = true,
+                    NextAttempt::Waits => {}
+                    NextAttempt::Over(result) => return Poll::Ready(result),
                 }
             }
             if self.attempts.is_empty() && !self.again.as_ref().is_some_and(|a| a.waiting()) {
@@ -267,7 +267,7 @@ fn route_to(
         a,
     ));
     let deadline_at = deadline.as_ref().map(|d| d.deadline());
-    let mut again = Again::new(shared, replay, method, deadline_at, plan, policy);
+    let mut again = RetryState::new(shared, replay, method, deadline_at, plan, policy);
     if let Some(hedging) = &policy.hedging {
         again.start_hedging(hedging, inst);
     }
@@ -332,7 +332,7 @@ fn held(
         again: None,
         deadline,
         obs,
-        phase: Phase::Held(Box::new(Held {
+        phase: Phase::Held(Box::new(WaitingCall {
             wait,
             req: Some(req),
             shared: shared.clone(),
@@ -355,7 +355,7 @@ impl Future for ResponseFuture {
                 return Poll::Ready(Err(status.into()));
             }
             Phase::Held(d) => {
-                let Held { wait, req, shared } = &mut **d;
+                let WaitingCall { wait, req, shared } = &mut **d;
                 if let Some(deadline) = this.deadline.as_mut() {
                     if deadline.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(this.end_with(deadline_exceeded().into()));

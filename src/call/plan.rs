@@ -79,7 +79,7 @@ impl Plan {
 }
 
 /// What a call needs to make another attempt.
-pub(super) struct Again {
+pub(super) struct RetryState {
     pub(super) shared: Arc<Shared>,
     pub(super) replay: Replay,
     pub(super) method: Method,
@@ -105,7 +105,7 @@ pub(super) struct Again {
     /// The retry or hedging policy's state, from when it is first needed (a hedged call's
     /// start, a call's first retry): boxed, so that the calls that never need it (nearly all)
     /// carry a word.
-    pub(super) next: Option<Box<Next>>,
+    pub(super) next: Option<Box<PolicyState>>,
 }
 
 /// A call waiting to send its request again: for a usable instance (wait-for-ready: its attempt
@@ -136,7 +136,7 @@ impl Parked {
 }
 
 /// The state of a retry or hedging policy in one call.
-pub(super) struct Next {
+pub(super) struct PolicyState {
     /// The hedging policy of a hedged call.
     pub(super) hedging: Option<Arc<HedgingPolicy>>,
     /// Attempts made under the policy, the first included (transparent replays do not count).
@@ -161,9 +161,9 @@ pub(super) struct Next {
     pub(super) stopped: bool,
 }
 
-impl Next {
-    pub(super) fn new(hedging: Option<Arc<HedgingPolicy>>) -> Box<Next> {
-        Box::new(Next {
+impl PolicyState {
+    pub(super) fn new(hedging: Option<Arc<HedgingPolicy>>) -> Box<PolicyState> {
+        Box::new(PolicyState {
             hedging,
             made: 1,
             since_pushback: 0,
@@ -217,7 +217,7 @@ impl Next {
     }
 }
 
-impl Again {
+impl RetryState {
     /// Where a call whose attempt `a` was not processed goes again: the pick's choice among the
     /// instances it has not tried, else the same instance if it may take it again (`same_ok`).
     /// `Err(true)`: none now, and the call waits for one (wait-for-ready); `Err(false)`: none.
@@ -256,8 +256,8 @@ impl Again {
         deadline_at: Option<Instant>,
         plan: Plan,
         policy: &MethodPolicy,
-    ) -> Box<Again> {
-        Box::new(Again {
+    ) -> Box<RetryState> {
+        Box::new(RetryState {
             shared: shared.clone(),
             replay,
             method,
@@ -276,7 +276,7 @@ impl Again {
 
     /// A hedged call's first attempt went to `first`: the next goes after the policy's delay.
     pub(super) fn start_hedging(&mut self, policy: &Arc<HedgingPolicy>, first: &Arc<Instance>) {
-        self.next = Some(Next::new(Some(policy.clone())));
+        self.next = Some(PolicyState::new(Some(policy.clone())));
         self.tried(first);
         self.arm(policy.delay);
     }
@@ -313,15 +313,15 @@ impl Again {
     }
 
     /// The policy's state, made now if it was not needed before.
-    pub(super) fn next(&mut self) -> &mut Next {
-        self.next.get_or_insert_with(|| Next::new(None))
+    pub(super) fn next(&mut self) -> &mut PolicyState {
+        self.next.get_or_insert_with(|| PolicyState::new(None))
     }
 
     /// The next attempt of the policy goes in `after`.
     pub(super) fn arm(&mut self, after: Duration) {
         let runtime = &self.shared.ctx.runtime;
         self.next
-            .get_or_insert_with(|| Next::new(None))
+            .get_or_insert_with(|| PolicyState::new(None))
             .arm(after, runtime);
     }
 
@@ -503,7 +503,7 @@ impl Again {
     }
 }
 
-impl Again {
+impl RetryState {
     /// The instance for a retry: one the call has not tried if one is usable, else one it
     /// tried that is still usable (gRFC A6 picks a retry's instance afresh, and the pick may
     /// choose the same one: with one address, a Kubernetes Service or a VIP, there is no

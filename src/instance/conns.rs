@@ -65,7 +65,7 @@ const CLOSING: usize = usize::MAX / 2;
 /// The connection a call counts against, as [`channel`] chose it: kept with the call, and
 /// handed back to [`release`] when it is over.
 #[derive(Debug, Default)]
-pub(crate) struct Held {
+pub(crate) struct HeldConnection {
     /// Which: [`UNCOUNTED`], [`FIRST`], or extra slot `k` as `k + 2`.
     pub(crate) conn: u8,
     /// That connection, if it is one of the instance's extra ones: what the call's failure
@@ -73,9 +73,9 @@ pub(crate) struct Held {
     pub(crate) extra: Option<Arc<Channel>>,
 }
 
-/// [`Held::conn`] of a call that holds no connection count (one connection allowed).
+/// [`HeldConnection::conn`] of a call that holds no connection count (one connection allowed).
 pub(crate) const UNCOUNTED: u8 = 0;
-/// [`Held::conn`] of a call on the instance's own connection; extra slot `k` is `k + 2`.
+/// [`HeldConnection::conn`] of a call on the instance's own connection; extra slot `k` is `k + 2`.
 pub(crate) const FIRST: u8 = 1;
 
 /// The connection settings of a channel.
@@ -110,7 +110,7 @@ impl Limits {
 }
 
 /// An instance's extra connections (none with one connection allowed).
-pub(crate) struct Extra {
+pub(crate) struct ExtraConnections {
     slots: Box<[ExtraConn]>,
     /// Extra connections open now.
     open: AtomicUsize,
@@ -132,11 +132,11 @@ struct ExtraConn {
     idle_since: AtomicU64,
 }
 
-impl Extra {
+impl ExtraConnections {
     /// The extra slots for `settings`, if more than one connection is allowed.
-    pub(crate) fn new(settings: &Limits) -> Option<Box<Extra>> {
+    pub(crate) fn new(settings: &Limits) -> Option<Box<ExtraConnections>> {
         (settings.max > 1).then(|| {
-            Box::new(Extra {
+            Box::new(ExtraConnections {
                 slots: (1..settings.max)
                     .map(|_| ExtraConn {
                         in_flight: AtomicUsize::new(0),
@@ -163,7 +163,7 @@ impl Extra {
 /// counts against. `avoid` names a connection not to use if another will do
 /// (one that just refused the call's stream; [`UNCOUNTED`]: none).
 #[inline]
-pub(crate) fn channel(inst: &Arc<Instance>, held: &mut Held, avoid: u8) -> Channel {
+pub(crate) fn channel(inst: &Arc<Instance>, held: &mut HeldConnection, avoid: u8) -> Channel {
     let Some(extra) = inst.extra.as_deref() else {
         return inst.channel.clone();
     };
@@ -181,7 +181,13 @@ pub(crate) fn channel(inst: &Arc<Instance>, held: &mut Held, avoid: u8) -> Chann
 /// The instance's own connection is full (or to be avoided): an extra one.
 #[cold]
 #[inline(never)]
-fn spill(inst: &Arc<Instance>, extra: &Extra, limit: usize, held: &mut Held, avoid: u8) -> Channel {
+fn spill(
+    inst: &Arc<Instance>,
+    extra: &ExtraConnections,
+    limit: usize,
+    held: &mut HeldConnection,
+    avoid: u8,
+) -> Channel {
     // Each round either finds room, or opens a connection (at most one per free slot), or
     // finds every slot full.
     for _ in 0..=extra.slots.len() {
@@ -239,7 +245,7 @@ fn spill(inst: &Arc<Instance>, extra: &Extra, limit: usize, held: &mut Held, avo
 }
 
 /// Opens an extra connection in free slot `k` (unless another call did meanwhile).
-fn open(inst: &Arc<Instance>, extra: &Extra, k: usize) {
+fn open(inst: &Arc<Instance>, extra: &ExtraConnections, k: usize) {
     let channel = {
         let _rt = inst.ctx.runtime.enter();
         Arc::new(inst.target.connect_lazy())
@@ -270,7 +276,11 @@ fn open(inst: &Arc<Instance>, extra: &Extra, k: usize) {
 /// number of its own still serves those it has; a server that is gone breaks the instance's own
 /// connection too. False for a call on the instance's own connection, whose failure is the
 /// instance's.
-pub(crate) fn extra_failed(inst: &Instance, held: &Held, error: &dyn std::error::Error) -> bool {
+pub(crate) fn extra_failed(
+    inst: &Instance,
+    held: &HeldConnection,
+    error: &dyn std::error::Error,
+) -> bool {
     let (Some(extra), Some(k), Some(mine)) = (
         inst.extra.as_deref(),
         extra_slot(held.conn),
@@ -330,7 +340,7 @@ pub(crate) fn release(inst: &Instance, conn: u8) {
     }
 }
 
-fn release_slot(inst: &Instance, extra: &Extra, k: usize) {
+fn release_slot(inst: &Instance, extra: &ExtraConnections, k: usize) {
     let slot = &extra.slots[k];
     if slot.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
         slot.idle_since.store(inst.ctx.now_ns(), Ordering::Relaxed);
@@ -391,7 +401,7 @@ mod tests {
     /// A call's place on a connection, given back when it is dropped (as a call's guard does).
     struct Taken {
         inst: Arc<Instance>,
-        held: Held,
+        held: HeldConnection,
     }
 
     impl Drop for Taken {
@@ -415,7 +425,7 @@ mod tests {
         let inst = ch.shared.snapshot()[0].clone();
         let extra = inst.extra.as_deref().unwrap();
         let take = || {
-            let mut held = Held::default();
+            let mut held = HeldConnection::default();
             let _ = channel(&inst, &mut held, UNCOUNTED);
             Taken {
                 inst: inst.clone(),

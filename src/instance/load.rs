@@ -1,6 +1,6 @@
 //! What an instance reported of its load (ORCA, gRFC A51), kept as the pick reads it: atomics
 //! only. The reports are read and taken in by [`crate::orca`]; the pick reads what is kept here
-//! ([`Others`] for least pending, [`EndpointWeight`] for weighted round robin, gRFC A58).
+//! ([`OthersInFlight`] for least pending, [`EndpointWeight`] for weighted round robin, gRFC A58).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,7 +71,7 @@ pub(crate) fn tick(ns: u64) -> u64 {
     (ns >> TICK_SHIFT) + 1
 }
 
-/// The bits of [`Others`] that hold the count; the tick takes the other 40 (2^40 ticks of
+/// The bits of [`OthersInFlight`] that hold the count; the tick takes the other 40 (2^40 ticks of
 /// about a millisecond: 36 years of the channel's clock, so that it never wraps).
 pub(crate) const COUNT_BITS: u32 = 24;
 
@@ -106,9 +106,9 @@ impl ReportSettings {
 /// bits); 0: none. Apart from the rest of [`Reported`] so that it sits in the cache line of
 /// the instance that the pick reads.
 #[derive(Debug, Default)]
-pub(crate) struct Others(AtomicU64);
+pub(crate) struct OthersInFlight(AtomicU64);
 
-impl Others {
+impl OthersInFlight {
     /// The other clients' calls in flight on this instance, from a report still fresh at
     /// `now_tick` ([`tick`] of the pick's clock); 0 when there is none. Read for every
     /// candidate of every least-pending pick while some instance's report is fresh (see
@@ -140,9 +140,9 @@ impl Others {
 }
 
 /// The tick until which some instance of the channel has a fresh count of the other clients'
-/// calls (0: none ever). While it is past, every instance's [`Others`] reads 0, and the pick
-/// scans without reading them: a channel whose servers send no reports (or whose reports went
-/// stale) pays nothing for them per candidate.
+/// calls (0: none ever). While it is past, every instance's [`OthersInFlight`] reads 0, and the
+/// pick scans without reading them: a channel whose servers send no reports (or whose reports
+/// went stale) pays nothing for them per candidate.
 #[derive(Debug, Default)]
 pub(crate) struct Fresh(AtomicU64);
 
@@ -156,7 +156,7 @@ impl Fresh {
         }
     }
 
-    /// Whether some instance may have a count fresh at `now_tick` (see [`Others::get`]).
+    /// Whether some instance may have a count fresh at `now_tick` (see [`OthersInFlight::get`]).
     #[inline]
     pub(crate) fn any(&self, now_tick: u64) -> bool {
         self.0.load(Ordering::Relaxed) >= now_tick

@@ -21,8 +21,8 @@ pub(crate) use context::Context;
 use tokio::time::Instant;
 
 use crate::target::Target;
-use standing::Standing;
-use tie::{Method, Tie};
+use standing::StateAndCount;
+use tie::{Method, TieBreak};
 
 /// The health of an instance, as the channel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,9 +89,9 @@ impl std::fmt::Display for State {
 #[repr(C, align(64))]
 pub(crate) struct Instance {
     /// Its state and its calls in flight (this channel's), in one word (see `standing.rs`).
-    pub(crate) standing: Standing,
+    pub(crate) standing: StateAndCount,
     /// The other clients' calls in flight, from its load reports (ORCA).
-    pub(crate) others: load::Others,
+    pub(crate) others: load::OthersInFlight,
     /// Connection breaks seen under calls: the calls that were on a connection when it broke
     /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
     pub(crate) breaks: AtomicU32,
@@ -101,7 +101,7 @@ pub(crate) struct Instance {
     pub(crate) room_wanted: AtomicBool,
     /// The least-pending tie-break's record (see `tie.rs`); what the pick reads of it ends
     /// the first cache line.
-    pub(crate) tie: Tie,
+    pub(crate) tie: TieBreak,
     /// The calls on its own connection (`channel`), counted only when it may have more than one
     /// connection (see `crate::conns`).
     pub(crate) conn_in_flight: AtomicUsize,
@@ -122,7 +122,7 @@ pub(crate) struct Instance {
     pub(crate) target: Target,
     pub(crate) channel: Channel,
     /// Its extra connections, if it may have more than one (see `crate::conns`).
-    pub(crate) extra: Option<Box<conns::Extra>>,
+    pub(crate) extra: Option<Box<conns::ExtraConnections>>,
     pub(crate) ctx: Arc<Context>,
     pub(crate) started: AtomicU64,
     pub(crate) failed: AtomicU64,
@@ -188,13 +188,13 @@ impl Instance {
         });
         let now_ns = ctx.now_ns();
         Instance {
-            standing: Standing::new(state),
+            standing: StateAndCount::new(state),
             others: Default::default(),
             conn_in_flight: AtomicUsize::new(0),
-            extra: conns::Extra::new(&ctx.conns),
+            extra: conns::ExtraConnections::new(&ctx.conns),
             breaks: AtomicU32::new(0),
             room_wanted: AtomicBool::new(false),
-            tie: Tie::new(),
+            tie: TieBreak::new(),
             latency_ns: AtomicU64::new(0),
             reported: load::Reported::default(),
             latency_at: AtomicU64::new(now_ns),
@@ -314,7 +314,7 @@ impl Instance {
 
     /// Back in service (reconnected, readmitted after an ejection, healthy again): its passes
     /// are to start where the rest of the set's turns are, as a newcomer's do (see
-    /// `Tie::join_at`; the set is above this layer: the channel's events do it). It kept its
+    /// `TieBreak::join_at`; the set is above this layer: the channel's events do it). It kept its
     /// passes while out and the others moved on: without this, every client would give it
     /// [`CREDIT`](tie::CREDIT) turns in a row at once (with 50 clients, a burst of 400 calls on
     /// an instance just back from trouble).

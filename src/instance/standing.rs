@@ -4,7 +4,7 @@
 //! The low [`STATE_BITS`] bits hold the state's number; above them, the calls the instance
 //! would have with one more (its calls in flight plus one, the call being picked for); above
 //! that count, one bit is set while the state says that the instance may not take calls. The
-//! scan compares [`Standing::key`], the word shifted past the state: the count, plus [`OUT`]
+//! scan compares [`StateAndCount::key`], the word shifted past the state: the count, plus [`OUT`]
 //! for an instance out of service, which is more than any count (and than a count plus the
 //! other clients' reported calls) can reach. So an instance out of service never has the
 //! fewest, and if the fewest is at least [`OUT`], none is in service. The count starts at one
@@ -27,9 +27,9 @@ const _: () = assert!(State::ALL.len() <= 1 << STATE_BITS);
 /// target, and 2^40 calls would take terabytes on 64 bits.
 const COUNT_BITS: u32 = if usize::BITS >= 64 { 40 } else { 24 };
 
-/// In [`Standing::key`]'s units: added while the instance may not take calls. Above any count,
+/// In [`StateAndCount::key`]'s units: added while the instance may not take calls. Above any count,
 /// and above a count plus the other clients' reported calls (at most 2^24 - 1, see
-/// `load::Others`); on 32 bits, the weighted count `key × 72` stays below 2^32
+/// `load::OthersInFlight`); on 32 bits, the weighted count `key × 72` stays below 2^32
 /// (3 × 2^24 × 72 < 2^32).
 pub(crate) const OUT: usize = 1 << COUNT_BITS;
 
@@ -53,12 +53,12 @@ fn state_of(w: usize) -> State {
 
 /// An instance's state and calls in flight (see the module docs).
 #[derive(Debug)]
-pub(crate) struct Standing(AtomicUsize);
+pub(crate) struct StateAndCount(AtomicUsize);
 
-impl Standing {
-    pub(crate) fn new(s: State) -> Standing {
+impl StateAndCount {
+    pub(crate) fn new(s: State) -> StateAndCount {
         // No call in flight: a count of one (see the module docs).
-        Standing(AtomicUsize::new(word(s) | ONE))
+        StateAndCount(AtomicUsize::new(word(s) | ONE))
     }
 
     /// Its calls in flight.
@@ -141,7 +141,7 @@ mod tests {
     /// `OUT` out of service.
     #[test]
     fn state_and_calls_share_the_word() {
-        let st = Standing::new(State::Connecting);
+        let st = StateAndCount::new(State::Connecting);
         assert_eq!(
             (st.calls(), st.key() % OUT),
             (0, 1),
@@ -186,7 +186,7 @@ mod tests {
     /// and the state is the last one set.
     #[test]
     fn concurrent_calls_and_changes() {
-        let st = std::sync::Arc::new(Standing::new(State::Ready));
+        let st = std::sync::Arc::new(StateAndCount::new(State::Ready));
         let calls: Vec<_> = (0..2)
             .map(|_| {
                 let st = st.clone();

@@ -13,7 +13,7 @@ use super::names::*;
 use crate::error::code_name;
 use crate::instance::events::Kind;
 
-/// The metrics of one call (its attempts have their own, [`Attempt`]).
+/// The metrics of one call (its attempts have their own, [`AttemptMetrics`]).
 pub(crate) struct Call {
     start: Instant,
     retries: u32,
@@ -54,7 +54,7 @@ impl Call {
     }
 
     /// An attempt of the call starts.
-    pub(crate) fn attempt(&mut self, kind: Kind) -> Attempt {
+    pub(crate) fn attempt(&mut self, kind: Kind) -> AttemptMetrics {
         match kind {
             Kind::First => {}
             Kind::Transparent => self.transparent += 1,
@@ -62,7 +62,7 @@ impl Call {
             Kind::Hedge => self.hedges += 1,
         }
         metrics::counter!(ATTEMPT_STARTED, self.labels().iter()).increment(1);
-        Attempt {
+        AttemptMetrics {
             start: Instant::now(),
             sent: Arc::new(AtomicU64::new(0)),
             rcvd: 0,
@@ -92,7 +92,7 @@ impl Call {
 
 /// The metrics of one attempt: recorded when it ends, with its status, or when it is
 /// dropped before (CANCELLED: the call gave it up, or its caller did).
-pub(crate) struct Attempt {
+pub(crate) struct AttemptMetrics {
     start: Instant,
     /// Message bytes its request body yielded (written by that body, wherever its
     /// connection polls it).
@@ -105,7 +105,7 @@ pub(crate) struct Attempt {
     recorded: bool,
 }
 
-impl Attempt {
+impl AttemptMetrics {
     /// Counts the message bytes that this attempt's request body yields.
     pub(crate) fn count_sent(&self, req: &mut http::Request<tonic::body::Body>) {
         let inner = std::mem::take(req.body_mut());
@@ -140,7 +140,7 @@ impl Attempt {
     }
 }
 
-impl Drop for Attempt {
+impl Drop for AttemptMetrics {
     fn drop(&mut self) {
         self.ended(tonic::Code::Cancelled);
     }

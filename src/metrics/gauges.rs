@@ -100,7 +100,7 @@ fn contributions(
         let extra = inst
             .extra
             .as_deref()
-            .map_or(0, crate::instance::conns::Extra::open);
+            .map_or(0, crate::instance::conns::ExtraConnections::open);
         let open = (usize::from(own_open) + extra) as f64;
         if config.per_instance {
             let labels = vec![target.clone(), instance_label(inst)];

@@ -208,7 +208,7 @@ mod settings;
 mod wrr;
 
 #[cfg(feature = "metrics")]
-pub(crate) use call::{budget_exhausted, refused, Attempt, Call};
+pub(crate) use call::{budget_exhausted, refused, AttemptMetrics, Call};
 #[cfg(feature = "metrics")]
 pub(crate) use events::{
     connection_failed, connection_succeeded, disconnected, discovery_answer, ejection, membership,

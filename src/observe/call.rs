@@ -33,7 +33,7 @@ pub(crate) struct CallObs {
 #[derive(Default)]
 pub(crate) struct AttemptObs {
     #[cfg(feature = "metrics")]
-    metrics: Option<crate::metrics::Attempt>,
+    metrics: Option<crate::metrics::AttemptMetrics>,
 }
 
 impl AttemptObs {

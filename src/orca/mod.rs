@@ -61,7 +61,7 @@ pub use layer::{OrcaBody, OrcaFuture, OrcaLayer, OrcaService};
 #[cfg(feature = "orca")]
 pub use oob_server::{OobService, DEFAULT_MIN_REPORT_INTERVAL};
 
-use crate::instance::load::{Fresh, Others, ReportSettings, Reported};
+use crate::instance::load::{Fresh, OthersInFlight, ReportSettings, Reported};
 pub use crate::instance::load::{
     LoadReport, WrrConfig, DEFAULT_LOAD_REPORT_MAX_AGE, IN_FLIGHT_METRIC,
 };
@@ -146,7 +146,7 @@ pub(crate) fn observe(
 
 /// What [`observe`] keeps, and where.
 fn keep(
-    others_now: &Others,
+    others_now: &OthersInFlight,
     fresh: &Fresh,
     reported: &Reported,
     report: LoadReport,
@@ -173,7 +173,7 @@ mod tests {
     #[test]
     fn others_only_while_fresh() {
         let s = ReportSettings::new(Duration::from_millis(100), WrrConfig::default());
-        let r = Others::default();
+        let r = OthersInFlight::default();
         let at = 5_000_000_000u64;
         assert_eq!(r.get(tick(at)), 0);
         r.set(7, at, s.max_age_ticks);
@@ -212,7 +212,7 @@ mod tests {
     fn observe_subtracts_own_calls() {
         let s = ReportSettings::default();
         let r = Reported::default();
-        let o = Others::default();
+        let o = OthersInFlight::default();
         let f = Fresh::default();
         assert!(!f.any(tick(0)));
         // A report without the metric: nothing fresh.

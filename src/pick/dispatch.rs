@@ -296,14 +296,14 @@ fn by_load(
 }
 
 /// The calls in flight on `i` that the pick compares: this channel's, plus, with `reports`,
-/// the other clients' as of a report still fresh at `tick` (see `orca::Others`).
+/// the other clients' as of a report still fresh at `tick` (see `orca::OthersInFlight`).
 #[inline(always)]
 fn counted(i: &Instance, tick: u64, reports: bool) -> usize {
     i.in_flight() + if reports { i.others.get(tick) } else { 0 }
 }
 
 /// The count [`Strategy::FewestThenFastest`] compares for `i` with `with_this` calls in flight
-/// counting this one: each weighs [`Tie::weight`](crate::instance::tie::Tie) (one, or the
+/// counting this one: each weighs [`TieBreak::weight`](crate::instance::tie::TieBreak) (one, or the
 /// slowness of an instance gated for a slow answer), so that among equally fast instances the
 /// order is least pending's.
 #[inline(always)]
@@ -328,7 +328,7 @@ fn recheck(i: &Instance, now: u64) {
 /// slow start: nothing to check but the state, so the scan's loop stays tight; the other
 /// clients' calls are read only with `REPORTS` (a loop of its own without them).
 ///
-/// The scan compares each instance's [`key`](crate::instance::standing::Standing::key), its
+/// The scan compares each instance's [`key`](crate::instance::standing::StateAndCount::key), its
 /// count (with this call) and state in one load: one out of service has more than any count,
 /// so it is chosen only if none is in service, and then the choice is `None`.
 ///

@@ -26,8 +26,8 @@
 //! instance that kept its turns is never set back by that, and a latecomer wins at most a few
 //! more ties than the rest, not a burst. An instance that joins the set, or comes back into
 //! service (reconnected, readmitted after an ejection, healthy again), starts at the set's
-//! turns (the median pass of those in service, see `Tie::join_at`), with no credit at all: with
-//! many clients, a few more ties each is a burst on the newcomer.
+//! turns (the median pass of those in service, see `TieBreak::join_at`), with no credit at all:
+//! with many clients, a few more ties each is a burst on the newcomer.
 //!
 //! Calls to an expensive method (one many times costlier than the typical call) take turns of their
 //! own: the caller hands the pick each candidate's expensive pass instead (see `crate::instance::tie`).
@@ -318,15 +318,15 @@ mod tests {
     /// A candidate as the tie-break sees it, with the stride the channel would apply when it
     /// is chosen.
     #[derive(Debug, Clone, Copy)]
-    struct Cand {
+    struct Candidate {
         in_flight: Option<usize>,
         pass: u64,
         stride: u64,
         gate: u64,
     }
 
-    fn cand(in_flight: Option<usize>) -> Cand {
-        Cand {
+    fn cand(in_flight: Option<usize>) -> Candidate {
+        Candidate {
             in_flight,
             pass: 0,
             stride: UNIT,
@@ -334,15 +334,15 @@ mod tests {
         }
     }
 
-    const IF: fn(&Cand) -> Option<usize> = |c| c.in_flight;
-    const TURN: fn(&Cand) -> Turn = |c| Turn {
+    const IF: fn(&Candidate) -> Option<usize> = |c| c.in_flight;
+    const TURN: fn(&Candidate) -> Turn = |c| Turn {
         pass: c.pass,
         stride: c.stride,
         gate: c.gate,
     };
 
     /// One pick as the channel makes it: the choice, then the chosen one's pass advances.
-    fn pick(items: &mut [Cand], rng: &mut Rng) -> Option<usize> {
+    fn pick(items: &mut [Candidate], rng: &mut Rng) -> Option<usize> {
         let strides = strides_for(items.len());
         let c = least_pending(items, rng, &strides, IF, TURN)?;
         let it = &mut items[c.index];
@@ -350,7 +350,7 @@ mod tests {
         Some(c.index)
     }
 
-    fn arb_fleet() -> impl Strategy<Value = Vec<Cand>> {
+    fn arb_fleet() -> impl Strategy<Value = Vec<Candidate>> {
         prop::collection::vec(
             (
                 prop::option::weighted(0.85, 0usize..6),
@@ -358,7 +358,7 @@ mod tests {
                 1u64..16,
                 prop::option::weighted(0.2, 1u64..40 * UNIT),
             )
-                .prop_map(|(in_flight, pass, stride, gate)| Cand {
+                .prop_map(|(in_flight, pass, stride, gate)| Candidate {
                     in_flight,
                     pass,
                     stride: stride * UNIT,
@@ -429,7 +429,8 @@ mod tests {
         /// buffer (more than 64 ties) and with busy instances among them.
         #[test]
         fn ties_take_turns(n in 2usize..150, busy in prop::collection::vec(prop::bool::weighted(0.3), 150), seed: u64) {
-            let mut items: Vec<Cand> = (0..n).map(|i| cand(Some(usize::from(busy[i])))).collect();
+            let mut items: Vec<Candidate> =
+                (0..n).map(|i| cand(Some(usize::from(busy[i])))).collect();
             let tied: Vec<usize> = (0..n).filter(|&i| !busy[i]).collect();
             let tied = if tied.is_empty() { (0..n).collect() } else { tied };
             let mut rng = Rng::seeded(seed);
@@ -452,7 +453,7 @@ mod tests {
         #[test]
         fn a_longer_stride_wins_fewer_ties(n in 2usize..30, slow in 0usize..30, k in 2u64..20, seed: u64) {
             let slow = slow % n;
-            let mut items: Vec<Cand> = (0..n).map(|_| cand(Some(0))).collect();
+            let mut items: Vec<Candidate> = (0..n).map(|_| cand(Some(0))).collect();
             items[slow].stride = k * UNIT;
             let mut rng = Rng::seeded(seed);
             let rounds = 40 * k as usize;
@@ -488,7 +489,9 @@ mod tests {
         #[test]
         fn a_latecomer_gets_no_burst(n in 2usize..60, late in 0usize..60, seed: u64) {
             let late = late % n;
-            let mut items: Vec<Cand> = (0..n).map(|i| Cand { pass: 1_000_000 * UNIT + i as u64, ..cand(Some(0)) }).collect();
+            let mut items: Vec<Candidate> = (0..n)
+                .map(|i| Candidate { pass: 1_000_000 * UNIT + i as u64, ..cand(Some(0)) })
+                .collect();
             items[late].pass = 0;
             let mut rng = Rng::seeded(seed);
             let picks = 3 * n;
@@ -505,7 +508,7 @@ mod tests {
     /// each within 2% of its fair share (chance alone: a standard deviation of 6.7%).
     #[test]
     fn ties_are_even() {
-        let mut items: Vec<Cand> = (0..10).map(|_| cand(Some(0))).collect();
+        let mut items: Vec<Candidate> = (0..10).map(|_| cand(Some(0))).collect();
         let mut rng = Rng::seeded(99);
         let mut counts = [0usize; 10];
         for _ in 0..2_000 {
@@ -533,9 +536,9 @@ mod tests {
     #[test]
     fn nothing_usable_nothing_picked() {
         let mut rng = Rng::seeded(7);
-        let none: Vec<Cand> = vec![cand(None); 5];
+        let none: Vec<Candidate> = vec![cand(None); 5];
         assert_eq!(least_pending(&none, &mut rng, &[], IF, TURN), None);
-        let empty: Vec<Cand> = vec![];
+        let empty: Vec<Candidate> = vec![];
         assert_eq!(least_pending(&empty, &mut rng, &[], IF, TURN), None);
     }
 }

@@ -36,7 +36,7 @@ pub(crate) async fn probe(
             .await
             .map_err(|e| Status::unavailable(crate::error::chain(&e)))?;
         let path = http::uri::PathAndQuery::from_static(PATH);
-        grpc.unary(tonic::Request::new(Request), path, Codec)
+        grpc.unary(tonic::Request::new(Request), path, ProbeCodec)
             .await
             .map(tonic::Response::into_inner)
     };
@@ -56,24 +56,24 @@ struct Request;
 /// tonic's gRPC framing around the probe's hand-made messages: sends a [`Request`], receives
 /// a [`ProbeAnswer`].
 #[derive(Clone, Copy)]
-struct Codec;
+struct ProbeCodec;
 
-impl tonic::codec::Codec for Codec {
+impl tonic::codec::Codec for ProbeCodec {
     type Encode = Request;
     type Decode = ProbeAnswer;
-    type Encoder = Codec;
-    type Decoder = Codec;
+    type Encoder = ProbeCodec;
+    type Decoder = ProbeCodec;
 
-    fn encoder(&mut self) -> Codec {
-        Codec
+    fn encoder(&mut self) -> ProbeCodec {
+        ProbeCodec
     }
 
-    fn decoder(&mut self) -> Codec {
-        Codec
+    fn decoder(&mut self) -> ProbeCodec {
+        ProbeCodec
     }
 }
 
-impl tonic::codec::Encoder for Codec {
+impl tonic::codec::Encoder for ProbeCodec {
     type Item = Request;
     type Error = Status;
 
@@ -83,7 +83,7 @@ impl tonic::codec::Encoder for Codec {
     }
 }
 
-impl tonic::codec::Decoder for Codec {
+impl tonic::codec::Decoder for ProbeCodec {
     type Item = ProbeAnswer;
     type Error = Status;
 

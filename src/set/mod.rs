@@ -211,7 +211,7 @@ impl Set {
             }
         }
         // Where the others' turns are: the instances that join start there (see
-        // `Tie::join_at`).
+        // `TieBreak::join_at`).
         let level = crate::instance::level_in_service(next.iter());
         let mut added = 0;
         let mut revived = Vec::new();

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use tonic_balancer::__bench::Picker;
+use tonic_balancer::__bench::BenchPicker;
 use tonic_balancer::Strategy;
 
-fn shares(p: &Picker, n: usize, picks: usize) -> Vec<usize> {
+fn shares(p: &BenchPicker, n: usize, picks: usize) -> Vec<usize> {
     let mut counts = vec![0; n];
     for _ in 0..picks {
         counts[p.pick().expect("a usable instance")] += 1;
@@ -19,7 +19,7 @@ fn shares(p: &Picker, n: usize, picks: usize) -> Vec<usize> {
 /// within 2%; an instance made unusable gets nothing and the others keep their proportions.
 #[tokio::test]
 async fn picks_follow_the_weights_and_skip_unusable() {
-    let p = Picker::new(4, Strategy::WeightedRoundRobin);
+    let p = BenchPicker::new(4, Strategy::WeightedRoundRobin);
     p.set_weights(&[1.0, 1.0, 2.0, 4.0]);
     let c = shares(&p, 4, 8000);
     for (got, want) in c.iter().zip([1000, 1000, 2000, 4000]) {
@@ -36,7 +36,7 @@ async fn picks_follow_the_weights_and_skip_unusable() {
 /// With one weight only (or none), the pick is plain round robin: every instance in turn.
 #[tokio::test]
 async fn round_robin_until_two_weights() {
-    let p = Picker::new(3, Strategy::WeightedRoundRobin);
+    let p = BenchPicker::new(3, Strategy::WeightedRoundRobin);
     assert_eq!(shares(&p, 3, 300), vec![100, 100, 100]);
     p.set_weights(&[0.0, 0.0, 9.0]);
     assert_eq!(shares(&p, 3, 300), vec![100, 100, 100]);
@@ -86,7 +86,7 @@ async fn bad_settings_are_refused() {
 /// the others' weights until it reports again (gRPC resets an endpoint that leaves READY).
 #[tokio::test]
 async fn leaving_service_resets_the_weight() {
-    let p = Picker::new(4, Strategy::WeightedRoundRobin);
+    let p = BenchPicker::new(4, Strategy::WeightedRoundRobin);
     p.set_weights(&[1.0, 1.0, 2.0, 4.0]);
     p.set(3, 0, Duration::from_millis(1), false);
     p.set(3, 0, Duration::from_millis(1), true);
@@ -104,7 +104,7 @@ async fn leaving_service_resets_the_weight() {
 /// left service in between: its weight is reset as for any instance that leaves service.
 #[tokio::test]
 async fn an_instance_taken_back_does_not_keep_its_weight() {
-    let p = Picker::new(4, Strategy::WeightedRoundRobin);
+    let p = BenchPicker::new(4, Strategy::WeightedRoundRobin);
     p.set_weights(&[1.0, 1.0, 2.0, 4.0]);
     p.remove_and_take_back_last();
     // Rebuild only: 1, 1, 2 and the mean 4/3 for the one taken back.

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::body::Body;
 
-use super::kept::{AttemptId, Kept, Sending, SlotRef};
+use super::kept::{AttemptId, ReplayBuffer, Sending, SlotRef};
 use crate::sync::lock;
 
 /// Where an attempt's body comes from.
@@ -39,7 +39,7 @@ pub(super) enum BodyFrom {
 
 impl BodyFrom {
     /// A copy of what the slot recorded.
-    pub(super) fn recorded(kept: &Kept) -> BodyFrom {
+    pub(super) fn recorded(kept: &ReplayBuffer) -> BodyFrom {
         BodyFrom::Recorded {
             frames: kept.frames.copy(),
             trailers: kept.trailers.clone(),

@@ -11,7 +11,7 @@ use tonic::body::Body;
 pub(crate) type AttemptId = u32;
 
 /// The slot that a call's attempts share.
-pub(super) struct Kept {
+pub(super) struct ReplayBuffer {
     /// The attempt that may read the caller's body (and hand it back): each new attempt made
     /// with [`Replay::request`](super::Replay::request) takes the slot over.
     pub(super) owner: AttemptId,
@@ -41,7 +41,7 @@ pub(super) struct Kept {
     pub(super) waiting: Option<Waker>,
 }
 
-impl Kept {
+impl ReplayBuffer {
     /// Whether another attempt could send the request exactly as the caller sent it.
     pub(super) fn replayable(&self) -> bool {
         !self.committed
@@ -79,7 +79,7 @@ impl Kept {
     }
 }
 
-pub(super) type SlotRef = Arc<Mutex<Kept>>;
+pub(super) type SlotRef = Arc<Mutex<ReplayBuffer>>;
 
 /// The data frames of a recorded body: the first inline (a unary request is one frame, and
 /// its recording then costs no allocation), the others after it.

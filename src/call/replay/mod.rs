@@ -43,7 +43,7 @@ use crate::sync::lock;
 pub(crate) use body::AttemptBody;
 use body::BodyFrom;
 pub(crate) use kept::AttemptId;
-use kept::{Frames, Kept, SlotRef};
+use kept::{Frames, ReplayBuffer, SlotRef};
 
 /// The request of a call, for its attempts: the head, copied, and the body's slot.
 pub(crate) struct Replay {
@@ -80,7 +80,7 @@ impl Replay {
         limit: usize,
     ) -> (http::Request<Body>, Replay) {
         let (mut parts, body) = req.into_parts();
-        let slot = Arc::new(Mutex::new(Kept {
+        let slot = Arc::new(Mutex::new(ReplayBuffer {
             owner: 0,
             next: 1,
             read: 0,

@@ -68,11 +68,12 @@ impl Methods {
         }
     }
 
-    /// Whether calls to `method` are expensive: its reference is more than [`EXPENSIVE_AT`] times the
-    /// typical call's. Such calls hold an instance much longer than most; the pick gives them
-    /// turns of their own ([`Tie::expensive_turn`]), so that each instance gets its share of them,
-    /// and with it its share of all the calls (an instance that drew more than its share of
-    /// expensive calls would be busy, and out of the ties for cheap ones, longer than the rest).
+    /// Whether calls to `method` are expensive: its reference is more than [`EXPENSIVE_AT`]
+    /// times the typical call's. Such calls hold an instance much longer than most; the pick
+    /// gives them turns of their own ([`TieBreak::expensive_turn`]), so that each instance gets
+    /// its share of them, and with it its share of all the calls (an instance that drew more
+    /// than its share of expensive calls would be busy, and out of the ties for cheap ones,
+    /// longer than the rest).
     /// Two loads; false for a method not seen yet.
     #[inline]
     pub(crate) fn is_expensive(&self, method: Method) -> bool {

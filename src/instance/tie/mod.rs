@@ -40,7 +40,7 @@
 //! call expensive over four idle instances: all on one), and an instance that drew more than its
 //! share would be busy, and out of the ties for the cheap calls, longer than the others; so each
 //! instance keeps a second pass for expensive calls, and the pick of an expensive call compares
-//! those (see [`Tie::expensive_turn`]; what it changed in the shootout: `docs/design.md`,
+//! those (see [`TieBreak::expensive_turn`]; what it changed in the shootout: `docs/design.md`,
 //! "Decisions").
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -91,7 +91,7 @@ pub(crate) const GATE_TURNS: u64 = 32;
 /// once, whose calls end sooner than anyone's, does not win the ties as the idlest and fastest:
 /// it takes the longest stride, and it is gated under [`GateRule::FAILED`].
 pub(crate) const FAILED_AS: f64 = 4.0;
-/// One call in flight in [`Tie::weight`]'s units.
+/// One call in flight in [`TieBreak::weight`]'s units.
 pub(crate) const WEIGHT_ONE: u64 = 16;
 /// The most one call in flight on a gated instance weighs, in calls: an instance whose calls
 /// in flight plus one are more than 4.5 times the fewest plus one never wins, however slow the
@@ -107,7 +107,7 @@ pub(crate) struct GateRule {
     /// Whether a gate waits for confirmation where answers come often: a slow answer gates
     /// only if the instance's previous answer was slow too, and the gate is at least
     /// `min_refs` long only after a third slow answer in a row or a slow re-check (see
-    /// [`Tie::observe_gated`]).
+    /// [`TieBreak::observe_gated`]).
     pub(crate) confirm: bool,
     /// Whether its gates are a failed answer's: an answer slow by chance after one is no slow
     /// re-check (it adds no strike to a failure's).
@@ -166,14 +166,14 @@ impl GateRule {
 const SPARSE_REFS: f64 = 50.0;
 /// Slow answers in a row counted for the doubling.
 const MAX_STRIKES: u32 = 7;
-/// In [`Tie`]'s `strikes`: the gate set last was a failed answer's ([`GateRule::failure`]).
+/// In [`TieBreak`]'s `strikes`: the gate set last was a failed answer's ([`GateRule::failure`]).
 const FAILURE_GATE: u32 = 1 << 8;
 
 /// The tie-break's record of one instance. The pick reads `pass`, `stride`, `recheck_at` and
 /// `gate_pass`; the rest is written when an answer arrives.
 #[repr(C)]
 #[derive(Debug)]
-pub(crate) struct Tie {
+pub(crate) struct TieBreak {
     pass: AtomicU64,
     /// The gate: until this time (nanoseconds since the channel's epoch)...
     recheck_at: AtomicU64,
@@ -205,9 +205,9 @@ pub(crate) struct Tie {
     answered_at: AtomicU64,
 }
 
-impl Tie {
-    pub(crate) fn new() -> Tie {
-        Tie {
+impl TieBreak {
+    pub(crate) fn new() -> TieBreak {
+        TieBreak {
             pass: AtomicU64::new(0),
             recheck_at: AtomicU64::new(0),
             gate_pass: AtomicU64::new(0),
@@ -237,8 +237,8 @@ impl Tie {
         }
     }
 
-    /// What the pick compares: [`Tie::expensive_turn`] for a call to an expensive method, else
-    /// [`Tie::turn`].
+    /// What the pick compares: [`TieBreak::expensive_turn`] for a call to an expensive method, else
+    /// [`TieBreak::turn`].
     #[inline]
     pub(crate) fn turn_for(&self, expensive: bool, now_ns: u64) -> Turn {
         if expensive {
@@ -460,7 +460,7 @@ impl Tie {
     }
 }
 
-impl Tie {
+impl TieBreak {
     /// The slow re-checks in a row so far, as an answer under `rule` counts them; `None` if
     /// this answer can be no slow re-check: an answer that did not fail, after a failed
     /// answer's gate (a failure's gate is no slowness, and an answer slow by chance after it
@@ -552,7 +552,7 @@ pub(crate) struct Level {
 
 impl Level {
     /// The level of these records; `None` for none.
-    pub(crate) fn of<'a>(ties: impl Iterator<Item = &'a Tie>) -> Option<Level> {
+    pub(crate) fn of<'a>(ties: impl Iterator<Item = &'a TieBreak>) -> Option<Level> {
         let (mut passes, mut expensive): (Vec<u64>, Vec<u64>) = ties
             .map(|t| {
                 (

@@ -82,8 +82,8 @@ fn a_method_is_expensive_against_the_typical_call() {
 fn expensive_calls_take_turns_of_their_own() {
     // Two equal instances; the expensive pass decides expensive ties, the pass the others, and a
     // expensive call is a turn of the pass too.
-    let a = Tie::new();
-    let b = Tie::new();
+    let a = TieBreak::new();
+    let b = TieBreak::new();
     a.advance(0);
     assert!(a.turn(0).pass > b.turn(0).pass, "b's turn for a cheap call");
     assert_eq!(
@@ -136,7 +136,7 @@ fn references_follow_the_fast_answers_per_method() {
 /// while the answers stay slow, and both gone at the first fast answer.
 #[test]
 fn slowness_sets_stride_and_gate() {
-    let t = Tie::new();
+    let t = TieBreak::new();
     t.observe(5.0 * MS, 5.0 * MS, 0, 0);
     assert_eq!(t.stride.load(Ordering::Relaxed), UNIT as u32);
     assert_eq!(t.turn(0).gate, 0);
@@ -181,7 +181,7 @@ fn quiet_client() -> Noise {
 #[test]
 fn the_default_gates_after_two_slow_answers_in_a_row() {
     let rule = GateRule::FEWEST_THEN_FASTEST;
-    let t = Tie::new();
+    let t = TieBreak::new();
     let quiet = quiet_client();
     t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
     assert_eq!(
@@ -206,7 +206,7 @@ fn the_default_gates_after_two_slow_answers_in_a_row() {
     assert_eq!(until - 6_000, (200.0 * 5.0 * MS) as u64, "the long minimum");
     // Where answers come rarely (the previous one more than 50 usual call times before),
     // one slow answer sets the long gate at once: no second one would come in time.
-    let t = Tie::new();
+    let t = TieBreak::new();
     let quiet = quiet_client();
     t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
     let later = 1_000 + (50.0 * 5.0 * MS) as u64 + 1;
@@ -219,7 +219,7 @@ fn the_default_gates_after_two_slow_answers_in_a_row() {
 fn the_stride_grows_smoothly() {
     let mut last = 0;
     for k in 0..40 {
-        let t = Tie::new();
+        let t = TieBreak::new();
         let x = 1.0 + k as f64 * 0.1;
         t.observe(x * MS, MS, 0, 0);
         let stride = t.stride.load(Ordering::Relaxed);
@@ -232,7 +232,7 @@ fn the_stride_grows_smoothly() {
 /// One hiccup (a sample 20x the estimate) counts for 4x at most.
 #[test]
 fn one_hiccup_counts_little() {
-    let t = Tie::new();
+    let t = TieBreak::new();
     t.observe(5.0 * MS, 5.0 * MS, 0, 0);
     t.observe(100.0 * MS, 5.0 * MS, 0, 0);
     assert_eq!(t.slowness(), Some(2.5));
@@ -247,7 +247,7 @@ fn a_failed_answer_gates_briefly() {
     let quiet = quiet_client();
     let failed = FAILED_AS * 5.0 * MS;
     let short = (GATE_FACTOR * (FAILED_AS - GATE_AT) * 5.0 * MS) as u64;
-    let t = Tie::new();
+    let t = TieBreak::new();
     t.observe_gated(
         5.0 * MS,
         5.0 * MS,
