@@ -447,6 +447,14 @@ impl TieBreak {
             let pass = self.pass.load(Ordering::Relaxed);
             self.gate_pass
                 .store(pass.saturating_add(turns), Ordering::Relaxed);
+            if rule.confirm && !Noise::is_known(before) {
+                // Before the channel knows how often its answers are slow by chance (its first
+                // answers: new connections, a client that may be busy), a gate keeps the
+                // instance out of the ties but does not weigh its calls: an instance with fewer
+                // calls in flight never loses on such evidence (docs/design.md, the default's
+                // section, has what it cost).
+                self.weight.store(WEIGHT_ONE as u32, Ordering::Relaxed);
+            }
             let until = now_ns.saturating_add(gate as u64);
             self.recheck_at.store(until, Ordering::Relaxed);
             self.gated_at.store(now_ns, Ordering::Relaxed);

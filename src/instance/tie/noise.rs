@@ -63,6 +63,13 @@ impl Noise {
         f64::from(f32::from_bits(self.0.load(Ordering::Relaxed) as u32))
     }
 
+    /// Whether the average in `word` has counted [`NOISE_KNOWN`] answers: whether the channel
+    /// knows how often answers are slow by chance.
+    #[inline]
+    pub(super) fn is_known(word: u64) -> bool {
+        (word >> 32) >= u64::from(NOISE_KNOWN)
+    }
+
     /// For fixtures (the benchmarks' fleet, tests): as if the channel had seen a window of
     /// answers, all fast.
     pub(crate) fn settle_quiet(&self) {
@@ -85,11 +92,7 @@ impl Noise {
         let share = f64::from(f32::from_bits(word as u32));
         // Until the channel has seen enough answers to know how often they are slow by
         // chance (its first ones are a new connection's, and its client may be busy), three.
-        let mut run = if (word >> 32) < u64::from(NOISE_KNOWN) {
-            3
-        } else {
-            2
-        };
+        let mut run = if Self::is_known(word) { 2 } else { 3 };
         while run < MAX_CONFIRM && share.powi(run as i32) > 1e-3 {
             run += 1;
         }

@@ -277,3 +277,39 @@ fn a_failed_answer_gates_briefly() {
     let until = t.observe_gated(failed, 5.0 * MS, sent, at, GateRule::FAILED, &quiet);
     assert_eq!(until - at, 2 * short);
 }
+
+/// Before the channel knows how often answers are slow by chance, a gate keeps the instance
+/// out of the ties but weighs none of its calls: an instance with fewer calls in flight does
+/// not lose on a new channel's evidence. Once it knows, a gate weighs them by the slowness.
+#[test]
+fn a_gate_weighs_calls_only_once_chance_is_known() {
+    let rule = GateRule::FEWEST_THEN_FASTEST;
+    let t = TieBreak::new();
+    let fresh = Noise::default();
+    t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &fresh);
+    // Slow answers in a row until one gates (three at least, as chance is not known).
+    let (mut k, mut until) = (1, 0);
+    while until == 0 && k <= 8 {
+        until = t.observe_gated(
+            30.0 * MS,
+            5.0 * MS,
+            k * 1_000,
+            (k + 1) * 1_000,
+            rule,
+            &fresh,
+        );
+        k += 1;
+    }
+    assert!(k > 3 && until > 0, "gated after {} slow answers", k - 1);
+    assert_eq!(
+        t.weight(k * 1_000),
+        WEIGHT_ONE,
+        "but its calls weigh one each"
+    );
+    let t = TieBreak::new();
+    let quiet = quiet_client();
+    t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
+    t.observe_gated(30.0 * MS, 5.0 * MS, 1_000, 2_000, rule, &quiet);
+    t.observe_gated(30.0 * MS, 5.0 * MS, 2_000, 3_000, rule, &quiet);
+    assert!(t.weight(3_000) > WEIGHT_ONE);
+}
