@@ -1,5 +1,7 @@
 //! The gRPC headers the channel reads, as constants: a lookup by `HeaderName` skips parsing
 //! and validating a string key on every call.
+//!
+//! Sources: [gRFC A6](https://github.com/grpc/proposal/blob/master/A6-client-retries.md).
 
 use http::HeaderName;
 

@@ -115,6 +115,8 @@
 //! feature, the channel records gRPC's standard client metrics through the `metrics` facade,
 //! bounded by default: methods label themselves up to 64, and no instance label unless asked
 //! (see the `metrics` module).
+//!
+//! Sources: [gRFC A51](https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

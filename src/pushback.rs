@@ -5,6 +5,8 @@
 //! non-negative one is how many milliseconds to wait before the next attempt, a negative or
 //! unreadable one means "no further attempt". Retries ([`RetryPolicy`](crate::RetryPolicy))
 //! and hedges ([`HedgingPolicy`](crate::HedgingPolicy)) both honour it.
+//!
+//! Sources: [gRFC A6](https://github.com/grpc/proposal/blob/master/A6-client-retries.md).
 
 use std::time::Duration;
 

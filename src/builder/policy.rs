@@ -1,5 +1,9 @@
 //! What the channel does with its instances: the pick, failure handling, retries and hedges,
 //! connections, load reports, subsetting, and (feature `metrics`) how its metrics are labelled.
+//!
+//! Sources:
+//! [gRFC A51](https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md),
+//! [gRFC A105](https://github.com/grpc/proposal/blob/master/A105-max_concurrent_streams-connection-scaling.md).
 
 use std::time::Duration;
 

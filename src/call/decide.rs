@@ -1,6 +1,8 @@
 //! The decisions of a call: what the end of an attempt means for the call (its answer
 //! delivered, the attempt sent again unseen, a retry, a hedge, the call's end), and the plan's
 //! next attempt.
+//!
+//! Sources: [gRFC A6](https://github.com/grpc/proposal/blob/master/A6-client-retries.md).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};

@@ -1,6 +1,8 @@
 //! What a call needs to make attempts after its first: its plan (transparent replays only, the
 //! retry policy, or the method's hedging policy), the plan's state in the call, the instances
 //! it tried, and its attempts in flight.
+//!
+//! Sources: [gRFC A6](https://github.com/grpc/proposal/blob/master/A6-client-retries.md).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -25,6 +25,10 @@
 //! - with health checks on (feature `health-check`), a `grpc.health.v1.Health/Watch` stream per
 //!   instance keeps it in service only while its last status is SERVING (gRFC A17, see
 //!   `HealthCheck`).
+//!
+//! Sources:
+//! [gRFC A17](https://github.com/grpc/proposal/blob/master/A17-client-side-health-checking.md),
+//! [gRFC A50](https://github.com/grpc/proposal/blob/master/A50-xds-outlier-detection.md).
 
 #[cfg(feature = "health-check")]
 pub(crate) mod check;

@@ -1,6 +1,8 @@
 //! Outlier ejection, after gRPC's (gRFC A50) and Envoy's: an instance found an outlier (see
 //! `ejection.rs` for the rules and `sweep.rs` for the interval rules) is ejected for a time that
 //! doubles with each ejection in a streak, then readmitted on probation.
+//!
+//! Sources: [gRFC A50](https://github.com/grpc/proposal/blob/master/A50-xds-outlier-detection.md).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

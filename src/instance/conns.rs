@@ -32,6 +32,9 @@
 //! Unlike A105, whose default is one connection and which leaves idle connections to the
 //! server's MAX_CONNECTION_IDLE, the default here is [`DEFAULT_MAX_CONNECTIONS`], and extra
 //! connections close on the client's side once idle.
+//!
+//! Sources:
+//! [gRFC A105](https://github.com/grpc/proposal/blob/master/A105-max_concurrent_streams-connection-scaling.md).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};

@@ -1,6 +1,11 @@
 //! What an instance reported of its load (ORCA, gRFC A51), kept as the pick reads it: atomics
 //! only. The reports are read and taken in by [`crate::orca`]; the pick reads what is kept here
 //! ([`OthersInFlight`] for least pending, [`EndpointWeight`] for weighted round robin, gRFC A58).
+//!
+//! Sources:
+//! [gRFC A51](https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md),
+//! [gRFC A58](https://github.com/grpc/proposal/blob/master/A58-client-side-weighted-round-robin-lb-policy.md),
+//! [gRFC A78](https://github.com/grpc/proposal/blob/master/A78-grpc-metrics-wrr-pf-xds.md).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

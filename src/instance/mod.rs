@@ -1,5 +1,8 @@
 //! One instance: its address, its tonic `Channel`, and the counters the pick and the health
 //! logic read without a lock.
+//!
+//! Sources:
+//! [gRFC A58](https://github.com/grpc/proposal/blob/master/A58-client-side-weighted-round-robin-lb-policy.md).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;

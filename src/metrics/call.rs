@@ -1,4 +1,6 @@
 //! The metrics of one call and of each of its attempts (gRFC A66, A96).
+//!
+//! Sources: [gRFC A66](https://github.com/grpc/proposal/blob/master/A66-otel-stats.md).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,8 @@
 //! The counters of what happens to a channel's instances and set: connections (gRFC A94),
 //! outlier ejection (A91), discovery and membership.
+//!
+//! Sources:
+//! [gRFC A94](https://github.com/grpc/proposal/blob/master/A94-subchannel-otel-metrics.md).
 
 use metrics::Label;
 

@@ -131,6 +131,8 @@
 //! [`LATENCY_BUCKETS`] for the `s` histograms, [`SIZE_BUCKETS`] for the message sizes,
 //! [`COUNT_BUCKETS`] for the retry counts (A66's boundaries) and [`WEIGHT_BUCKETS`] for
 //! weighted round robin's weights.
+//!
+//! Sources: [gRFC A66](https://github.com/grpc/proposal/blob/master/A66-otel-stats.md).
 
 #[cfg(feature = "metrics")]
 pub use names::*;

@@ -1,4 +1,7 @@
 //! Weighted round robin's instruments (gRFC A78), recorded at each of its schedule updates.
+//!
+//! Sources:
+//! [gRFC A78](https://github.com/grpc/proposal/blob/master/A78-grpc-metrics-wrr-pf-xds.md).
 
 use metrics::{Label, SharedString};
 

@@ -35,6 +35,10 @@
 //! An instance that leaves service (failing, ejected, unhealthy) loses its weight, and its next
 //! report starts a new blackout, as gRPC resets an endpoint that leaves READY. Difference from
 //! gRPC: the schedule is recomputed on the period only, not also when the set changes.
+//!
+//! Sources:
+//! [gRFC A58](https://github.com/grpc/proposal/blob/master/A58-client-side-weighted-round-robin-lb-policy.md),
+//! [gRFC A78](https://github.com/grpc/proposal/blob/master/A78-grpc-metrics-wrr-pf-xds.md).
 
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;

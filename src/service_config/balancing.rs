@@ -5,6 +5,10 @@
 //! those it does not know are skipped, and a list with none it knows is refused. The policies
 //! it knows: gRPC's `round_robin`, `pick_first`, `least_request_experimental` (gRFC A48) and
 //! `weighted_round_robin` (gRFC A58), and this crate's own, `tonic_balancer`.
+//!
+//! Sources:
+//! [gRFC A48](https://github.com/grpc/proposal/blob/master/A48-xds-least-request-lb-policy.md),
+//! [gRFC A58](https://github.com/grpc/proposal/blob/master/A58-client-side-weighted-round-robin-lb-policy.md).
 
 use std::time::Duration;
 

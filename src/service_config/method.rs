@@ -1,6 +1,8 @@
 //! `methodConfig`: the names each entry covers, its `timeout`, and its `retryPolicy` or
 //! `hedgingPolicy`, checked as grpc-go, grpc-java and grpc/grpc's core check them (gRFC A6,
 //! `grpc/service_config/service_config.proto`).
+//!
+//! Sources: [gRFC A6](https://github.com/grpc/proposal/blob/master/A6-client-retries.md).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -7,6 +7,10 @@
 //! `ManagedChannelServiceConfig`, grpc/grpc's `retry_service_config.cc`); where the three
 //! differ, as grpc-go does unless said otherwise. The JSON is read as a `serde_json::Value`
 //! and walked by hand (`json.rs`), so that every refusal names its path.
+//!
+//! Sources:
+//! [gRFC A6](https://github.com/grpc/proposal/blob/master/A6-client-retries.md),
+//! [gRFC A105](https://github.com/grpc/proposal/blob/master/A105-max_concurrent_streams-connection-scaling.md).
 
 mod balancing;
 mod json;

@@ -26,6 +26,8 @@
 //! whether anything of an attempt can have gone out), and wakes a call waiting for the copy.
 //!
 //! Here: [`Replay`], the call's side; in `kept.rs`, the slot; in `body.rs`, an attempt's body.
+//!
+//! Sources: [gRFC A6](https://github.com/grpc/proposal/blob/master/A6-client-retries.md).
 
 mod body;
 mod kept;
