@@ -117,8 +117,6 @@ impl BenchPicker {
         let inst = &snap[i];
         inst.standing.set_calls(in_flight);
         let ns = latency.as_nanos() as f64;
-        inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
-        inst.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
         // One second into the channel's life, its previous answer long before: one slow
         // answer gates at once, as where answers come rarely.
         let now = pool.ctx.now_ns() + 1_000_000_000;
@@ -129,7 +127,7 @@ impl BenchPicker {
             .tie
             .observe_gated(ns, 2e6, now, now, pool.ctx.gate, noise);
         pool.ctx.gated_until.fetch_max(gated, Ordering::Relaxed);
-        inst.latency_at.store(now, Ordering::Relaxed);
+        inst.set_latency(ns, now, true);
         pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
         inst.set_state(if usable {
             crate::State::Ready

@@ -65,9 +65,9 @@ impl EndpointStats {
                 .as_deref()
                 .map_or(0, crate::instance::conns::ExtraConnections::open),
             started: i.started.load(Ordering::Relaxed),
-            failed: i.failed.load(Ordering::Relaxed),
-            consecutive_failures: i.consecutive_failures.load(Ordering::Relaxed),
-            ejections: i.ejections.load(Ordering::Relaxed),
+            failed: i.ejection.failed(),
+            consecutive_failures: i.ejection.consecutive_failures(),
+            ejections: i.ejection.ejections(),
             latency: (lat > 0.0).then(|| Duration::from_nanos(lat as u64)),
             slowness: i.tie.slowness(),
             load_report: i.reported.last(),

@@ -58,9 +58,8 @@ impl CallGuard {
     #[inline]
     pub(crate) fn new(inst: Arc<Instance>, method: Method) -> CallGuard {
         inst.standing.enter();
-        inst.started.fetch_add(1, Ordering::Relaxed);
+        let breaks_at = inst.call_started();
         let connecting = inst.state() == crate::instance::State::Connecting;
-        let breaks_at = inst.breaks.load(Ordering::Relaxed);
         CallGuard {
             breaks_at,
             method,
@@ -160,15 +159,7 @@ impl CallGuard {
     /// break (no other break was reported since the call was routed). One break fails every
     /// call on the connection; it counts against the instance once.
     pub(crate) fn first_to_see_break(&self) -> bool {
-        self.inst
-            .breaks
-            .compare_exchange(
-                self.breaks_at,
-                self.breaks_at.wrapping_add(1),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
+        self.inst.first_to_see_break(self.breaks_at)
     }
 
     /// The call is over with this outcome; the count is released when the guard drops.
@@ -184,12 +175,8 @@ impl Drop for CallGuard {
     #[inline]
     fn drop(&mut self) {
         self.inst.standing.leave();
-        if self.inst.room_wanted.load(Ordering::Relaxed)
-            && self.inst.room_wanted.swap(false, Ordering::AcqRel)
-        {
-            // A call whose stream this instance refused waits for room: there is some now.
-            self.inst.room.notify_waiters();
-        }
+        // A call whose stream this instance refused may wait for room: there is some now.
+        self.inst.room_made();
         if self.held.conn != crate::instance::conns::UNCOUNTED {
             crate::instance::conns::release(&self.inst, self.held.conn);
         }

@@ -220,21 +220,7 @@ fn log_go_away(inst: &crate::instance::Instance, e: &(dyn std::error::Error + 's
     else {
         return;
     };
-    let now = inst.ctx.now_ns();
-    let last = inst
-        .goaway_logged
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let quiet = reason == h2::Reason::NO_ERROR
-        || (last != 0 && now.saturating_sub(last) < 10_000_000_000)
-        || inst
-            .goaway_logged
-            .compare_exchange(
-                last,
-                now.max(1),
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-            )
-            .is_err();
+    let quiet = reason == h2::Reason::NO_ERROR || !inst.goaway_log_due(inst.ctx.now_ns());
     let name = &inst.target.name;
     if quiet {
         tracing::debug!(server.address = %name, reason = %reason, "GOAWAY: the call is sent again");

@@ -386,8 +386,7 @@ impl RetryState {
     /// once.
     pub(super) fn park_for_room(&mut self, inst: &Instance, previous: u32) {
         let wait = super::ready::notified(&inst.room);
-        inst.room_wanted
-            .store(true, std::sync::atomic::Ordering::Release);
+        inst.want_room();
         let now = inst.in_flight() == 0;
         self.refusals += 1;
         self.parked = Some(Parked {

@@ -44,7 +44,6 @@ use ejection::Class;
 pub use ejection::Ejection;
 pub(crate) use sweep::sweep;
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use crate::instance::{Instance, State};
@@ -74,44 +73,16 @@ pub(crate) fn record(health: &Health, inst: &Arc<Instance>, outcome: Outcome) {
         Outcome::Failure => Class::Fault,
         Outcome::Answer(code) => health.ejection.class(code),
     };
-    if class != Class::Success {
-        inst.failed.fetch_add(1, Ordering::Relaxed);
-    }
-    match class {
-        Class::Success | Class::Ordinary => {
-            inst.window_ok.fetch_add(1, Ordering::Relaxed);
-            answered(inst);
-        }
-        Class::AppError => {
-            inst.window_err.fetch_add(1, Ordering::Relaxed);
-            answered(inst);
-        }
-        Class::Fault => {
-            inst.window_err.fetch_add(1, Ordering::Relaxed);
-            inst.consecutive_successes.store(0, Ordering::Relaxed);
-            let n = inst.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-            outlier::eject_check(health, inst, n);
-        }
-    }
-}
-
-/// The instance did its job (an answer that is not a fault): its run of failures ends, and so
-/// do its probation and, after 100 such answers in a row, its streak of ejections.
-#[inline]
-fn answered(inst: &Instance) {
-    // Writes only when there is something to reset: on the common path these are loads, and
-    // the instance's counters stay shared between cores.
-    if inst.consecutive_failures.load(Ordering::Relaxed) != 0 {
-        inst.consecutive_failures.store(0, Ordering::Relaxed);
-    }
-    if inst.probation.load(Ordering::Relaxed) {
-        inst.probation.store(false, Ordering::Relaxed);
+    let record = &inst.ejection;
+    record.ended(
+        matches!(class, Class::Success | Class::Ordinary),
+        class != Class::Success,
+    );
+    if class == Class::Fault {
+        let n = record.fault();
+        outlier::eject_check(health, inst, n);
+    } else if record.answered() {
         tracing::debug!(server.address = %inst.target.name, "instance passed probation");
-    }
-    if inst.ejection_streak.load(Ordering::Relaxed) > 0
-        && inst.consecutive_successes.fetch_add(1, Ordering::Relaxed) + 1 >= 100
-    {
-        inst.ejection_streak.store(0, Ordering::Relaxed);
     }
 }
 
@@ -130,8 +101,7 @@ pub(crate) fn revive(health: &Health, inst: &Arc<Instance>, members: usize) -> b
             }
             let back = inst.transition(State::Draining, State::Connecting);
             if back {
-                inst.consecutive_failures.store(0, Ordering::Relaxed);
-                inst.probation.store(true, Ordering::Relaxed);
+                inst.ejection.on_probation_again();
             }
             back
         }
@@ -181,7 +151,7 @@ async fn reconnect(weak: Weak<Instance>, backoff: Backoff, labels: Labels) {
                 crate::metrics::connection_succeeded(&labels, &inst);
                 // Connecting (usable): the next call opens the instance's connection.
                 if inst.transition(State::Failing, State::Connecting) {
-                    inst.consecutive_failures.store(0, Ordering::Relaxed);
+                    inst.ejection.reconnected();
                     inst.warm_up();
                     tracing::info!(server.address = %name, attempt, "instance reachable again");
                 }

@@ -11,7 +11,7 @@ use crate::instance::{Instance, State};
 
 /// After a failure: eject `inst` if it failed `n` times in a row, or once on probation.
 pub(crate) fn eject_check(health: &super::Health, inst: &Arc<Instance>, n: u32) {
-    let on_probation = inst.probation.load(Ordering::Relaxed);
+    let on_probation = inst.ejection.on_probation();
     if n >= health.ejection.consecutive_failures || on_probation {
         let why = if on_probation {
             "failed on probation"
@@ -45,8 +45,7 @@ pub(crate) fn eject(health: &super::Health, inst: &Arc<Instance>, why: &'static 
         policy.ejected.fetch_sub(1, Ordering::AcqRel);
         return false;
     }
-    let streak = inst.ejection_streak.fetch_add(1, Ordering::Relaxed);
-    inst.ejections.fetch_add(1, Ordering::Relaxed);
+    let streak = inst.ejection.ejected();
     crate::observe::ejection(&health.totals, inst, why, true);
     let base = cfg.base_time;
     let time = base
@@ -57,7 +56,7 @@ pub(crate) fn eject(health: &super::Health, inst: &Arc<Instance>, why: &'static 
     tracing::warn!(
         server.address = %inst.target.name,
         reason = why,
-        failures = inst.consecutive_failures.load(Ordering::Relaxed),
+        failures = inst.ejection.consecutive_failures(),
         ejection_secs = time.as_secs_f64(),
         "instance ejected"
     );
@@ -74,10 +73,7 @@ pub(crate) fn eject(health: &super::Health, inst: &Arc<Instance>, why: &'static 
 /// Numbers a new ejection of `inst` that lasts `time` from now; returns its number.
 fn start_ejection(inst: &Instance, time: std::time::Duration) -> u32 {
     let until = inst.ctx.now_ns().saturating_add(crate::time::nanos(time));
-    inst.ejected_until.store(until, Ordering::Relaxed);
-    inst.ejection_id
-        .fetch_add(1, Ordering::AcqRel)
-        .wrapping_add(1)
+    inst.ejection.start(until)
 }
 
 /// An instance removed while ejected is taken back into the set: it stays ejected for what was
@@ -89,10 +85,7 @@ pub(crate) fn resume_ejection(
     members: usize,
 ) -> bool {
     let policy = &inst.ctx;
-    let left = inst
-        .ejected_until
-        .load(Ordering::Relaxed)
-        .saturating_sub(policy.now_ns());
+    let left = inst.ejection.left_ns(policy.now_ns());
     if left == 0 {
         return false;
     }
@@ -126,14 +119,12 @@ pub(crate) fn resume_ejection(
 /// The ejection numbered `id` is over: the instance is readmitted on probation, unless that
 /// ejection ended already (the instance was removed, then taken back and ejected anew).
 fn readmit(inst: &Instance, id: u32) {
-    if inst.ejection_id.load(Ordering::Acquire) != id {
+    if !inst.ejection.is_current(id) {
         return;
     }
     if inst.transition(State::Ejected, State::Ready) {
         inst.ctx.ejected.fetch_sub(1, Ordering::AcqRel);
-        inst.consecutive_failures.store(0, Ordering::Relaxed);
-        inst.consecutive_successes.store(0, Ordering::Relaxed);
-        inst.probation.store(true, Ordering::Relaxed);
+        inst.ejection.on_probation_again();
         inst.warm_up();
         tracing::info!(server.address = %inst.target.name, "instance readmitted on probation");
     }
@@ -155,14 +146,14 @@ mod tests {
             totals: Default::default(),
         };
         assert!(eject(&health, &inst, "test"));
-        let first = inst.ejection_id.load(Ordering::Acquire);
+        let first = inst.ejection.ejection_id();
         // Removed, and taken back once its time is over: on probation, then ejected again.
         assert!(ch.remove(uris[0]).unwrap());
-        inst.ejected_until.store(0, Ordering::Relaxed);
+        inst.ejection.time_over();
         let endpoints = uris.map(tonic::transport::Endpoint::from_static);
         assert_eq!(ch.replace_all(endpoints).unwrap(), (1, 0));
         assert_eq!(inst.state(), State::Connecting);
-        assert!(inst.probation.load(Ordering::Relaxed));
+        assert!(inst.ejection.on_probation());
         assert!(eject(&health, &inst, "again"));
         // The first ejection's timer fires: nothing happens.
         readmit(&inst, first);
@@ -172,7 +163,7 @@ mod tests {
             "the old timer ended the new ejection"
         );
         // The new ejection's timer readmits it.
-        readmit(&inst, inst.ejection_id.load(Ordering::Acquire));
+        readmit(&inst, inst.ejection.ejection_id());
         assert_eq!(inst.state(), State::Ready);
     }
 
@@ -208,7 +199,7 @@ mod tests {
         assert_eq!(inst.state(), State::Ejected, "readmitted before its time");
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         assert_eq!(inst.state(), State::Ready, "not readmitted after its time");
-        assert!(inst.probation.load(Ordering::Relaxed));
+        assert!(inst.ejection.on_probation());
         // One failure on probation: ejected again, for twice the base time.
         super::super::record(&health, &inst, crate::instance::events::Outcome::Failure);
         assert_eq!(inst.state(), State::Ejected);
@@ -226,8 +217,8 @@ mod tests {
             &inst,
             crate::instance::events::Outcome::Answer(tonic::Code::Ok),
         );
-        assert!(!inst.probation.load(Ordering::Relaxed));
-        assert_eq!(inst.ejections.load(Ordering::Relaxed), 2);
+        assert!(!inst.ejection.on_probation());
+        assert_eq!(inst.ejection.ejections(), 2);
     }
 
     /// On tokio's paused clock: an instance removed while ejected and taken back half way

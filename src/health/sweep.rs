@@ -13,7 +13,6 @@
 //!
 //! [gRFC A50]: https://github.com/grpc/proposal/blob/master/A50-xds-outlier-detection.md
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::Health;
@@ -37,8 +36,7 @@ pub(crate) fn sweep(health: &Health, instances: &[Arc<Instance>]) {
     let windows: Vec<Window<'_>> = instances
         .iter()
         .map(|inst| {
-            let ok = inst.window_ok.swap(0, Ordering::Relaxed);
-            let failed = inst.window_err.swap(0, Ordering::Relaxed);
+            let (ok, failed) = inst.ejection.take_window();
             Window {
                 inst,
                 calls: ok + failed,

@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 pub(crate) mod backoff;
 pub(crate) mod conns;
 pub(crate) mod context;
+pub(crate) mod ejection;
 pub(crate) mod events;
 pub(crate) mod load;
 pub(crate) mod standing;
@@ -97,22 +98,22 @@ pub(crate) struct Instance {
     pub(crate) others: load::OthersInFlight,
     /// Connection breaks seen under calls: the calls that were on a connection when it broke
     /// count it against the instance once, not once each (see `CallGuard::first_to_see_break`).
-    pub(crate) breaks: AtomicU32,
+    breaks: AtomicU32,
     /// A call waits for room on it (its stream was refused again: see `call::plan`): the next
     /// call to end wakes [`room`](Self::room). In the padding after `breaks`, on the line the
     /// guard's `-1` writes anyway.
-    pub(crate) room_wanted: AtomicBool,
+    room_wanted: AtomicBool,
     /// The least-pending tie-break's record (see `tie.rs`); what the pick reads of it ends
     /// the first cache line.
     pub(crate) tie: TieBreak,
     /// The calls on its own connection (`channel`), counted only when it may have more than one
     /// connection (see `crate::conns`).
-    pub(crate) conn_in_flight: AtomicUsize,
+    conn_in_flight: AtomicUsize,
     /// Peak-sensitive moving average of the time to response headers, in nanoseconds
     /// (`f64` bits; 0 before the first sample).
     pub(crate) latency_ns: AtomicU64,
     /// When the estimates were last updated, in nanoseconds since the channel's epoch.
-    pub(crate) latency_at: AtomicU64,
+    latency_at: AtomicU64,
     /// A spike-resistant moving average of the same samples, the instance's usual latency
     /// for the deadline rule: a sample counts for at most 4× the estimate, so that one
     /// scheduling hiccup does not move it much, while a consistently slow instance moves it
@@ -128,32 +129,17 @@ pub(crate) struct Instance {
     pub(crate) extra: Option<Box<conns::ExtraConnections>>,
     pub(crate) ctx: Arc<Context>,
     pub(crate) started: AtomicU64,
-    pub(crate) failed: AtomicU64,
-    pub(crate) consecutive_failures: AtomicU32,
-    pub(crate) consecutive_successes: AtomicU32,
-    pub(crate) ejections: AtomicU32,
-    /// Ejections in a row without a healthy spell between them: the next ejection lasts
-    /// `base × 2^streak`.
-    pub(crate) ejection_streak: AtomicU32,
-    /// Readmitted after an ejection: one more failure ejects it again.
-    pub(crate) probation: AtomicBool,
-    /// The current ejection's number: a readmission timer readmits only the ejection it was
-    /// set for (not a later one, after the instance was removed and taken back).
-    pub(crate) ejection_id: AtomicU32,
-    /// When the current ejection ends, in nanoseconds since the channel's epoch.
-    pub(crate) ejected_until: AtomicU64,
+    /// What outlier ejection keeps of it (`health` moves it; see `ejection.rs`).
+    pub(crate) ejection: ejection::EjectionRecord,
     /// The state it was in when it was removed (see [`Instance::drain`]): taken back into the
     /// set, it returns to what that state says (see `health::revive`).
     drained_from: AtomicU8,
     /// Slow start: when it joined or was readmitted, in nanoseconds since the channel's epoch
     /// (0: not warming up).
     pub(crate) warm_from: AtomicU64,
-    /// Time-window counters for the success-rate rule.
-    pub(crate) window_ok: AtomicU64,
-    pub(crate) window_err: AtomicU64,
     /// When a GOAWAY of its server was last logged at warning level, in nanoseconds since the
     /// channel's epoch (0: never; see `call::outcome`).
-    pub(crate) goaway_logged: AtomicU64,
+    goaway_logged: AtomicU64,
     /// Notified when a call on it ends while [`room_wanted`](Self::room_wanted): calls whose
     /// streams it refused go again.
     pub(crate) room: Arc<tokio::sync::Notify>,
@@ -206,18 +192,9 @@ impl Instance {
             channel,
             ctx,
             started: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            consecutive_failures: AtomicU32::new(0),
-            consecutive_successes: AtomicU32::new(0),
-            ejections: AtomicU32::new(0),
-            ejection_streak: AtomicU32::new(0),
-            probation: AtomicBool::new(false),
-            ejection_id: AtomicU32::new(0),
-            ejected_until: AtomicU64::new(0),
+            ejection: Default::default(),
             drained_from: AtomicU8::new(State::Connecting as u8),
             warm_from: AtomicU64::new(0),
-            window_ok: AtomicU64::new(0),
-            window_err: AtomicU64::new(0),
             goaway_logged: AtomicU64::new(0),
             room: Arc::new(tokio::sync::Notify::new()),
             unreachable: Arc::new(tokio::sync::Notify::new()),
@@ -281,6 +258,23 @@ impl Instance {
             self.ctx.clock.fetch_max(now, Ordering::Relaxed);
             self.warm_from.store(now.max(1), Ordering::Relaxed);
         }
+    }
+
+    /// For the virtual clock's tests: it starts warming up at `at` (the channel's clock).
+    #[cfg(test)]
+    pub(crate) fn warm_up_at(&self, at: u64) {
+        self.warm_from.store(at, Ordering::Relaxed);
+    }
+
+    /// Whether a GOAWAY of its server may be logged at warning level at `now_ns` (the
+    /// channel's clock): once in 10 s at most, by one call of those it catches.
+    pub(crate) fn goaway_log_due(&self, now_ns: u64) -> bool {
+        let last = self.goaway_logged.load(Ordering::Relaxed);
+        (last == 0 || now_ns.saturating_sub(last) >= 10_000_000_000)
+            && self
+                .goaway_logged
+                .compare_exchange(last, now_ns.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Moves from `from` to `to`; false if the state was not `from`.
@@ -371,6 +365,54 @@ impl Instance {
             let sample = (took as f64).max(tie::FAILED_AS * reference);
             let sent = now.saturating_sub(took);
             self.observe_tie(sample, reference, sent, now, tie::GateRule::FAILED);
+        }
+    }
+
+    /// A call is routed to it: one more started (the count in flight is `standing`'s).
+    /// Returns the connection breaks seen so far, for [`first_to_see_break`](Self::first_to_see_break).
+    #[inline]
+    pub(crate) fn call_started(&self) -> u32 {
+        self.started.fetch_add(1, Ordering::Relaxed);
+        self.breaks.load(Ordering::Relaxed)
+    }
+
+    /// A connection broke under a call routed when `seen` breaks had been seen: whether this
+    /// call is the first to report that break. One break fails every call on the connection;
+    /// it counts against the instance once.
+    pub(crate) fn first_to_see_break(&self, seen: u32) -> bool {
+        self.breaks
+            .compare_exchange(
+                seen,
+                seen.wrapping_add(1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// A call whose stream it refused again waits for room on it: the next call to end wakes
+    /// [`room`](Self::room).
+    pub(crate) fn want_room(&self) {
+        self.room_wanted.store(true, Ordering::Release);
+    }
+
+    /// A call on it ended: if a call waits for room, it goes again now.
+    #[inline]
+    pub(crate) fn room_made(&self) {
+        if self.room_wanted.load(Ordering::Relaxed)
+            && self.room_wanted.swap(false, Ordering::AcqRel)
+        {
+            self.room.notify_waiters();
+        }
+    }
+
+    /// For fixtures (the benchmarks' fleet, tests): its latency estimate is `ns` as of `at`
+    /// (the channel's clock), and with `steady`, its usual latency too.
+    pub(crate) fn set_latency(&self, ns: f64, at: u64, steady: bool) {
+        self.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
+        self.latency_at.store(at, Ordering::Relaxed);
+        if steady {
+            self.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
         }
     }
 

@@ -544,8 +544,7 @@ mod tests {
             let pool = &ch.shared;
             let snap = pool.snapshot();
             for (inst, ns) in snap.iter().zip([2e6f64, 4e6]) {
-                inst.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
-                inst.latency_at.store(now, Ordering::Relaxed);
+                inst.set_latency(ns, now, false);
             }
             let until = snap[0].others.set(10, now, pool.ctx.reports.max_age_ticks);
             pool.ctx.reports_fresh.note(until);

@@ -369,9 +369,7 @@ async fn slow_start_ramps_an_instance_up_to_its_share() {
         let mut sim = Sim::with(n, ctx);
         sim.calls(20 * n, |_| MS);
         let warm = n - 1;
-        sim.instances[warm]
-            .warm_from
-            .store(sim.now, std::sync::atomic::Ordering::Relaxed);
+        sim.instances[warm].warm_up_at(sim.now);
         // 500 calls a second, one after another (1 ms each, 1 ms apart): its share of each
         // second of the window, and of the second after it, against its fair share.
         let mut shares = Vec::new();
