@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the test peers before a test run, so that the run downloads nothing: the grpc-go
-# server (peers/go) into target/peers/peer-go and a virtualenv with the grpcio server's
-# packages (peers/python/requirements.txt) in target/peers/venv. The test harness
-# (fleet-service/src/peers.rs) does the same on first use and finds this work done: the same
-# paths, and the venv's copy of requirements.txt says what it has.
+# server (peers/go) into target/peers/peer-go, the xDS control plane (peers/xds) into
+# target/peers/peer-xds, and a virtualenv with the grpcio server's and xDS client's packages
+# (peers/python/requirements.txt) in target/peers/venv. The test harness
+# (fleet-service/src/peers.rs and xds.rs) does the same on first use and finds this work done:
+# the same paths, and the venv's copy of requirements.txt says what it has.
 #
 # A missing Go or Python 3 (or no network on the first run) is reported; with CI=true it fails.
 set -euo pipefail
@@ -22,6 +23,9 @@ if command -v go >/dev/null; then
   # The toolchain that is here: never download another (go.mod says which it needs).
   (cd peers/go && GOTOOLCHAIN=local go mod download && GOTOOLCHAIN=local go build -o "$out/peer-go" .) \
     || missing "go build of peers/go failed (Go 1.26+ and, on the first run, the Go module proxy)"
+  # The xDS control plane (go-control-plane's snapshot cache and ADS server): fleet-service/src/xds.rs.
+  (cd peers/xds && GOTOOLCHAIN=local go mod download && GOTOOLCHAIN=local go build -o "$out/peer-xds" .) \
+    || missing "go build of peers/xds failed (Go 1.26+ and, on the first run, the Go module proxy)"
 else
   missing "Go is missing: install Go 1.26+ (https://go.dev/dl/) for the grpc-go peer"
 fi

@@ -22,6 +22,7 @@ pub mod memory;
 pub mod peers;
 pub mod prom;
 pub mod refusing;
+pub mod xds;
 
 use std::net::SocketAddr;
 use std::pin::Pin;

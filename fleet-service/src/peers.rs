@@ -44,7 +44,7 @@ use crate::pb::peer::control_client::ControlClient;
 use crate::pb::peer::Command as ControlCommand;
 
 /// How long a peer may take to say it listens (Python imports grpcio first; a busy machine).
-const START_LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const START_LIMIT: Duration = Duration::from_secs(60);
 /// The most of a peer's stderr kept for error messages.
 const STDERR_KEPT: usize = 64 * 1024;
 
@@ -407,7 +407,7 @@ fn parse_pairs(s: &str) -> BTreeMap<String, u64> {
 }
 
 /// Reads `from` to its end on a thread of its own, keeping the last [`STDERR_KEPT`] bytes.
-fn keep_tail(
+pub(crate) fn keep_tail(
     mut from: impl Read + Send + 'static,
     into: Arc<Mutex<String>>,
 ) -> std::thread::JoinHandle<()> {
@@ -449,7 +449,7 @@ where
 // Building.
 
 /// The workspace's `peers/` directory (the sources).
-fn peers_source() -> PathBuf {
+pub(crate) fn peers_source() -> PathBuf {
     workspace().join("peers")
 }
 
@@ -471,10 +471,10 @@ pub fn build_dir() -> PathBuf {
 
 /// What a kind needs that is not here: printed loud, or a panic with `CI=true`.
 #[derive(Debug, Clone)]
-struct Missing(String);
+pub(crate) struct Missing(pub(crate) String);
 
 /// The peer's program, built once per process: the Go binary, or the venv's Python.
-fn built(kind: Kind) -> Option<PathBuf> {
+pub(crate) fn built(kind: Kind) -> Option<PathBuf> {
     static GO: OnceLock<Result<PathBuf, Missing>> = OnceLock::new();
     static PYTHON: OnceLock<Result<PathBuf, Missing>> = OnceLock::new();
     let cell = match kind {
@@ -484,30 +484,36 @@ fn built(kind: Kind) -> Option<PathBuf> {
     match cell.get_or_init(|| with_build_lock(|| build(kind))) {
         Ok(path) => Some(path.clone()),
         Err(Missing(what)) => {
-            let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-            let verdict = if ci {
-                "With CI=true the tests that need it fail."
-            } else {
-                "The tests that need it pass without running (with CI=true they fail)."
-            };
-            let message = format!(
-                "\n=====================================================================\n\
-                 The {kind} test peer cannot run here.\n{what}\n{verdict}\n\
-                 =====================================================================\n"
-            );
-            if ci {
-                panic!("{message}");
-            }
-            // Straight to the process's stderr: the test harness captures `eprintln!`.
-            let _ = std::io::stderr().write_all(message.as_bytes());
+            report_missing(&kind.to_string(), what);
             None
         }
     }
 }
 
+/// Says loud on stderr that the `peer` test peer cannot run here and why (`what`), or panics
+/// with that message when `CI=true`.
+pub(crate) fn report_missing(peer: &str, what: &str) {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let verdict = if ci {
+        "With CI=true the tests that need it fail."
+    } else {
+        "The tests that need it pass without running (with CI=true they fail)."
+    };
+    let message = format!(
+        "\n=====================================================================\n\
+         The {peer} test peer cannot run here.\n{what}\n{verdict}\n\
+         =====================================================================\n"
+    );
+    if ci {
+        panic!("{message}");
+    }
+    // Straight to the process's stderr: the test harness captures `eprintln!`.
+    let _ = std::io::stderr().write_all(message.as_bytes());
+}
+
 /// Runs `f` holding an exclusive lock on `target/peers/build.lock`: test binaries that start
 /// at once build one after the other, and the later ones find the work done.
-fn with_build_lock<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn with_build_lock<T>(f: impl FnOnce() -> T) -> T {
     let dir = build_dir();
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     let lock = File::create(dir.join("build.lock")).expect("the build lock file");
@@ -547,8 +553,14 @@ fn run(cmd: &mut Command) -> Option<Result<String, String>> {
 
 /// `go build` of `peers/go` into `target/peers/peer-go` (a no-op when it is up to date).
 fn build_go() -> Result<PathBuf, Missing> {
-    let src = peers_source().join("go");
-    let out = build_dir().join("peer-go");
+    build_go_module("go", "peer-go")
+}
+
+/// `go build` of the Go module in `peers/<module>` into `target/peers/<binary>` (a no-op when it
+/// is up to date).
+pub(crate) fn build_go_module(module: &str, binary: &str) -> Result<PathBuf, Missing> {
+    let src = peers_source().join(module);
+    let out = build_dir().join(binary);
     let go = |args: &[&str]| {
         let mut c = Command::new("go");
         // The toolchain that is here: never download another one (go.mod says which it needs).
@@ -571,14 +583,14 @@ fn build_go() -> Result<PathBuf, Missing> {
     if let Some(Err(e)) = go(&["mod", "download"]) {
         return Err(Missing(format!(
             "the peer's Go modules could not be downloaded (the first run needs the Go module \
-             proxy), or this Go is too old for peers/go/go.mod:\n{e}\n{GET_GO}"
+             proxy), or this Go is too old for peers/{module}/go.mod:\n{e}\n{GET_GO}"
         )));
     }
     let out_str = out.to_str().expect("a UTF-8 target path");
     match go(&["build", "-o", out_str, "."]) {
         Some(Ok(_)) => Ok(out),
         // The sources are the project's: a failure to build them is a failure.
-        other => panic!("go build of peers/go failed: {other:?}"),
+        other => panic!("go build of peers/{module} failed: {other:?}"),
     }
 }
 

@@ -66,3 +66,4 @@ mod tls; // feature hickory-dns
 mod transports;
 mod wait_for_ready;
 mod wrr;
+mod xds_peers;
