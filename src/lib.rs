@@ -173,6 +173,8 @@ mod error;
 mod headers;
 // The protobuf wire format of the few messages the library reads and writes.
 mod protowire;
+// tonic's gRPC framing around those messages.
+mod codec;
 // Where an instance is and how its connections open.
 mod target;
 // Background tasks that end with what they serve.

@@ -15,20 +15,18 @@
 //! - it ends when the instance is removed (draining) or dropped, and opens again if a draining
 //!   instance is taken back.
 //!
-//! The messages are encoded by hand (see `wire`), through tonic's own gRPC framing (a
-//! [`tonic::codec::Codec`] of this module's).
+//! The messages are encoded by hand (see `wire`), through tonic's own gRPC framing (the
+//! [`tonic::codec::Codec`] of `crate::codec`).
 //!
 //! [gRFC A51]: https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md
 
-use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut};
-use tonic::codec::{DecodeBuf, EncodeBuf};
 use tonic::{Code, Status};
 
 use super::LoadReport;
+use crate::codec::{Decode, Encode};
 use crate::instance::{Instance, State};
 
 /// The method of the out-of-band reports.
@@ -39,16 +37,6 @@ pub(crate) const PATH: &str = "/xds.service.orca.v3.OpenRcaService/StreamCoreMet
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct ReportRequest {
     pub(crate) interval: Option<Duration>,
-}
-
-/// A message this module sends.
-pub(crate) trait Encode: Send + 'static {
-    fn encode_to(&self, out: &mut Vec<u8>);
-}
-
-/// A message this module receives.
-pub(crate) trait Decode: Sized + Send + 'static {
-    fn decode_from(bytes: &[u8]) -> Result<Self, Status>;
 }
 
 impl Encode for ReportRequest {
@@ -78,52 +66,6 @@ impl Encode for LoadReport {
 impl Decode for Option<LoadReport> {
     fn decode_from(bytes: &[u8]) -> Result<Self, Status> {
         Ok(LoadReport::decode(bytes))
-    }
-}
-
-/// tonic's gRPC framing around this module's hand-made messages.
-pub(crate) struct OrcaCodec<E, D>(PhantomData<fn(E) -> D>);
-
-impl<E, D> Default for OrcaCodec<E, D> {
-    fn default() -> Self {
-        OrcaCodec(PhantomData)
-    }
-}
-
-impl<E: Encode, D: Decode> tonic::codec::Codec for OrcaCodec<E, D> {
-    type Encode = E;
-    type Decode = D;
-    type Encoder = OrcaCodec<E, D>;
-    type Decoder = OrcaCodec<E, D>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        OrcaCodec::default()
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        OrcaCodec::default()
-    }
-}
-
-impl<E: Encode, D> tonic::codec::Encoder for OrcaCodec<E, D> {
-    type Item = E;
-    type Error = Status;
-
-    fn encode(&mut self, item: E, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        let mut out = Vec::with_capacity(64);
-        item.encode_to(&mut out);
-        dst.put_slice(&out);
-        Ok(())
-    }
-}
-
-impl<E, D: Decode> tonic::codec::Decoder for OrcaCodec<E, D> {
-    type Item = D;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<D>, Status> {
-        let bytes = src.copy_to_bytes(src.remaining());
-        D::decode_from(&bytes).map(Some)
     }
 }
 
@@ -224,7 +166,7 @@ async fn stream(
         grpc.server_streaming(
             request,
             path,
-            OrcaCodec::<ReportRequest, Option<LoadReport>>::default(),
+            crate::codec::HandCodec::<ReportRequest, Option<LoadReport>>::default(),
         )
         .await
     };

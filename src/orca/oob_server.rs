@@ -15,8 +15,9 @@ use std::time::Duration;
 use tonic::codegen::tokio_stream::Stream;
 use tonic::Status;
 
-use super::oob::{OrcaCodec, ReportRequest, PATH};
+use super::oob::{ReportRequest, PATH};
 use super::{LoadReport, OrcaHandle};
+use crate::codec::HandCodec;
 
 /// The shortest interval an [`OobService`] sends reports at unless told otherwise: 30 s, gRPC's
 /// default (gRFC A51; grpc-go, grpc-java and gRPC C++ use it).
@@ -109,7 +110,7 @@ where
         let svc = Streamer(self.clone());
         Box::pin(async move {
             let mut grpc =
-                tonic::server::Grpc::new(OrcaCodec::<LoadReport, ReportRequest>::default());
+                tonic::server::Grpc::new(HandCodec::<LoadReport, ReportRequest>::default());
             Ok(grpc.server_streaming(svc, req).await)
         })
     }
