@@ -135,6 +135,16 @@ impl BalancedChannel {
         Ok((channel, tx))
     }
 
+    /// A channel that follows an xDS control plane (feature `xds`): `target` is
+    /// `xds:///name`, the bootstrap is the environment's (`GRPC_XDS_BOOTSTRAP` or
+    /// `GRPC_XDS_BOOTSTRAP_CONFIG`), and the rest is the builder's defaults. See
+    /// [`Builder::xds`](crate::Builder::xds).
+    #[cfg(feature = "xds")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "xds")))]
+    pub fn xds(target: &str) -> Result<BalancedChannel, crate::Error> {
+        crate::Builder::default().xds(target).build()
+    }
+
     /// A [`Builder`](crate::Builder) for the instances' `Endpoint`s, the strategy and the
     /// failure-handling settings.
     pub fn builder() -> crate::Builder {

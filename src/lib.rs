@@ -151,6 +151,10 @@ pub mod discover;
 pub mod orca;
 /// Load probes (Prequal): an instance's requests in flight and latency estimate, on request.
 pub mod probe;
+// Membership from an xDS control plane: the ADS client and a channel's resolution.
+#[cfg(feature = "xds")]
+#[cfg_attr(docsrs, doc(cfg(feature = "xds")))]
+pub mod xds;
 // The builder: instances, settings, and the checks at build time.
 mod builder;
 // The checks a settings type makes of itself at build time.

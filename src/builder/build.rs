@@ -123,7 +123,7 @@ impl Builder {
             self.start_discovery(&pool, source);
         }
         if let Some(task) = push {
-            totals.set_source("discovery stream".to_owned());
+            totals.set_source(self.push_source_name());
             if pool.snapshot().is_empty() {
                 set.discovered.send_replace(false);
             }
@@ -162,6 +162,8 @@ impl Builder {
                 (None, Some(task))
             }
             Some(DiscoverySource::Custom(r)) => (Some((r, "http", None)), None),
+            #[cfg(feature = "xds")]
+            Some(DiscoverySource::Xds { target }) => (None, Some(self.xds_task(&target)?)),
             Some(DiscoverySource::Dns {
                 target,
                 #[cfg(feature = "hickory-dns")]
@@ -175,6 +177,31 @@ impl Builder {
                 (Some(source), None)
             }
         })
+    }
+
+    /// The task that follows an xDS target: its name checked, the bootstrap read (from the
+    /// environment unless given), the process's ADS client of that control plane shared.
+    #[cfg(feature = "xds")]
+    fn xds_task(&self, target: &str) -> Result<PushTask, Error> {
+        let name = crate::xds::target_name(target)?;
+        let bootstrap = match &self.xds_bootstrap {
+            Some(b) => b.clone(),
+            None => crate::xds::Bootstrap::from_env()?,
+        };
+        bootstrap.connect_uri()?;
+        let template = self.template.clone().unwrap_or_else(|| {
+            Arc::new(|uri: http::Uri| Endpoint::from(uri).connect_timeout(DEFAULT_CONNECT_TIMEOUT))
+        });
+        Ok(Box::new(move |pool, first_within| {
+            let client = crate::xds::ads::client(&bootstrap);
+            Box::pin(crate::xds::resolve::run(
+                pool,
+                client,
+                name,
+                template,
+                first_within,
+            ))
+        }))
     }
 
     /// The instances' shared context, from the settings.
@@ -235,6 +262,16 @@ impl Builder {
         use crate::checks::Checks;
         if self.endpoints.is_empty() && self.discovery.is_none() {
             return Err(Error::NoInstances);
+        }
+        #[cfg(feature = "xds")]
+        if self.xds_bootstrap.is_some()
+            && !matches!(self.discovery, Some(DiscoverySource::Xds { .. }))
+        {
+            return Err(Error::InvalidSetting {
+                name: "xds_bootstrap",
+                reason: "a bootstrap is for an xDS target: set one with `xds(\"xds:///name\")`"
+                    .into(),
+            });
         }
         for (i, target) in self.endpoints.iter().enumerate() {
             if self.endpoints[..i].iter().any(|t| t.key == target.key) {
@@ -322,6 +359,15 @@ impl Builder {
         self.load_reports_oob = self.load_reports_oob.map(cap);
     }
 
+    /// What the channel's stats call a source that pushes: the xDS target, or a stream.
+    fn push_source_name(&self) -> String {
+        match &self.discovery {
+            #[cfg(feature = "xds")]
+            Some(DiscoverySource::Xds { target }) => target.clone(),
+            _ => "discovery stream".to_owned(),
+        }
+    }
+
     /// What the channel's metrics call it (`grpc.target`) unless told otherwise.
     #[cfg(feature = "metrics")]
     fn default_target(&self) -> String {
@@ -332,6 +378,8 @@ impl Builder {
             }
             Some(DiscoverySource::Custom(r)) => r.name(),
             Some(DiscoverySource::Push(_)) => "discovery stream".to_owned(),
+            #[cfg(feature = "xds")]
+            Some(DiscoverySource::Xds { target }) => target.clone(),
             // A list of URIs has no target of its own (see the metrics module).
             None => "static".to_owned(),
         }

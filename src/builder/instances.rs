@@ -136,6 +136,42 @@ impl Builder {
         )
     }
 
+    /// Follows an xDS control plane (feature `xds`): `target` is `xds:///name`, the Listener
+    /// the control plane serves for the name; its route's cluster's endpoints become the
+    /// instances (see the [`xds`](crate::xds) module for what is read, and what not yet).
+    /// The bootstrap is read at [`build`](Builder::build) from `GRPC_XDS_BOOTSTRAP` (a
+    /// file) or `GRPC_XDS_BOOTSTRAP_CONFIG` (the JSON), as gRPC reads it, unless given with
+    /// [`xds_bootstrap`](Builder::xds_bootstrap). Every channel of the process that names
+    /// the same control plane and node shares one ADS stream.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tonic_balancer::Error> {
+    /// let channel = tonic_balancer::BalancedChannel::builder()
+    ///     .xds("xds:///billing.prod")
+    ///     .build()?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    #[cfg(feature = "xds")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "xds")))]
+    pub fn xds(mut self, target: &str) -> Builder {
+        self.choose_discovery(
+            DiscoverySource::Xds {
+                target: target.to_owned(),
+            },
+            "xds",
+        );
+        self
+    }
+
+    /// The xDS bootstrap for [`xds`](Builder::xds), given in code instead of the
+    /// environment's (feature `xds`). Refused at build without [`xds`](Builder::xds).
+    #[cfg(feature = "xds")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "xds")))]
+    pub fn xds_bootstrap(mut self, bootstrap: crate::xds::Bootstrap) -> Builder {
+        self.xds_bootstrap = Some(bootstrap);
+        self
+    }
+
     /// Follows the changes that `next` yields (see [`discover`](Builder::discover)).
     pub(crate) fn push<K>(
         mut self,

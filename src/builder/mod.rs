@@ -67,6 +67,9 @@ pub struct Builder {
     strategy_by: Option<&'static str>,
     /// The setter that chose the discovery source, likewise.
     discovery_by: Option<&'static str>,
+    /// The xDS bootstrap given in code.
+    #[cfg(feature = "xds")]
+    xds_bootstrap: Option<crate::xds::Bootstrap>,
     /// Whether `discovery_interval` was set (it has no effect without a polled source).
     interval_set: bool,
     backoff: Backoff,
@@ -110,6 +113,11 @@ enum DiscoverySource {
     Custom(Arc<dyn Resolve>),
     /// A stream of changes (taken by the first `build()`: a stream cannot be cloned).
     Push(Arc<std::sync::Mutex<Option<PushTask>>>),
+    /// An xDS target (its bootstrap: `Builder::xds_bootstrap`, else the environment's).
+    #[cfg(feature = "xds")]
+    Xds {
+        target: String,
+    },
 }
 
 /// Starts the task that applies a stream of changes to the set.
@@ -127,6 +135,8 @@ impl std::fmt::Debug for DiscoverySource {
             DiscoverySource::Dns { target, .. } => write!(f, "Dns({target})"),
             DiscoverySource::Custom(r) => write!(f, "Custom({})", r.name()),
             DiscoverySource::Push(_) => f.write_str("Push"),
+            #[cfg(feature = "xds")]
+            DiscoverySource::Xds { target, .. } => write!(f, "Xds({target})"),
         }
     }
 }
@@ -159,6 +169,8 @@ impl Builder {
             strategy: Strategy::default(),
             strategy_by: None,
             discovery_by: None,
+            #[cfg(feature = "xds")]
+            xds_bootstrap: None,
             interval_set: false,
             backoff: Backoff::default(),
             ejection: Ejection::default(),

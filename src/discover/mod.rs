@@ -89,22 +89,34 @@ pub(crate) struct Discovery {
 impl Discovery {
     /// The instance of one address.
     fn target(&self, addr: SocketAddr) -> Result<Target, http::uri::InvalidUri> {
-        let name = uri_of(self.scheme, addr);
-        let key: http::Uri = name.parse()?;
-        let (uri, dial) = match &self.authority {
-            Some(host) => (
-                format!("{}://{host}:{}", self.scheme, addr.port()).parse()?,
-                Dial::Addr(addr),
-            ),
-            None => (key.clone(), Dial::Endpoint),
-        };
-        Ok(Target {
-            name: name.into(),
-            key: Key::Uri(key),
-            endpoint: (self.template)(uri),
-            dial,
-        })
+        address_target(self.scheme, self.authority.as_deref(), &self.template, addr)
     }
+}
+
+/// The instance of one address a source found: known by its URI (`scheme://addr`); its
+/// endpoint made by `template` from that URI, or, when the source resolved a name
+/// (`authority`), from `scheme://name:port` with the connection still going to the address.
+pub(crate) fn address_target(
+    scheme: &str,
+    authority: Option<&str>,
+    template: &Template,
+    addr: SocketAddr,
+) -> Result<Target, http::uri::InvalidUri> {
+    let name = uri_of(scheme, addr);
+    let key: http::Uri = name.parse()?;
+    let (uri, dial) = match authority {
+        Some(host) => (
+            format!("{scheme}://{host}:{}", addr.port()).parse()?,
+            Dial::Addr(addr),
+        ),
+        None => (key.clone(), Dial::Endpoint),
+    };
+    Ok(Target {
+        name: name.into(),
+        key: Key::Uri(key),
+        endpoint: template(uri),
+        dial,
+    })
 }
 
 /// The URI of an address: `http://10.0.0.7:50051`, `http://[::1]:50051`.

@@ -66,4 +66,5 @@ mod tls; // feature hickory-dns
 mod transports;
 mod wait_for_ready;
 mod wrr;
+mod xds;
 mod xds_peers;

@@ -1,0 +1,564 @@
+//! The ADS client: one stream per control plane and node in the process, shared by every
+//! channel that names it (gRFC A27's xDS client), state of the world.
+//!
+//! - **Watches.** A channel watches a resource by type and name ([`AdsClient::watch`]); the
+//!   first watch of a name subscribes (a request with the type's names), the last one dropped
+//!   unsubscribes. A watch sees `Pending`, then the resource, `Missing` or `Invalid`.
+//! - **ACK and NACK.** Each response is answered: an ACK carries its version and nonce; a
+//!   response with an invalid resource is NACKed (the last accepted version, the nonce, and in
+//!   `error_detail` why), its valid resources are taken and the invalid ones keep their last
+//!   good version (A46's partial acceptance).
+//! - **Does not exist.** A Listener or Cluster missing from a response of its type was
+//!   deleted (state of the world lists them all); a resource not received within 15 s of its
+//!   subscription, on a connected stream, does not exist (A27's timer).
+//! - **The control plane lost.** The resources stay as they were (calls go on over them); the
+//!   stream reconnects after gRPC's backoff (reset by a response received) and subscribes
+//!   again to every watched name with the versions it had.
+//!
+//! Sources: [gRFC A27](https://github.com/grpc/proposal/blob/master/A27-xds-global-load-balancing.md),
+//! [gRFC A46](https://github.com/grpc/proposal/blob/master/A46-xds-nack-semantics-improvement.md).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant;
+
+use super::bootstrap::Bootstrap;
+use super::cluster::Cluster;
+use super::endpoints::Endpoints;
+use super::listener::{Listener, RouteConfig};
+use super::wire::{Invalid, Request, Response};
+use crate::sync::lock;
+
+const PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+/// A27: a resource not received this long after it was asked for does not exist.
+const DOES_NOT_EXIST_AFTER: Duration = Duration::from_secs(15);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The four resource types a client reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    Listener,
+    Route,
+    Cluster,
+    Endpoints,
+}
+
+impl Kind {
+    const ALL: [Kind; 4] = [Kind::Listener, Kind::Route, Kind::Cluster, Kind::Endpoints];
+
+    pub(crate) fn type_url(self) -> &'static str {
+        match self {
+            Kind::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
+            Kind::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+            Kind::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            Kind::Endpoints => "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether a response lists every resource of the type (LDS, CDS): one missing from it
+    /// was deleted.
+    fn lists_all(self) -> bool {
+        matches!(self, Kind::Listener | Kind::Cluster)
+    }
+
+    fn decode(self, bytes: &[u8]) -> Result<(String, Resource), Invalid> {
+        Ok(match self {
+            Kind::Listener => {
+                let (n, r) = Listener::decode(bytes)?;
+                (n, Resource::Listener(r))
+            }
+            Kind::Route => {
+                let (n, r) = RouteConfig::decode(bytes)?;
+                (n, Resource::Route(r))
+            }
+            Kind::Cluster => {
+                let (n, r) = Cluster::decode(bytes)?;
+                (n, Resource::Cluster(r))
+            }
+            Kind::Endpoints => {
+                let (n, r) = Endpoints::decode(bytes)?;
+                (n, Resource::Endpoints(r))
+            }
+        })
+    }
+}
+
+/// A resource, decoded and validated.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Resource {
+    Listener(Listener),
+    Route(RouteConfig),
+    Cluster(Cluster),
+    Endpoints(Endpoints),
+}
+
+/// What a watch sees of its resource.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Watched {
+    /// Asked for, not received yet.
+    Pending,
+    Found(Arc<Resource>),
+    /// Deleted, or never received within the timer.
+    Missing,
+    /// Received and refused, with no good version to keep: why.
+    Invalid(String),
+}
+
+/// One watched name: its watchers and its latest state.
+struct Entry {
+    watchers: usize,
+    tx: watch::Sender<Watched>,
+    /// When it was asked for on the current stream, while it is pending.
+    asked_at: Option<Instant>,
+}
+
+#[derive(Default)]
+struct TypeState {
+    /// The last version accepted, and the last nonce received.
+    version: String,
+    nonce: String,
+    entries: HashMap<String, Entry>,
+    /// The names the current stream was last sent.
+    sent: Vec<String>,
+}
+
+/// The client's state, shared by its stream task and its watches.
+struct Inner {
+    bootstrap: Bootstrap,
+    types: Mutex<[TypeState; 4]>,
+    /// The watched names changed, or the client was dropped.
+    changed: Notify,
+    closed: AtomicBool,
+    /// Whether a stream task runs (it may have ended with a runtime that shut down).
+    running: AtomicBool,
+    pub(crate) connected: AtomicBool,
+    pub(crate) valid_updates: AtomicU64,
+    pub(crate) invalid_updates: AtomicU64,
+}
+
+/// The ADS client of one control plane and node: held by the channels that use it; the
+/// stream ends when the last one is dropped.
+pub(crate) struct AdsClient {
+    inner: Arc<Inner>,
+}
+
+impl Drop for AdsClient {
+    fn drop(&mut self) {
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.changed.notify_one();
+    }
+}
+
+/// The process's clients, by control plane and encoded node.
+type Clients = Mutex<HashMap<(String, Vec<u8>), Weak<AdsClient>>>;
+
+fn registry() -> &'static Clients {
+    static CLIENTS: OnceLock<Clients> = OnceLock::new();
+    CLIENTS.get_or_init(Default::default)
+}
+
+/// The client of this bootstrap's control plane and node: the one the process has, or a new
+/// one whose stream starts on the current tokio runtime.
+pub(crate) fn client(bootstrap: &Bootstrap) -> Arc<AdsClient> {
+    let key = (
+        bootstrap.server_uri.clone(),
+        bootstrap.node_bytes().to_vec(),
+    );
+    let mut clients = lock(registry());
+    clients.retain(|_, c| c.strong_count() > 0);
+    let client = match clients.get(&key).and_then(Weak::upgrade) {
+        Some(c) => c,
+        None => {
+            let c = Arc::new(AdsClient {
+                inner: Arc::new(Inner {
+                    bootstrap: bootstrap.clone(),
+                    types: Mutex::default(),
+                    changed: Notify::new(),
+                    closed: AtomicBool::new(false),
+                    running: AtomicBool::new(false),
+                    connected: AtomicBool::new(false),
+                    valid_updates: AtomicU64::new(0),
+                    invalid_updates: AtomicU64::new(0),
+                }),
+            });
+            clients.insert(key, Arc::downgrade(&c));
+            c
+        }
+    };
+    if !client.inner.running.swap(true, Ordering::AcqRel) {
+        tokio::spawn(run(client.inner.clone()));
+    }
+    client
+}
+
+/// A watch of one resource: `rx` sees its states; dropping it unsubscribes when it was the
+/// last watch of the name.
+pub(crate) struct Watch {
+    inner: Arc<Inner>,
+    kind: Kind,
+    pub(crate) name: String,
+    pub(crate) rx: watch::Receiver<Watched>,
+}
+
+impl AdsClient {
+    pub(crate) fn watch(&self, kind: Kind, name: &str) -> Watch {
+        let rx = {
+            let mut types = lock(&self.inner.types);
+            let entry = types[kind.index()]
+                .entries
+                .entry(name.to_owned())
+                .or_insert_with(|| Entry {
+                    watchers: 0,
+                    tx: watch::channel(Watched::Pending).0,
+                    asked_at: None,
+                });
+            entry.watchers += 1;
+            entry.tx.subscribe()
+        };
+        self.inner.changed.notify_one();
+        Watch {
+            inner: self.inner.clone(),
+            kind,
+            name: name.to_owned(),
+            rx,
+        }
+    }
+
+    /// Whether the stream is up (A78's `grpc.xds_client.connected`).
+    pub(crate) fn connected(&self) -> bool {
+        self.inner.connected.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut types = lock(&self.inner.types);
+        let entries = &mut types[self.kind.index()].entries;
+        if let Some(e) = entries.get_mut(&self.name) {
+            e.watchers -= 1;
+            if e.watchers == 0 {
+                entries.remove(&self.name);
+                drop(types);
+                self.inner.changed.notify_one();
+            }
+        }
+    }
+}
+
+/// Sets `running` false when the task ends, however it ends (a runtime shut down drops it).
+struct Running(Arc<Inner>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+        self.0.connected.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The stream, again and again, until the client is dropped.
+async fn run(inner: Arc<Inner>) {
+    let _running = Running(inner.clone());
+    let backoff = crate::Backoff::default();
+    let mut failures = 0u32;
+    let span = tracing::info_span!("xds.ads", server = %inner.bootstrap.server_uri);
+    loop {
+        if inner.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let (why, responses) = tracing::Instrument::instrument(stream(&inner), span.clone()).await;
+        inner.connected.store(false, Ordering::Relaxed);
+        if inner.closed.load(Ordering::Acquire) {
+            return;
+        }
+        if responses > 0 {
+            failures = 0;
+        }
+        let delay = backoff.delay(failures);
+        failures = failures.saturating_add(1);
+        tracing::warn!(server = %inner.bootstrap.server_uri, error = %why, retry_in = ?delay, "xDS stream ended; the resources received are kept");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = closed(&inner) => return,
+        }
+    }
+}
+
+/// Resolves when the client is dropped.
+async fn closed(inner: &Inner) {
+    while !inner.closed.load(Ordering::Acquire) {
+        inner.changed.notified().await;
+    }
+    // Another waiter (the stream's loop) may want the wake-up too.
+    inner.changed.notify_one();
+}
+
+/// One stream: (why it ended, the responses it received).
+async fn stream(inner: &Arc<Inner>) -> (String, u64) {
+    let uri = match inner.bootstrap.connect_uri() {
+        Ok(uri) => uri,
+        Err(e) => return (e.to_string(), 0),
+    };
+    let endpoint = tonic::transport::Endpoint::from(uri).connect_timeout(CONNECT_TIMEOUT);
+    let channel = match endpoint.connect().await {
+        Ok(c) => c,
+        Err(e) => return (format!("connect: {}", crate::error::chain(&e)), 0),
+    };
+    let mut grpc = tonic::client::Grpc::new(channel);
+    if let Err(e) = grpc.ready().await {
+        return (crate::error::chain(&e), 0);
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut node = Some(inner.bootstrap.node_bytes());
+    // Every watched name, again, with the versions accepted before (A27: a new stream
+    // subscribes to all it watches).
+    {
+        let mut types = lock(&inner.types);
+        for kind in Kind::ALL {
+            let t = &mut types[kind.index()];
+            t.nonce.clear();
+            t.sent.clear();
+            // A27's timer runs while the stream is up: it starts again with the request.
+            for e in t.entries.values_mut() {
+                e.asked_at = None;
+            }
+            if let Some(req) = subscription(kind, t, &mut node) {
+                let _ = tx.send(req);
+            }
+        }
+    }
+    let path = http::uri::PathAndQuery::from_static(PATH);
+    let codec = crate::codec::HandCodec::<Request, Response>::default();
+    // The server answers the call's headers with its first response, which may wait for a
+    // subscription: the watches that come meanwhile are sent while the call opens.
+    let call = grpc.streaming(tonic::Request::new(Outgoing(rx)), path, codec);
+    tokio::pin!(call);
+    let mut inbound = loop {
+        tokio::select! {
+            opened = &mut call => match opened {
+                Ok(resp) => break resp.into_inner(),
+                Err(status) => return (format!("{status}"), 0),
+            },
+            _ = inner.changed.notified() => {
+                if inner.closed.load(Ordering::Acquire) {
+                    return ("the client was dropped".into(), 0);
+                }
+                send_subscriptions(inner, &tx, &mut node);
+            }
+        }
+    };
+    inner.connected.store(true, Ordering::Relaxed);
+    tracing::info!(server = %inner.bootstrap.server_uri, "xDS stream open");
+    let mut responses = 0u64;
+    loop {
+        let next_expiry = next_expiry(inner);
+        tokio::select! {
+            msg = inbound.message() => match msg {
+                Ok(Some(resp)) => {
+                    responses += 1;
+                    if let Some(answer) = apply(inner, resp, &mut node) {
+                        let _ = tx.send(answer);
+                    }
+                }
+                Ok(None) => return ("the control plane ended the stream".into(), responses),
+                Err(status) => return (format!("{status}"), responses),
+            },
+            _ = inner.changed.notified() => {
+                if inner.closed.load(Ordering::Acquire) {
+                    return ("the client was dropped".into(), responses);
+                }
+                send_subscriptions(inner, &tx, &mut node);
+            }
+            _ = sleep_until(next_expiry) => expire(inner),
+        }
+    }
+}
+
+/// A request for each type whose watched names changed since the stream last sent them.
+fn send_subscriptions(
+    inner: &Inner,
+    tx: &mpsc::UnboundedSender<Request>,
+    node: &mut Option<Arc<Vec<u8>>>,
+) {
+    let mut types = lock(&inner.types);
+    for kind in Kind::ALL {
+        if let Some(req) = subscription(kind, &mut types[kind.index()], node) {
+            let _ = tx.send(req);
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A request for the type's names if they differ from those the stream was last sent; the
+/// new pending names' timers start.
+fn subscription(kind: Kind, t: &mut TypeState, node: &mut Option<Arc<Vec<u8>>>) -> Option<Request> {
+    let mut names: Vec<String> = t.entries.keys().cloned().collect();
+    names.sort();
+    if names == t.sent {
+        return None;
+    }
+    let now = Instant::now();
+    for e in t.entries.values_mut() {
+        if e.asked_at.is_none() && *e.tx.borrow() == Watched::Pending {
+            e.asked_at = Some(now);
+        }
+    }
+    t.sent = names.clone();
+    Some(Request {
+        version_info: t.version.clone(),
+        node: node.take(),
+        resource_names: names,
+        type_url: kind.type_url(),
+        response_nonce: t.nonce.clone(),
+        error_detail: None,
+    })
+}
+
+/// The earliest does-not-exist deadline of a pending resource.
+fn next_expiry(inner: &Inner) -> Option<Instant> {
+    let types = lock(&inner.types);
+    types
+        .iter()
+        .flat_map(|t| t.entries.values())
+        .filter_map(|e| e.asked_at)
+        .min()
+        .map(|at| at + DOES_NOT_EXIST_AFTER)
+}
+
+/// Pending resources asked for too long ago do not exist.
+fn expire(inner: &Inner) {
+    let now = Instant::now();
+    let mut types = lock(&inner.types);
+    for (kind, t) in Kind::ALL.iter().zip(types.iter_mut()) {
+        for (name, e) in t.entries.iter_mut() {
+            if e.asked_at
+                .is_some_and(|at| at + DOES_NOT_EXIST_AFTER <= now)
+            {
+                e.asked_at = None;
+                if *e.tx.borrow() == Watched::Pending {
+                    tracing::warn!(kind = ?kind, name = %name, "xDS resource does not exist (not received in 15 s)");
+                    e.tx.send_replace(Watched::Missing);
+                }
+            }
+        }
+    }
+}
+
+/// Takes a response in and returns its ACK or NACK.
+fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Option<Request> {
+    let Some(kind) = Kind::ALL
+        .into_iter()
+        .find(|k| k.type_url() == resp.type_url)
+    else {
+        tracing::warn!(type_url = %resp.type_url, "xDS response of a type never asked for, ignored");
+        return None;
+    };
+    let mut errors = Vec::new();
+    let mut seen = HashSet::new();
+    let mut types = lock(&inner.types);
+    let t = &mut types[kind.index()];
+    for (url, bytes) in &resp.resources {
+        if url != kind.type_url() {
+            errors.push(format!("a resource of type {url} in a {kind:?} response"));
+            continue;
+        }
+        match kind.decode(bytes) {
+            Ok((name, resource)) => {
+                seen.insert(name.clone());
+                if let Some(e) = t.entries.get_mut(&name) {
+                    e.asked_at = None;
+                    let new = Watched::Found(Arc::new(resource));
+                    e.tx.send_if_modified(|w| {
+                        let changed = *w != new;
+                        if changed {
+                            *w = new;
+                        }
+                        changed
+                    });
+                }
+            }
+            Err(e) => {
+                // A refused resource keeps its last good version (A46); one with none says
+                // why to its watchers. Every resource type has its name in field 1.
+                if let Some(name) = resource_name(bytes) {
+                    seen.insert(name.clone());
+                    if let Some(e2) = t.entries.get_mut(&name) {
+                        if *e2.tx.borrow() == Watched::Pending {
+                            e2.asked_at = None;
+                            e2.tx.send_replace(Watched::Invalid(e.0.clone()));
+                        }
+                    }
+                }
+                errors.push(e.0);
+            }
+        }
+    }
+    if kind.lists_all() {
+        for (name, e) in t.entries.iter_mut() {
+            if !seen.contains(name) && !matches!(*e.tx.borrow(), Watched::Missing) {
+                e.asked_at = None;
+                tracing::info!(kind = ?kind, name = %name, "xDS resource deleted");
+                e.tx.send_replace(Watched::Missing);
+            }
+        }
+    }
+    t.nonce = resp.nonce.clone();
+    let error_detail = if errors.is_empty() {
+        t.version = resp.version_info.clone();
+        inner.valid_updates.fetch_add(1, Ordering::Relaxed);
+        None
+    } else {
+        inner.invalid_updates.fetch_add(1, Ordering::Relaxed);
+        let why = errors.join("; ");
+        tracing::warn!(kind = ?kind, version = %resp.version_info, error = %why, "xDS update NACKed; the last good resources are kept");
+        Some(why)
+    };
+    let mut names: Vec<String> = t.entries.keys().cloned().collect();
+    names.sort();
+    t.sent = names.clone();
+    Some(Request {
+        version_info: t.version.clone(),
+        node: node.take(),
+        resource_names: names,
+        type_url: kind.type_url(),
+        response_nonce: resp.nonce,
+        error_detail,
+    })
+}
+
+/// A resource's name, read without validating the rest: field 1 of each of the four types.
+fn resource_name(bytes: &[u8]) -> Option<String> {
+    super::wire::fields(bytes, "resource")
+        .map_while(Result::ok)
+        .find(|(n, _)| *n == 1)
+        .and_then(|(_, v)| v.str("name").ok().map(str::to_owned))
+}
+
+/// The stream's requests, as tonic takes a request stream.
+struct Outgoing(mpsc::UnboundedReceiver<Request>);
+
+impl futures_core::Stream for Outgoing {
+    type Item = Request;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Request>> {
+        self.0.poll_recv(cx)
+    }
+}

@@ -1,0 +1,236 @@
+//! One channel's way from its target's name to its instances: the Listener of the name, its
+//! route configuration (inline or by RDS), the virtual host of the name, the route that takes
+//! every call, its cluster, the cluster's endpoints; each step a watch on the shared ADS
+//! client, followed again whenever one of them changes.
+//!
+//! What the channel does with the answer:
+//! - the usable endpoints (HEALTHY or UNKNOWN) of the most preferred priority that has any
+//!   become the set, in one swap (those that leave drain: no new call, their calls finish);
+//! - a resource that does not exist, or a route the client cannot follow, empties the set
+//!   and says why: calls fail UNAVAILABLE with that reason (as gRPC's channel fails them);
+//! - while a resource is pending, or refused with a good version kept, nothing changes.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::ads::{AdsClient, Kind, Resource, Watch, Watched};
+use super::listener::{Action, Routes};
+use crate::call::shared::Shared;
+use crate::discover::Template;
+use crate::target::Target;
+
+/// Where the chain stands.
+enum Outcome {
+    /// A step is pending: nothing to change.
+    Pending,
+    /// The endpoints to use, of this priority.
+    Endpoints(usize, Vec<(SocketAddr, u64)>),
+    /// A step failed: the set empties, calls fail with this reason.
+    Failed(String),
+}
+
+/// The watches a channel holds beyond its Listener: each one replaced when the step before
+/// it names another resource.
+#[derive(Default)]
+struct Chain {
+    route: Option<Watch>,
+    cluster: Option<Watch>,
+    endpoints: Option<Watch>,
+}
+
+/// Keeps the set in line with what the control plane says of `name`, until the channel is
+/// dropped (its task ends with it, and its watches unsubscribe).
+pub(crate) async fn run(
+    pool: Weak<Shared>,
+    client: Arc<AdsClient>,
+    name: String,
+    template: Template,
+    first_within: Duration,
+) {
+    let mut listener = client.watch(Kind::Listener, &name);
+    let mut chain = Chain::default();
+    let first_by = crate::time::after(first_within);
+    let mut answered = false;
+    let mut last: Option<(usize, Vec<(SocketAddr, u64)>)> = None;
+    loop {
+        let outcome = follow(&client, &name, &mut listener, &mut chain);
+        let Some(p) = pool.upgrade() else { return };
+        match outcome {
+            Outcome::Pending => {}
+            Outcome::Endpoints(priority, endpoints) => {
+                answered = true;
+                if last.as_ref() != Some(&(priority, endpoints.clone())) {
+                    apply(&p, &name, &template, &endpoints, priority);
+                    last = Some((priority, endpoints));
+                }
+            }
+            Outcome::Failed(why) => {
+                answered = true;
+                last = None;
+                tracing::warn!(target = %name, reason = %why, "xDS: no instances");
+                p.set().sync(Vec::new());
+                p.set()
+                    .discovery_status(Some(format!("xds:///{name}: {why}")));
+            }
+        }
+        drop(p);
+        tokio::select! {
+            _ = listener.rx.changed() => {}
+            _ = changed(&mut chain.route) => {}
+            _ = changed(&mut chain.cluster) => {}
+            _ = changed(&mut chain.endpoints) => {}
+            _ = tokio::time::sleep_until(first_by), if !answered => {
+                answered = true;
+                let Some(p) = pool.upgrade() else { return };
+                let state = if client.connected() { "connected" } else { "not connected" };
+                p.set().discovery_status(Some(format!(
+                    "xds:///{name}: no answer from the control plane within {first_within:?} \
+                     (its stream: {state})"
+                )));
+            }
+        }
+    }
+}
+
+/// Resolves when the watch's resource changes; never when there is no watch (or its client
+/// is gone).
+async fn changed(watch: &mut Option<Watch>) {
+    if let Some(w) = watch {
+        if w.rx.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+/// The watch of `name` in `slot`, replacing a watch of another name.
+fn watch_of<'a>(
+    client: &AdsClient,
+    slot: &'a mut Option<Watch>,
+    kind: Kind,
+    name: &str,
+) -> &'a mut Watch {
+    if slot.as_ref().is_none_or(|w| w.name != name) {
+        *slot = Some(client.watch(kind, name));
+    }
+    slot.as_mut().expect("set above")
+}
+
+/// The state of a watched resource: the resource, or the outcome that stops the chain.
+fn current(w: &mut Watch, what: &str) -> Result<Arc<Resource>, Outcome> {
+    match &*w.rx.borrow_and_update() {
+        Watched::Pending => Err(Outcome::Pending),
+        Watched::Found(r) => Ok(r.clone()),
+        Watched::Missing => Err(Outcome::Failed(format!(
+            "{what} {:?} does not exist",
+            w.name
+        ))),
+        Watched::Invalid(why) => Err(Outcome::Failed(format!(
+            "{what} {:?} is invalid: {why}",
+            w.name
+        ))),
+    }
+}
+
+/// Follows the chain from the Listener to the endpoints.
+fn follow(client: &AdsClient, name: &str, listener: &mut Watch, chain: &mut Chain) -> Outcome {
+    match follow_steps(client, name, listener, chain) {
+        Ok(outcome) | Err(outcome) => outcome,
+    }
+}
+
+fn follow_steps(
+    client: &AdsClient,
+    name: &str,
+    listener: &mut Watch,
+    chain: &mut Chain,
+) -> Result<Outcome, Outcome> {
+    let l = current(listener, "listener")?;
+    let Resource::Listener(l) = &*l else {
+        unreachable!("a listener watch")
+    };
+    let routes = match &l.routes {
+        Routes::Inline(rc) => {
+            chain.route = None;
+            Arc::new(Resource::Route(rc.clone()))
+        }
+        Routes::Rds(route_name) => current(
+            watch_of(client, &mut chain.route, Kind::Route, route_name),
+            "route configuration",
+        )?,
+    };
+    let Resource::Route(rc) = &*routes else {
+        unreachable!("a route watch")
+    };
+    let host = rc
+        .host_for(name)
+        .ok_or_else(|| Outcome::Failed(format!("no virtual host matches {name:?}")))?;
+    // The channel has one set for all its calls: the first route that takes every call.
+    let route = host
+        .routes
+        .iter()
+        .find(|r| r.takes_every_call())
+        .ok_or_else(|| Outcome::Failed(format!("no route of {name:?} takes every call")))?;
+    let cluster_name = match &route.action {
+        Action::Cluster(c) => c.clone(),
+        Action::Weighted(list) => {
+            let heaviest = list.iter().max_by_key(|(_, w)| *w).expect("not empty");
+            tracing::warn!(target = %name, clusters = ?list, chosen = %heaviest.0, "xDS weighted clusters: this channel sends every call to the heaviest");
+            heaviest.0.clone()
+        }
+        Action::Unsupported(what) => {
+            return Err(Outcome::Failed(format!(
+                "the route's action ({what}) is not supported"
+            )))
+        }
+    };
+    let cluster = current(
+        watch_of(client, &mut chain.cluster, Kind::Cluster, &cluster_name),
+        "cluster",
+    )?;
+    let Resource::Cluster(cluster) = &*cluster else {
+        unreachable!("a cluster watch")
+    };
+    let eds = current(
+        watch_of(
+            client,
+            &mut chain.endpoints,
+            Kind::Endpoints,
+            &cluster.eds_name,
+        ),
+        "endpoints",
+    )?;
+    let Resource::Endpoints(eds) = &*eds else {
+        unreachable!("an endpoints watch")
+    };
+    let (priority, usable) = eds.usable();
+    Ok(Outcome::Endpoints(priority, usable))
+}
+
+/// The set becomes these endpoints, in one swap.
+fn apply(
+    p: &Shared,
+    name: &str,
+    template: &Template,
+    endpoints: &[(SocketAddr, u64)],
+    priority: usize,
+) {
+    let mut want: Vec<Target> = Vec::with_capacity(endpoints.len());
+    for (addr, _weight) in endpoints {
+        match crate::discover::address_target("http", None, template, *addr) {
+            Ok(t) => want.push(t),
+            Err(e) => {
+                tracing::warn!(target = %name, server.address = %addr, error = %e, "unusable address")
+            }
+        }
+    }
+    let (added, removed) = p.set().sync(want);
+    tracing::info!(target = %name, priority, added, removed, instances = endpoints.len(), "xDS changed the set");
+    if endpoints.is_empty() {
+        p.set()
+            .discovery_status(Some(format!("xds:///{name}: no usable endpoint")));
+    } else {
+        p.set().discovery_status(None);
+    }
+}

@@ -1,0 +1,479 @@
+//! The channel as an xDS client (`Builder::xds`), against a real, unmodified control plane:
+//! envoyproxy/go-control-plane's snapshot cache and ADS server (`peers/xds`, through
+//! `fleet_service::xds::ControlPlane`), serving the test fleet's tonic instances. Each test
+//! sends snapshots and waits (bounded, never a guessed sleep) for the channel to follow.
+//! Skipped, loudly, where Go is missing (with `CI=true` it fails).
+#![cfg(feature = "xds")]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleet::pb::fleet_client::FleetClient;
+use fleet::xds::{Cluster, ClusterEndpoints, ControlPlane, Health, Locality, Policy, Snapshot};
+use fleet::{Behavior, Fleet};
+use fleet_service as fleet;
+use tonic_balancer::xds::Bootstrap;
+use tonic_balancer::BalancedChannel;
+
+/// The bound of each wait for the channel to follow a snapshot (it takes milliseconds; a
+/// reconnection to a restarted control plane waits for gRPC's backoff, 1 s then 1.6 s...).
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A channel to `xds:///svc` through this control plane.
+fn channel(cp: &ControlPlane, node: &str) -> BalancedChannel {
+    let bootstrap = Bootstrap::from_json(&cp.bootstrap(node)).expect("the harness's bootstrap");
+    BalancedChannel::builder()
+        .xds("xds:///svc")
+        .xds_bootstrap(bootstrap)
+        .build()
+        .expect("an xDS channel")
+}
+
+/// A snapshot of listener `svc` whose cluster has these localities.
+fn snapshot(version: &str, localities: Vec<Locality>) -> Snapshot {
+    let endpoints = localities
+        .into_iter()
+        .fold(ClusterEndpoints::new("svc"), ClusterEndpoints::locality);
+    Snapshot::new(version)
+        .listener_rds("svc", "route-svc")
+        .route("route-svc", "svc")
+        .cluster(Cluster::eds("svc"))
+        .endpoints(endpoints)
+}
+
+/// One locality of these endpoints, all with `health`.
+fn locality(addrs: &[SocketAddr], health: Health) -> Locality {
+    addrs
+        .iter()
+        .fold(Locality::new("r1", "z1"), |l, a| l.endpoint(*a, health, 1))
+}
+
+fn addrs(fleet: &Fleet) -> Vec<SocketAddr> {
+    fleet.instances.iter().map(|i| i.addr).collect()
+}
+
+/// `n` sequential calls, each of which must succeed: how many each instance served.
+async fn tally(ch: &BalancedChannel, n: u64) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for name in fleet::calls(&mut FleetClient::new(ch.clone()), n).await {
+        *counts.entry(name).or_default() += 1;
+    }
+    counts
+}
+
+/// Batches of `n` calls until one satisfies `done`; panics after [`LIMIT`] with the last
+/// batch and the control plane's log.
+async fn until(
+    ch: &BalancedChannel,
+    cp: &ControlPlane,
+    what: &str,
+    n: u64,
+    done: impl Fn(&BTreeMap<String, u64>) -> bool,
+) {
+    let start = Instant::now();
+    loop {
+        let counts = tally(ch, n).await;
+        if done(&counts) {
+            return;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "{what}: not within {LIMIT:?}; the last {n} calls went {counts:?}\n{}\n\
+             --- the control plane's log ---\n{}",
+            ch.stats(),
+            cp.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Only these instances serve.
+fn only<'a>(names: &'a [&'a str]) -> impl Fn(&BTreeMap<String, u64>) -> bool + 'a {
+    move |c| {
+        c.keys().all(|k| names.contains(&k.as_str())) && names.iter().all(|n| c.contains_key(*n))
+    }
+}
+
+/// First resolution, an endpoint added, one removed: the set follows each snapshot, and a
+/// removed instance gets no new calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_set_follows_the_endpoints_added_and_removed() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(3, Behavior::Ok);
+    let a = addrs(&fleet);
+    cp.set(&snapshot("1", vec![locality(&a[..2], Health::Healthy)]));
+    let ch = channel(&cp, "follows");
+    until(&ch, &cp, "the first two", 40, only(&["i0", "i1"])).await;
+    cp.set(&snapshot("2", vec![locality(&a, Health::Healthy)]));
+    until(&ch, &cp, "all three", 60, only(&["i0", "i1", "i2"])).await;
+    cp.set(&snapshot("3", vec![locality(&a[1..], Health::Healthy)]));
+    until(&ch, &cp, "i0 removed", 40, only(&["i1", "i2"])).await;
+    assert_eq!(ch.endpoints().len(), 2, "{:?}", ch.endpoints());
+}
+
+/// A27: DRAINING, UNHEALTHY, TIMEOUT and DEGRADED endpoints take no new call; UNKNOWN does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_healthy_and_unknown_endpoints_take_calls() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(6, Behavior::Ok);
+    let a = addrs(&fleet);
+    cp.set(&snapshot("1", vec![locality(&a, Health::Healthy)]));
+    let ch = channel(&cp, "health");
+    until(&ch, &cp, "all six", 120, |c| c.len() == 6).await;
+    let l = Locality::new("r1", "z1")
+        .endpoint(a[0], Health::Draining, 1)
+        .endpoint(a[1], Health::Unhealthy, 1)
+        .endpoint(a[2], Health::Timeout, 1)
+        .endpoint(a[3], Health::Degraded, 1)
+        .endpoint(a[4], Health::Unknown, 1)
+        .endpoint(a[5], Health::Healthy, 1);
+    cp.set(&snapshot("2", vec![l]));
+    until(&ch, &cp, "i4 and i5 only", 40, only(&["i4", "i5"])).await;
+}
+
+/// A27's priorities: priority 1 serves while priority 0 has no usable endpoint, within the
+/// update that took priority 0's away; priority 0 serves again when it has one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lower_priority_serves_while_the_higher_has_none() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let a = addrs(&fleet);
+    let two = |v: &str, first: Health| {
+        snapshot(
+            v,
+            vec![
+                Locality::new("r1", "z1")
+                    .priority(0)
+                    .endpoint(a[0], first, 1),
+                Locality::new("r1", "z2")
+                    .priority(1)
+                    .endpoint(a[1], Health::Healthy, 1),
+            ],
+        )
+    };
+    cp.set(&two("1", Health::Healthy));
+    let ch = channel(&cp, "priorities");
+    until(&ch, &cp, "priority 0", 20, only(&["i0"])).await;
+    cp.set(&two("2", Health::Unhealthy));
+    until(&ch, &cp, "failover to priority 1", 20, only(&["i1"])).await;
+    cp.set(&two("3", Health::Healthy));
+    until(&ch, &cp, "back to priority 0", 20, only(&["i0"])).await;
+}
+
+/// A cluster this client cannot run (ring_hash only) is NACKed with the reason, and the last
+/// good cluster and endpoints keep serving; the next good update is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_cluster_is_nacked_and_the_last_good_one_kept() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let a = addrs(&fleet);
+    cp.set(&snapshot("1", vec![locality(&a[..1], Health::Healthy)]));
+    let ch = channel(&cp, "nack");
+    until(&ch, &cp, "i0", 10, only(&["i0"])).await;
+    let bad = Snapshot::new("2")
+        .listener_rds("svc", "route-svc")
+        .route("route-svc", "svc")
+        .cluster(Cluster::eds("svc").policy(Policy::ring_hash(None, None)))
+        .endpoints(ClusterEndpoints::new("svc").locality(locality(&a[..1], Health::Healthy)));
+    cp.set(&bad);
+    let start = Instant::now();
+    while !cp
+        .nacks()
+        .iter()
+        .any(|l| l.contains("Cluster") && l.contains("ring_hash"))
+    {
+        assert!(
+            start.elapsed() < LIMIT,
+            "no NACK naming ring_hash:\n{}",
+            cp.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        tally(&ch, 20).await.get("i0"),
+        Some(&20),
+        "the last good cluster serves"
+    );
+    cp.set(&snapshot("3", vec![locality(&a[1..], Health::Healthy)]));
+    until(&ch, &cp, "the next good update", 10, only(&["i1"])).await;
+}
+
+/// A Listener deleted from the control plane: calls fail UNAVAILABLE, saying so; named again,
+/// it serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_listener_fails_calls_naming_it() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(1, Behavior::Ok);
+    let a = addrs(&fleet);
+    cp.set(&snapshot("1", vec![locality(&a, Health::Healthy)]));
+    let ch = channel(&cp, "deleted");
+    until(&ch, &cp, "i0", 5, only(&["i0"])).await;
+    let no_listener = Snapshot::new("2")
+        .route("route-svc", "svc")
+        .cluster(Cluster::eds("svc"))
+        .endpoints(ClusterEndpoints::new("svc").locality(locality(&a, Health::Healthy)));
+    cp.set(&no_listener);
+    let mut client = FleetClient::new(ch.clone());
+    let start = Instant::now();
+    let status = loop {
+        match client.unary(fleet::req(1)).await {
+            Err(status) => break status,
+            Ok(_) => assert!(
+                start.elapsed() < LIMIT,
+                "calls still succeed:\n{}",
+                cp.stderr()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("does not exist"), "{status:?}");
+    cp.set(&snapshot("3", vec![locality(&a, Health::Healthy)]));
+    let start = Instant::now();
+    while let Err(status) = client.unary(fleet::req(2)).await {
+        assert!(
+            start.elapsed() < LIMIT,
+            "not served again: {status:?}\n{}",
+            cp.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    until(&ch, &cp, "served again", 5, only(&["i0"])).await;
+}
+
+/// Calls from 4 tasks while the control plane dies and comes back on its port: no call fails
+/// (the channel keeps the last resources), and the restarted control plane's snapshot is
+/// followed once the stream is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_go_on_through_a_control_plane_restart() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(3, Behavior::Delay(Duration::from_millis(2)));
+    let a = addrs(&fleet);
+    cp.set(&snapshot("1", vec![locality(&a[..2], Health::Healthy)]));
+    let ch = channel(&cp, "restart");
+    until(&ch, &cp, "the first two", 20, only(&["i0", "i1"])).await;
+    let load = Load::start(&ch, 4);
+    load.progress(50).await;
+    cp.kill();
+    load.progress(100).await;
+    cp.restart();
+    cp.set(&snapshot("2", vec![locality(&a[1..], Health::Healthy)]));
+    until(
+        &ch,
+        &cp,
+        "the restarted control plane's set",
+        20,
+        only(&["i1", "i2"]),
+    )
+    .await;
+    load.progress(50).await;
+    assert_eq!(load.stop().await, 0, "calls failed");
+}
+
+/// Every endpoint replaced one by one while 4 tasks call: no call fails, and each removed
+/// instance ends with no call in flight and gets no new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_replacement_loses_no_call() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(6, Behavior::Delay(Duration::from_millis(2)));
+    let a = addrs(&fleet);
+    cp.set(&snapshot("1", vec![locality(&a[..3], Health::Healthy)]));
+    let ch = channel(&cp, "rolling");
+    until(&ch, &cp, "the first three", 30, |c| c.len() == 3).await;
+    let load = Load::start(&ch, 4);
+    for step in 1..=3 {
+        load.progress(50).await;
+        let now: Vec<SocketAddr> = a[step..step + 3].to_vec();
+        cp.set(&snapshot(
+            &format!("{}", step + 1),
+            vec![locality(&now, Health::Healthy)],
+        ));
+        let start = Instant::now();
+        let gone = format!("http://{}", a[step - 1]);
+        while ch.endpoints().iter().any(|e| e.uri() == gone) {
+            assert!(
+                start.elapsed() < LIMIT,
+                "instance {} still in the set",
+                step - 1
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    load.progress(50).await;
+    assert_eq!(load.stop().await, 0, "calls failed");
+    until(&ch, &cp, "the last three", 30, only(&["i3", "i4", "i5"])).await;
+}
+
+/// Ten channels of the process with the same control plane and node: one ADS stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_channels_share_one_stream() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(2, Behavior::Ok);
+    cp.set(&snapshot(
+        "1",
+        vec![locality(&addrs(&fleet), Health::Healthy)],
+    ));
+    let channels: Vec<BalancedChannel> = (0..10).map(|_| channel(&cp, "ten")).collect();
+    for ch in &channels {
+        until(ch, &cp, "both", 20, only(&["i0", "i1"])).await;
+    }
+    let opened = cp.stderr().lines().filter(|l| l.contains("open")).count();
+    assert_eq!(opened, 1, "streams opened:\n{}", cp.stderr());
+}
+
+/// Sequential calls from `tasks` tasks until stopped, counting those done and failed.
+struct Load {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(ch: &BalancedChannel, tasks: u64) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let tasks = (0..tasks)
+            .map(|t| {
+                let mut client = FleetClient::new(ch.clone());
+                let (stop, done, failed) = (stop.clone(), done.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let mut id = t << 32;
+                    while !stop.load(Ordering::SeqCst) {
+                        id += 1;
+                        if let Err(e) = client.unary(fleet::req(id)).await {
+                            eprintln!("call failed: {e:?}");
+                            failed.fetch_add(1, Ordering::SeqCst);
+                        }
+                        done.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            done,
+            failed,
+            tasks,
+        }
+    }
+
+    /// Waits for `n` more calls to end.
+    async fn progress(&self, n: u64) {
+        let from = self.done.load(Ordering::SeqCst);
+        let done = self.done.clone();
+        fleet::wait_until("calls flowing", LIMIT, || {
+            done.load(Ordering::SeqCst) >= from + n
+        })
+        .await;
+    }
+
+    /// Stops the tasks; the calls that failed.
+    async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        self.failed.load(Ordering::SeqCst)
+    }
+}
+
+/// Beside gRPC's own xDS client (C-core, through grpcio) on the same control plane and
+/// snapshots: after each update, both send their calls to the same instances (all healthy;
+/// DRAINING and UNHEALTHY out; priority 0 empty so priority 1; an endpoint removed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_channel_and_grpc_agree_on_which_instances_serve() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(4, Behavior::Ok);
+    let a = addrs(&fleet);
+    let steps: Vec<(Snapshot, &[&str])> = vec![
+        (
+            snapshot("1", vec![locality(&a[..3], Health::Healthy)]),
+            &["i0", "i1", "i2"],
+        ),
+        (
+            snapshot(
+                "2",
+                vec![Locality::new("r1", "z1")
+                    .endpoint(a[0], Health::Draining, 1)
+                    .endpoint(a[1], Health::Unhealthy, 1)
+                    .endpoint(a[2], Health::Healthy, 1)
+                    .endpoint(a[3], Health::Unknown, 1)],
+            ),
+            &["i2", "i3"],
+        ),
+        (
+            snapshot(
+                "3",
+                vec![
+                    Locality::new("r1", "z1")
+                        .priority(0)
+                        .endpoint(a[0], Health::Unhealthy, 1),
+                    Locality::new("r1", "z2")
+                        .priority(1)
+                        .endpoint(a[1], Health::Healthy, 1),
+                ],
+            ),
+            &["i1"],
+        ),
+        (
+            snapshot("4", vec![locality(&a[2..], Health::Healthy)]),
+            &["i2", "i3"],
+        ),
+    ];
+    cp.set(&steps[0].0);
+    let ch = channel(&cp, "beside-grpc");
+    let bootstrap = cp.bootstrap("beside-grpc-peer");
+    let Some(mut grpc) =
+        tokio::task::block_in_place(|| fleet::xds::GrpcXdsClient::start(&bootstrap, "xds:///svc"))
+    else {
+        return;
+    };
+    for (i, (snap, want)) in steps.iter().enumerate() {
+        if i > 0 {
+            cp.set(snap);
+        }
+        until(
+            &ch,
+            &cp,
+            &format!("the channel at step {i}"),
+            40,
+            only(want),
+        )
+        .await;
+        let start = Instant::now();
+        loop {
+            let (counts, failed) = tokio::task::block_in_place(|| grpc.calls(40));
+            if failed == 0 && only(want)(&counts) {
+                break;
+            }
+            assert!(
+                start.elapsed() < LIMIT,
+                "gRPC at step {i}: the last 40 calls went {counts:?} ({failed} failed)\n{}",
+                grpc.stderr()
+            );
+        }
+    }
+}
