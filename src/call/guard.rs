@@ -101,26 +101,20 @@ impl CallGuard {
     /// The latency sample of an answered call (its response head came `at`), by how it ended:
     /// a failed answer is never a fast answer (an instance whose handler throws answers
     /// UNKNOWN at once, and would look the fastest). An OK answer (or one with a code the user
-    /// named ordinary) counts as it is, and so does
-    /// an answer whose end says nothing against the instance (the caller dropped its stream, a
-    /// CANCELLED the server passed on); an answer with another status, or a broken stream,
-    /// counts as it is only if slower than the instance's usual latency (evidence of
-    /// slowness), else as a slow answer for the tie-break alone ([`Instance::failed_answer`]).
+    /// named ordinary) counts as it is, and so does an answer whose end says nothing against
+    /// the instance (the caller dropped its stream, a CANCELLED the server passed on); an
+    /// answer with another status, or a broken stream, counts for the tie-break as a failure
+    /// ([`Instance::failed_answer`]: a fixed slowness under its own short gates, whatever it
+    /// took) and for the latency estimate only if slower than it.
     #[inline]
     fn sample_answer(&self, at: Instant, outcome: Outcome) {
         let took = at.saturating_duration_since(self.start);
-        let counts = match outcome {
-            Outcome::Answer(code) if self.inst.ctx.is_ordinary(code) => true,
-            Outcome::Neutral => true,
-            Outcome::Answer(_) | Outcome::Failure => {
-                let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
-                usual > 0.0 && took.as_nanos() as f64 > usual
+        match outcome {
+            Outcome::Answer(code) if self.inst.ctx.is_ordinary(code) => {
+                self.inst.sample_at(self.method, took, at)
             }
-        };
-        if counts {
-            self.inst.sample_at(self.method, took, at);
-        } else {
-            self.inst.failed_answer(self.method, took, at);
+            Outcome::Neutral => self.inst.sample_at(self.method, took, at),
+            Outcome::Answer(_) | Outcome::Failure => self.inst.failed_answer(self.method, took, at),
         }
     }
 
