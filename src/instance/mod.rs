@@ -381,6 +381,12 @@ impl Instance {
         }
     }
 
+    /// Its weight against the heaviest instance's, in (0, 1], as the membership gives it (an
+    /// xDS endpoint's share): it wins that share of the ties the heaviest wins.
+    pub(crate) fn set_weight(&self, weight: f64) {
+        self.tie.set_weight(weight);
+    }
+
     /// A call is routed to it: one more started (the count in flight is `standing`'s).
     /// Returns the connection breaks seen so far, for [`first_to_see_break`](Self::first_to_see_break).
     #[inline]

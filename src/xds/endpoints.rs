@@ -105,17 +105,34 @@ impl Endpoints {
     }
 
     /// The endpoints that take calls: those of the most preferred priority that has any
-    /// (A27: a priority is used while the ones above it have none), with their weights (the
-    /// locality's times the endpoint's). Empty when no priority has one.
-    pub(crate) fn usable(&self) -> (usize, Vec<(SocketAddr, u64)>) {
+    /// (A27: a priority is used while the ones above it have none), each with its share of
+    /// the calls as gRPC gives them: its locality's share of the localities' weights (of those
+    /// with a usable endpoint) times its share of its locality's usable endpoints' weights
+    /// (A27's weighted target over localities, weighted round robin within one). Empty when no
+    /// priority has one.
+    pub(crate) fn usable(&self) -> (usize, Vec<(SocketAddr, f64)>) {
         for (p, localities) in self.priorities.iter().enumerate() {
-            let mut out: Vec<(SocketAddr, u64)> = Vec::new();
-            for l in localities {
-                for e in l.endpoints.iter().filter(|e| e.health.is_usable()) {
-                    let w = u64::from(l.weight) * u64::from(e.weight);
+            let usable: Vec<(u64, Vec<&Endpoint>)> = localities
+                .iter()
+                .map(|l| {
+                    let eps: Vec<&Endpoint> = l
+                        .endpoints
+                        .iter()
+                        .filter(|e| e.health.is_usable())
+                        .collect();
+                    (u64::from(l.weight), eps)
+                })
+                .filter(|(_, eps)| !eps.is_empty())
+                .collect();
+            let total: u64 = usable.iter().map(|(w, _)| w).sum();
+            let mut out: Vec<(SocketAddr, f64)> = Vec::new();
+            for (lw, eps) in &usable {
+                let sum: u64 = eps.iter().map(|e| u64::from(e.weight)).sum();
+                for e in eps {
+                    let share = (*lw as f64 / total as f64) * (f64::from(e.weight) / sum as f64);
                     match out.iter_mut().find(|(a, _)| *a == e.addr) {
-                        Some(same) => same.1 += w,
-                        None => out.push((e.addr, w)),
+                        Some(same) => same.1 += share,
+                        None => out.push((e.addr, share)),
                     }
                 }
             }
@@ -286,7 +303,38 @@ mod tests {
         };
         let (p, usable) = e.usable();
         assert_eq!(p, 1);
-        let ports: Vec<(u16, u64)> = usable.iter().map(|(a, w)| (a.port(), *w)).collect();
-        assert_eq!(ports, [(3, 2), (4, 2)]);
+        let ports: Vec<(u16, f64)> = usable.iter().map(|(a, w)| (a.port(), *w)).collect();
+        assert_eq!(ports, [(3, 0.5), (4, 0.5)]);
+    }
+
+    /// gRPC's two levels: a locality's share of the weights, then the endpoint's share of its
+    /// locality's: a locality of weight 1 with one endpoint and one of weight 1 with three
+    /// give the lone endpoint half the calls.
+    #[test]
+    fn shares_are_the_locality_s_times_the_endpoint_s() {
+        let e = Endpoints {
+            priorities: vec![vec![
+                Locality {
+                    name: "a".into(),
+                    weight: 1,
+                    endpoints: vec![ep(1, Health::Healthy)],
+                },
+                Locality {
+                    name: "b".into(),
+                    weight: 1,
+                    endpoints: vec![
+                        ep(2, Health::Healthy),
+                        Endpoint {
+                            weight: 2,
+                            ..ep(3, Health::Healthy)
+                        },
+                        ep(4, Health::Unhealthy),
+                    ],
+                },
+            ]],
+            drops: Vec::new(),
+        };
+        let shares: Vec<(u16, f64)> = e.usable().1.iter().map(|(a, w)| (a.port(), *w)).collect();
+        assert_eq!(shares, [(1, 0.5), (2, 0.5 / 3.0), (3, 1.0 / 3.0)]);
     }
 }

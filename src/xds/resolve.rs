@@ -25,7 +25,7 @@ enum Outcome {
     /// A step is pending: nothing to change.
     Pending,
     /// The endpoints to use, of this priority.
-    Endpoints(usize, Vec<(SocketAddr, u64)>),
+    Endpoints(usize, Vec<(SocketAddr, f64)>),
     /// A step failed: the set empties, calls fail with this reason.
     Failed(String),
 }
@@ -52,7 +52,7 @@ pub(crate) async fn run(
     let mut chain = Chain::default();
     let first_by = crate::time::after(first_within);
     let mut answered = false;
-    let mut last: Option<(usize, Vec<(SocketAddr, u64)>)> = None;
+    let mut last: Option<(usize, Vec<(SocketAddr, f64)>)> = None;
     loop {
         let outcome = follow(&client, &name, &mut listener, &mut chain);
         let Some(p) = pool.upgrade() else { return };
@@ -213,11 +213,11 @@ fn apply(
     p: &Shared,
     name: &str,
     template: &Template,
-    endpoints: &[(SocketAddr, u64)],
+    endpoints: &[(SocketAddr, f64)],
     priority: usize,
 ) {
     let mut want: Vec<Target> = Vec::with_capacity(endpoints.len());
-    for (addr, _weight) in endpoints {
+    for (addr, _share) in endpoints {
         match crate::discover::address_target("http", None, template, *addr) {
             Ok(t) => want.push(t),
             Err(e) => {
@@ -225,12 +225,26 @@ fn apply(
             }
         }
     }
-    let (added, removed) = p.set().sync(want);
-    tracing::info!(target = %name, priority, added, removed, instances = endpoints.len(), "xDS changed the set");
     if endpoints.is_empty() {
+        // The reason first: a call that finds the set empty names it.
         p.set()
             .discovery_status(Some(format!("xds:///{name}: no usable endpoint")));
-    } else {
+    }
+    let (added, removed) = p.set().sync(want);
+    // Each instance's share against the heaviest's: it wins that share of the ties.
+    let heaviest = endpoints.iter().map(|(_, w)| *w).fold(0.0, f64::max);
+    if heaviest > 0.0 {
+        for inst in p.snapshot().iter() {
+            if let Some((_, w)) = endpoints
+                .iter()
+                .find(|(a, _)| crate::discover::uri_of("http", *a) == *inst.target.name)
+            {
+                inst.set_weight(w / heaviest);
+            }
+        }
+    }
+    tracing::info!(target = %name, priority, added, removed, instances = endpoints.len(), "xDS changed the set");
+    if !endpoints.is_empty() {
         p.set().discovery_status(None);
     }
 }

@@ -203,7 +203,17 @@ pub(crate) struct TieBreak {
     /// When the last answer came (any: a gate that waits for confirmation waits only where
     /// answers come often).
     answered_at: AtomicU64,
+    /// Its stride's multiple for a weight the membership gives it (an xDS endpoint's share),
+    /// in 1/[`SCALE_ONE`]: the heaviest instance's is one, one of a third its weight three, so
+    /// that it wins a third as many ties. Folded into `stride` when that is written, so the
+    /// pick reads one number.
+    scale: AtomicU32,
 }
+
+/// A stride multiple of one (see `TieBreak::scale`).
+pub(crate) const SCALE_ONE: u32 = 256;
+/// The largest stride multiple: an instance weighs at least 1/256 of the heaviest.
+pub(crate) const MAX_SCALE: u32 = 256 * SCALE_ONE;
 
 impl TieBreak {
     pub(crate) fn new() -> TieBreak {
@@ -220,7 +230,27 @@ impl TieBreak {
             slow_run: AtomicU32::new(0),
             slow_at: AtomicU64::new(0),
             answered_at: AtomicU64::new(0),
+            scale: AtomicU32::new(SCALE_ONE),
         }
+    }
+
+    /// Its weight against the heaviest instance's, `weight` in (0, 1]: its stride is
+    /// `1 / weight` times as long, so that it wins that share of the ties the heaviest wins.
+    pub(crate) fn set_weight(&self, weight: f64) {
+        let scale =
+            (f64::from(SCALE_ONE) / weight.clamp(1e-9, 1.0)).min(f64::from(MAX_SCALE)) as u32;
+        if self.scale.swap(scale, Ordering::Relaxed) != scale {
+            let slowness = f64::from(f32::from_bits(self.slowness.load(Ordering::Relaxed)));
+            self.store_stride(slowness);
+        }
+    }
+
+    /// The stride for this slowness (0: none known yet) and the weight's multiple.
+    fn store_stride(&self, slowness: f64) {
+        let turns = (slowness / KNEE).powi(2).clamp(1.0, MAX_TURNS);
+        let scale = f64::from(self.scale.load(Ordering::Relaxed)) / f64::from(SCALE_ONE);
+        self.stride
+            .store((turns * scale * UNIT as f64) as u32, Ordering::Relaxed);
     }
 
     /// What the pick compares; `now_ns` is the channel's clock.
@@ -492,9 +522,7 @@ impl TieBreak {
         self.slowness.store((s as f32).to_bits(), Ordering::Relaxed);
         let weight = s.clamp(1.0, f64::from(MAX_WEIGHT)) * WEIGHT_ONE as f64;
         self.weight.store(weight as u32, Ordering::Relaxed);
-        let turns = (s / KNEE).powi(2).clamp(1.0, MAX_TURNS);
-        self.stride
-            .store((turns * UNIT as f64) as u32, Ordering::Relaxed);
+        self.store_stride(s);
         prev
     }
 
