@@ -383,6 +383,7 @@ impl Instance {
 
     /// Its weight against the heaviest instance's, in (0, 1], as the membership gives it (an
     /// xDS endpoint's share): it wins that share of the ties the heaviest wins.
+    #[cfg(feature = "xds")]
     pub(crate) fn set_weight(&self, weight: f64) {
         self.tie.set_weight(weight);
     }

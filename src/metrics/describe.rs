@@ -24,6 +24,8 @@ pub(super) fn describe() {
     describe_instances();
     describe_discovery();
     describe_wrr();
+    #[cfg(feature = "xds")]
+    describe_xds();
 }
 
 /// The instruments of calls and attempts (gRFC A66).
@@ -195,5 +197,35 @@ fn describe_wrr() {
         WRR_ENDPOINT_WEIGHTS,
         Unit::Count,
         "the weight of each instance at each weighted round robin schedule update"
+    );
+}
+
+/// The xDS client's instruments (gRFC A78).
+#[cfg(feature = "xds")]
+fn describe_xds() {
+    describe_gauge!(
+        XDS_CONNECTED,
+        Unit::Count,
+        "whether the xDS client's stream to its control plane is up"
+    );
+    describe_counter!(
+        XDS_SERVER_FAILURE,
+        Unit::Count,
+        "the control plane going from healthy to unhealthy"
+    );
+    describe_counter!(
+        XDS_UPDATES_VALID,
+        Unit::Count,
+        "xDS resources received and taken"
+    );
+    describe_counter!(
+        XDS_UPDATES_INVALID,
+        Unit::Count,
+        "xDS resources received and refused"
+    );
+    describe_gauge!(
+        XDS_RESOURCES,
+        Unit::Count,
+        "xDS resources held, by cache state and type"
     );
 }

@@ -208,6 +208,8 @@ mod off;
 mod settings;
 #[cfg(feature = "metrics")]
 mod wrr;
+#[cfg(all(feature = "metrics", feature = "xds"))]
+mod xds;
 
 #[cfg(feature = "metrics")]
 pub(crate) use call::{budget_exhausted, refused, AttemptMetrics, Call};
@@ -222,6 +224,8 @@ pub(crate) use labels::{configure, Labels};
 pub(crate) use off::*;
 #[cfg(feature = "metrics")]
 pub(crate) use settings::LabelSettings;
+#[cfg(all(feature = "metrics", feature = "xds"))]
+pub(crate) use xds::{xds_connected, xds_resources, xds_server_failure, xds_updates};
 
 /// Attaches the metrics of a channel just built: its per-instance gauges (a task that samples
 /// them) and weighted round robin's instruments.

@@ -80,10 +80,29 @@ pub const WRR_ENDPOINT_WEIGHT_STALE: &str = "grpc.lb.wrr.endpoint_weight_stale";
 /// without a usable weight (A78).
 pub const WRR_ENDPOINT_WEIGHTS: &str = "grpc.lb.wrr.endpoint_weights";
 
+/// Whether the xDS client's stream to its control plane is up (A78).
+pub const XDS_CONNECTED: &str = "grpc.xds_client.connected";
+/// The xDS client's control plane going from healthy to unhealthy (A78).
+pub const XDS_SERVER_FAILURE: &str = "grpc.xds_client.server_failure";
+/// xDS resources received and taken (A78).
+pub const XDS_UPDATES_VALID: &str = "grpc.xds_client.resource_updates_valid";
+/// xDS resources received and refused (A78).
+pub const XDS_UPDATES_INVALID: &str = "grpc.xds_client.resource_updates_invalid";
+/// xDS resources the client holds, by cache state and type (A78).
+pub const XDS_RESOURCES: &str = "grpc.xds_client.resources";
+
 /// The full method name (`pkg.Service/Method`), or `other` (see the module docs).
 pub const LABEL_METHOD: &str = "grpc.method";
 /// The channel's target.
 pub const LABEL_TARGET: &str = "grpc.target";
+/// The xDS control plane's URI (A78).
+pub const LABEL_XDS_SERVER: &str = "grpc.xds.server";
+/// The xDS authority: `#old` for names that are not `xdstp:` (A78).
+pub const LABEL_XDS_AUTHORITY: &str = "grpc.xds.authority";
+/// An xDS resource's cache state (A78): `requested`, `does_not_exist`, `acked`, `nacked`.
+pub const LABEL_XDS_CACHE_STATE: &str = "grpc.xds.cache_state";
+/// An xDS resource type, such as `envoy.config.listener.v3.Listener` (A78).
+pub const LABEL_XDS_RESOURCE_TYPE: &str = "grpc.xds.resource_type";
 /// The status code's name (`OK`, `UNAVAILABLE`, ...).
 pub const LABEL_STATUS: &str = "grpc.status";
 /// Why a connection broke (A94's values: `GOAWAY NO_ERROR`, `connection reset`, ...).

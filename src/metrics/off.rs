@@ -26,3 +26,15 @@ pub(crate) fn connection_failed(_: &Labels, _: &Instance) {}
 pub(crate) fn disconnected(_: &Labels, _: &Instance, _: &(dyn std::error::Error + 'static)) {}
 #[inline(always)]
 pub(crate) fn spawn<T: AsRef<Set> + Send + Sync + 'static>(_: &Arc<T>, _: &Labels) {}
+#[cfg(feature = "xds")]
+#[inline(always)]
+pub(crate) fn xds_connected(_: &str, _: bool) {}
+#[cfg(feature = "xds")]
+#[inline(always)]
+pub(crate) fn xds_server_failure(_: &str) {}
+#[cfg(feature = "xds")]
+#[inline(always)]
+pub(crate) fn xds_updates(_: &str, _: &str, _: u64, _: u64) {}
+#[cfg(feature = "xds")]
+#[inline(always)]
+pub(crate) fn xds_resources(_: &str, _: &'static str, _: usize) {}

@@ -65,6 +65,12 @@ impl Kind {
         self as usize
     }
 
+    /// The type's name without the URL's prefix, as A78's label gives it.
+    fn type_name(self) -> &'static str {
+        let url = self.type_url();
+        &url[url.rfind('/').map_or(0, |i| i + 1)..]
+    }
+
     /// Whether a response lists every resource of the type (LDS, CDS): one missing from it
     /// was deleted.
     fn lists_all(self) -> bool {
@@ -142,8 +148,28 @@ struct Inner {
     /// Whether a stream task runs (it may have ended with a runtime that shut down).
     running: AtomicBool,
     pub(crate) connected: AtomicBool,
+    /// A57's health of the control plane: lost when a connection or a stream fails without a
+    /// response, back with the next response (A78's `connected` and `server_failure`).
+    healthy: AtomicBool,
     pub(crate) valid_updates: AtomicU64,
     pub(crate) invalid_updates: AtomicU64,
+}
+
+impl Inner {
+    /// A response came: the control plane is healthy (again).
+    fn responded(&self) {
+        if !self.healthy.swap(true, Ordering::Relaxed) {
+            crate::metrics::xds_connected(&self.bootstrap.server_uri, true);
+        }
+    }
+
+    /// A stream ended after `responses` responses: without one, the control plane is unhealthy.
+    fn stream_ended(&self, responses: u64) {
+        if responses == 0 && self.healthy.swap(false, Ordering::Relaxed) {
+            crate::metrics::xds_connected(&self.bootstrap.server_uri, false);
+            crate::metrics::xds_server_failure(&self.bootstrap.server_uri);
+        }
+    }
 }
 
 /// The ADS client of one control plane and node: held by the channels that use it; the
@@ -187,11 +213,13 @@ pub(crate) fn client(bootstrap: &Bootstrap) -> Arc<AdsClient> {
                     closed: AtomicBool::new(false),
                     running: AtomicBool::new(false),
                     connected: AtomicBool::new(false),
+                    healthy: AtomicBool::new(true),
                     valid_updates: AtomicU64::new(0),
                     invalid_updates: AtomicU64::new(0),
                 }),
             });
             clients.insert(key, Arc::downgrade(&c));
+            crate::metrics::xds_connected(&bootstrap.server_uri, true);
             c
         }
     };
@@ -277,6 +305,7 @@ async fn run(inner: Arc<Inner>) {
         }
         let (why, responses) = tracing::Instrument::instrument(stream(&inner), span.clone()).await;
         inner.connected.store(false, Ordering::Relaxed);
+        inner.stream_ended(responses);
         if inner.closed.load(Ordering::Acquire) {
             return;
         }
@@ -365,6 +394,7 @@ async fn stream(inner: &Arc<Inner>) -> (String, u64) {
             msg = inbound.message() => match msg {
                 Ok(Some(resp)) => {
                     responses += 1;
+                    inner.responded();
                     if let Some(answer) = apply(inner, resp, &mut node) {
                         let _ = tx.send(answer);
                     }
@@ -419,6 +449,7 @@ fn subscription(kind: Kind, t: &mut TypeState, node: &mut Option<Arc<Vec<u8>>>) 
         }
     }
     t.sent = names.clone();
+    report_resources(kind, t);
     Some(Request {
         version_info: t.version.clone(),
         node: node.take(),
@@ -456,6 +487,7 @@ fn expire(inner: &Inner) {
                 }
             }
         }
+        report_resources(*kind, t);
     }
 }
 
@@ -470,6 +502,7 @@ fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Opti
     };
     let mut errors = Vec::new();
     let mut seen = HashSet::new();
+    let mut valid = 0u64;
     let mut types = lock(&inner.types);
     let t = &mut types[kind.index()];
     for (url, bytes) in &resp.resources {
@@ -479,6 +512,7 @@ fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Opti
         }
         match kind.decode(bytes) {
             Ok((name, resource)) => {
+                valid += 1;
                 seen.insert(name.clone());
                 if let Some(e) = t.entries.get_mut(&name) {
                     e.asked_at = None;
@@ -518,6 +552,9 @@ fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Opti
         }
     }
     t.nonce = resp.nonce.clone();
+    let server = &inner.bootstrap.server_uri;
+    crate::metrics::xds_updates(server, kind.type_name(), valid, errors.len() as u64);
+    report_resources(kind, t);
     let error_detail = if errors.is_empty() {
         t.version = resp.version_info.clone();
         inner.valid_updates.fetch_add(1, Ordering::Relaxed);
@@ -539,6 +576,26 @@ fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Opti
         response_nonce: resp.nonce,
         error_detail,
     })
+}
+
+/// A78's gauge of the resources of a type the client holds, by state.
+fn report_resources(kind: Kind, t: &TypeState) {
+    let mut counts = [0usize; 4];
+    for e in t.entries.values() {
+        let i = match *e.tx.borrow() {
+            Watched::Pending => 0,
+            Watched::Missing => 1,
+            Watched::Found(_) => 2,
+            Watched::Invalid(_) => 3,
+        };
+        counts[i] += 1;
+    }
+    for (state, n) in ["requested", "does_not_exist", "acked", "nacked"]
+        .into_iter()
+        .zip(counts)
+    {
+        crate::metrics::xds_resources(kind.type_name(), state, n);
+    }
 }
 
 /// A resource's name, read without validating the rest: field 1 of each of the four types.

@@ -1071,3 +1071,96 @@ async fn a_list_of_uris_is_target_static() {
         s.text
     );
 }
+
+/// The xDS client's instruments (A78), against go-control-plane: resources taken and refused
+/// by type, the resources held by state, and the control plane's health, lost when it dies
+/// (the stream fails without a response) and back with its first response after a restart.
+#[cfg(feature = "xds")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_xds_client_counts_its_updates_and_its_control_planes_health() {
+    use fleet::xds::{Cluster, ClusterEndpoints, ControlPlane, Health, Locality, Policy, Snapshot};
+    recorder();
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(1, Behavior::Ok);
+    let snapshot =
+        |v: &str, cluster: Cluster| {
+            Snapshot::new(v)
+                .listener_rds("svc", "route-svc")
+                .route("route-svc", "svc")
+                .cluster(cluster)
+                .endpoints(ClusterEndpoints::new("svc").locality(
+                    Locality::new("r1", "z1").endpoint(fleet.instances[0].addr, Health::Healthy, 1),
+                ))
+        };
+    cp.set(&snapshot("1", Cluster::eds("svc")));
+    let bootstrap = tonic_balancer::xds::Bootstrap::from_json(&cp.bootstrap("metrics")).unwrap();
+    let ch = BalancedChannel::builder()
+        .xds("xds:///svc")
+        .xds_bootstrap(bootstrap)
+        .build()
+        .unwrap();
+    let server = cp.uri();
+    let typed = |t: &'static str| {
+        [
+            ("grpc_xds_server", server.clone()),
+            ("grpc_xds_resource_type", t.to_owned()),
+        ]
+    };
+    let sum = |name: &str, labels: &[(&str, String)]| {
+        let l: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        scrape().sum(name, &l)
+    };
+    let cluster_type = "envoy.config.cluster.v3.Cluster";
+    fleet::wait_until("the four resources taken", LIMIT, || {
+        sum(
+            "grpc_xds_client_resource_updates_valid_total",
+            &typed(cluster_type),
+        ) >= 1.0
+            && sum(
+                "grpc_xds_client_resource_updates_valid_total",
+                &typed("envoy.config.endpoint.v3.ClusterLoadAssignment"),
+            ) >= 1.0
+    })
+    .await;
+    let held = |state: &str| {
+        sum(
+            "grpc_xds_client_resources",
+            &[
+                ("grpc_xds_cache_state", state.to_owned()),
+                (
+                    "grpc_xds_resource_type",
+                    "envoy.config.listener.v3.Listener".to_owned(),
+                ),
+            ],
+        )
+    };
+    assert!(held("acked") >= 1.0, "{}", recorder().render());
+    cp.set(&snapshot(
+        "2",
+        Cluster::eds("svc").policy(Policy::ring_hash(None, None)),
+    ));
+    fleet::wait_until("the refused cluster counted", LIMIT, || {
+        sum(
+            "grpc_xds_client_resource_updates_invalid_total",
+            &typed(cluster_type),
+        ) >= 1.0
+    })
+    .await;
+    let up = [("grpc_xds_server", server.clone())];
+    assert_eq!(sum("grpc_xds_client_connected", &up), 1.0);
+    cp.kill();
+    fleet::wait_until("the control plane's failure counted", LIMIT, || {
+        sum("grpc_xds_client_server_failure_total", &up) >= 1.0
+            && sum("grpc_xds_client_connected", &up) == 0.0
+    })
+    .await;
+    cp.restart();
+    cp.set(&snapshot("3", Cluster::eds("svc")));
+    fleet::wait_until("connected again", LIMIT, || {
+        sum("grpc_xds_client_connected", &up) == 1.0
+    })
+    .await;
+    drop(ch);
+}

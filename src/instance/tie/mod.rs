@@ -213,6 +213,7 @@ pub(crate) struct TieBreak {
 /// A stride multiple of one (see `TieBreak::scale`).
 pub(crate) const SCALE_ONE: u32 = 256;
 /// The largest stride multiple: an instance weighs at least 1/256 of the heaviest.
+#[cfg(feature = "xds")]
 pub(crate) const MAX_SCALE: u32 = 256 * SCALE_ONE;
 
 impl TieBreak {
@@ -236,6 +237,7 @@ impl TieBreak {
 
     /// Its weight against the heaviest instance's, `weight` in (0, 1]: its stride is
     /// `1 / weight` times as long, so that it wins that share of the ties the heaviest wins.
+    #[cfg(feature = "xds")]
     pub(crate) fn set_weight(&self, weight: f64) {
         let scale =
             (f64::from(SCALE_ONE) / weight.clamp(1e-9, 1.0)).min(f64::from(MAX_SCALE)) as u32;
