@@ -123,6 +123,9 @@ impl Builder {
             self.start_discovery(&pool, source);
         }
         if let Some(task) = push {
+            // A source that pushes may want to know when an instance cannot be reached (xDS:
+            // a priority with none left hands over to the next).
+            let _ = policy.discovery_wake.set(set.discovery_wake.clone());
             totals.set_source(self.push_source_name());
             if pool.snapshot().is_empty() {
                 set.discovered.send_replace(false);

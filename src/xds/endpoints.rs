@@ -104,13 +104,23 @@ impl Endpoints {
         Ok((name, Endpoints { priorities, drops }))
     }
 
-    /// The endpoints that take calls: those of the most preferred priority that has any
-    /// (A27: a priority is used while the ones above it have none), each with its share of
-    /// the calls as gRPC gives them: its locality's share of the localities' weights (of those
-    /// with a usable endpoint) times its share of its locality's usable endpoints' weights
-    /// (A27's weighted target over localities, weighted round robin within one). Empty when no
-    /// priority has one.
+    /// The usable endpoints of the most preferred priority that has any.
+    #[cfg(test)]
     pub(crate) fn usable(&self) -> (usize, Vec<(SocketAddr, f64)>) {
+        self.usable_by_priority()
+            .into_iter()
+            .next()
+            .unwrap_or((0, Vec::new()))
+    }
+
+    /// The usable endpoints (HEALTHY or UNKNOWN) of each priority that has any, most preferred
+    /// first (A27: a priority is used while the ones above it have none), each with its share
+    /// of its priority's calls as gRPC gives them: its locality's share of the localities'
+    /// weights (of those with a usable endpoint) times its share of its locality's usable
+    /// endpoints' weights (A27's weighted target over localities, weighted round robin within
+    /// one).
+    pub(crate) fn usable_by_priority(&self) -> Vec<(usize, Vec<(SocketAddr, f64)>)> {
+        let mut by_priority = Vec::new();
         for (p, localities) in self.priorities.iter().enumerate() {
             let usable: Vec<(u64, Vec<&Endpoint>)> = localities
                 .iter()
@@ -137,10 +147,10 @@ impl Endpoints {
                 }
             }
             if !out.is_empty() {
-                return (p, out);
+                by_priority.push((p, out));
             }
         }
-        (0, Vec::new())
+        by_priority
     }
 }
 

@@ -24,8 +24,9 @@ use crate::target::Target;
 enum Outcome {
     /// A step is pending: nothing to change.
     Pending,
-    /// The endpoints to use, of this priority.
-    Endpoints(usize, Vec<(SocketAddr, f64)>),
+    /// The usable endpoints of each priority that has any, most preferred first, with their
+    /// priority's number.
+    Endpoints(Vec<(usize, Vec<(SocketAddr, f64)>)>),
     /// A step failed: the set empties, calls fail with this reason.
     Failed(String),
 }
@@ -52,26 +53,38 @@ pub(crate) async fn run(
     let mut chain = Chain::default();
     let first_by = crate::time::after(first_within);
     let mut answered = false;
-    let mut last: Option<(usize, Vec<(SocketAddr, f64)>)> = None;
+    let mut priorities: Vec<(usize, Vec<(SocketAddr, f64)>)> = Vec::new();
+    let mut applied: Option<Vec<(SocketAddr, f64)>> = None;
+    let Some(wake) = pool.upgrade().map(|p| p.set().discovery_wake.clone()) else {
+        return;
+    };
     loop {
         let outcome = follow(&client, &name, &mut listener, &mut chain);
         let Some(p) = pool.upgrade() else { return };
         match outcome {
             Outcome::Pending => {}
-            Outcome::Endpoints(priority, endpoints) => {
+            Outcome::Endpoints(by_priority) => {
                 answered = true;
-                if last.as_ref() != Some(&(priority, endpoints.clone())) {
-                    apply(&p, &name, &template, &endpoints, priority);
-                    last = Some((priority, endpoints));
-                }
+                priorities = by_priority;
             }
             Outcome::Failed(why) => {
                 answered = true;
-                last = None;
+                priorities.clear();
+                applied = None;
                 tracing::warn!(target = %name, reason = %why, "xDS: no instances");
-                p.set().sync(Vec::new());
+                // The reason first: a call that finds the set empty names it.
                 p.set()
                     .discovery_status(Some(format!("xds:///{name}: {why}")));
+                p.set().sync(Vec::new());
+            }
+        }
+        let mut failed_over = false;
+        if answered && (applied.is_some() || !priorities.is_empty()) {
+            let (top, endpoints) = in_use(&p, &priorities);
+            failed_over = top > 0;
+            if applied.as_ref() != Some(&endpoints) {
+                apply(&p, &name, &template, &endpoints, top);
+                applied = Some(endpoints);
             }
         }
         drop(p);
@@ -80,6 +93,10 @@ pub(crate) async fn run(
             _ = changed(&mut chain.route) => {}
             _ = changed(&mut chain.cluster) => {}
             _ = changed(&mut chain.endpoints) => {}
+            // An instance could not be reached: a priority may have none left.
+            _ = wake.notified() => {}
+            // Failed over: look again whether a preferred priority is back.
+            _ = tokio::time::sleep(FAILBACK_CHECK), if failed_over => {}
             _ = tokio::time::sleep_until(first_by), if !answered => {
                 answered = true;
                 let Some(p) = pool.upgrade() else { return };
@@ -91,6 +108,37 @@ pub(crate) async fn run(
             }
         }
     }
+}
+
+/// How often a channel that failed over to a less preferred priority looks whether a
+/// preferred one can be reached again.
+const FAILBACK_CHECK: Duration = Duration::from_secs(1);
+
+/// The endpoints the set should have, and the least preferred priority among them: every
+/// priority down to the first that has an instance not known to be unreachable (A27's
+/// priority policy: a priority whose endpoints all fail to connect hands over to the next,
+/// and takes the calls back once one of them connects). The unreachable ones stay in the set,
+/// out of the pick, reconnecting in the background, so that their return is seen.
+fn in_use(
+    p: &Shared,
+    priorities: &[(usize, Vec<(SocketAddr, f64)>)],
+) -> (usize, Vec<(SocketAddr, f64)>) {
+    let snap = p.snapshot();
+    let unreachable = |addr: &SocketAddr| {
+        let uri = crate::discover::uri_of("http", *addr);
+        snap.iter()
+            .any(|i| *i.target.name == *uri && i.state() == crate::instance::State::Failing)
+    };
+    let mut out = Vec::new();
+    let mut top = 0;
+    for (priority, endpoints) in priorities {
+        out.extend(endpoints.iter().copied());
+        top = *priority;
+        if !endpoints.iter().all(|(a, _)| unreachable(a)) {
+            break;
+        }
+    }
+    (top, out)
 }
 
 /// Resolves when the watch's resource changes; never when there is no watch (or its client
@@ -204,8 +252,7 @@ fn follow_steps(
     let Resource::Endpoints(eds) = &*eds else {
         unreachable!("an endpoints watch")
     };
-    let (priority, usable) = eds.usable();
-    Ok(Outcome::Endpoints(priority, usable))
+    Ok(Outcome::Endpoints(eds.usable_by_priority()))
 }
 
 /// The set becomes these endpoints, in one swap.

@@ -528,3 +528,60 @@ async fn weights_three_to_one_share_the_calls_three_to_one() {
         "endpoints 1:3: {counts:?}"
     );
 }
+
+/// A27's priorities by reachability: priority 0's only instance dies, and priority 1 takes
+/// the calls (the control plane says nothing); a new instance answers at its address, and
+/// priority 0 takes them back once it is reached, priority 1's draining.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_priority_hands_over_to_the_next_and_takes_back() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let mut a = fleet::Instance::start("a", Behavior::Ok);
+    let b = fleet::Instance::start("b", Behavior::Ok);
+    let a_addr = a.addr;
+    cp.set(&snapshot(
+        "1",
+        vec![
+            Locality::new("r1", "z1")
+                .priority(0)
+                .endpoint(a_addr, Health::Healthy, 1),
+            Locality::new("r1", "z2")
+                .priority(1)
+                .endpoint(b.addr, Health::Healthy, 1),
+        ],
+    ));
+    let ch = channel(&cp, "reachability");
+    until(&ch, &cp, "priority 0", 20, only(&["a"])).await;
+    a.stop();
+    served_in_a_row(&ch, "b", "priority 1 once priority 0 is unreachable").await;
+    let _a2 = fleet::Instance::start_at("a2", a_addr, Behavior::Ok);
+    served_in_a_row(&ch, "a2", "priority 0 again once it is reached").await;
+}
+
+/// Calls, some of which may fail while the channel moves, until 20 in a row succeed on `who`.
+async fn served_in_a_row(ch: &BalancedChannel, who: &str, what: &str) {
+    let mut client = FleetClient::new(ch.clone());
+    let start = Instant::now();
+    let mut run = 0;
+    let mut last = String::new();
+    while run < 20 {
+        match client.unary(fleet::req(7)).await {
+            Ok(reply) if reply.get_ref().instance == who => run += 1,
+            Ok(reply) => {
+                run = 0;
+                last = reply.into_inner().instance;
+            }
+            Err(status) => {
+                run = 0;
+                last = status.to_string();
+            }
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "{what}: not within {LIMIT:?}; last: {last}\n{}",
+            ch.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
