@@ -19,7 +19,7 @@
 //! [gRFC A46](https://github.com/grpc/proposal/blob/master/A46-xds-nack-semantics-improvement.md).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -151,8 +151,6 @@ struct Inner {
     /// A57's health of the control plane: lost when a connection or a stream fails without a
     /// response, back with the next response (A78's `connected` and `server_failure`).
     healthy: AtomicBool,
-    pub(crate) valid_updates: AtomicU64,
-    pub(crate) invalid_updates: AtomicU64,
 }
 
 impl Inner {
@@ -214,8 +212,6 @@ pub(crate) fn client(bootstrap: &Bootstrap) -> Arc<AdsClient> {
                     running: AtomicBool::new(false),
                     connected: AtomicBool::new(false),
                     healthy: AtomicBool::new(true),
-                    valid_updates: AtomicU64::new(0),
-                    invalid_updates: AtomicU64::new(0),
                 }),
             });
             clients.insert(key, Arc::downgrade(&c));
@@ -500,12 +496,47 @@ fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Opti
         tracing::warn!(type_url = %resp.type_url, "xDS response of a type never asked for, ignored");
         return None;
     };
+    let mut types = lock(&inner.types);
+    let t = &mut types[kind.index()];
+    let (valid, errors) = take_resources(kind, t, &resp.resources);
+    t.nonce = resp.nonce.clone();
+    let server = &inner.bootstrap.server_uri;
+    crate::metrics::xds_updates(server, kind.type_name(), valid, errors.len() as u64);
+    report_resources(kind, t);
+    let error_detail = if errors.is_empty() {
+        t.version = resp.version_info.clone();
+        None
+    } else {
+        let why = errors.join("; ");
+        tracing::warn!(kind = ?kind, version = %resp.version_info, error = %why, "xDS update NACKed; the last good resources are kept");
+        Some(why)
+    };
+    let mut names: Vec<String> = t.entries.keys().cloned().collect();
+    names.sort();
+    t.sent = names.clone();
+    Some(Request {
+        version_info: t.version.clone(),
+        node: node.take(),
+        resource_names: names,
+        type_url: kind.type_url(),
+        response_nonce: resp.nonce,
+        error_detail,
+    })
+}
+
+/// The resources of a response of `kind`, each decoded and given to its watchers: (how many
+/// were valid, why each other one was refused). A refused resource keeps its last good
+/// version (A46); one with none says why to its watchers. Of a type whose responses list every
+/// resource (LDS, CDS), one watched and not listed was deleted.
+fn take_resources(
+    kind: Kind,
+    t: &mut TypeState,
+    resources: &[(String, bytes::Bytes)],
+) -> (u64, Vec<String>) {
     let mut errors = Vec::new();
     let mut seen = HashSet::new();
     let mut valid = 0u64;
-    let mut types = lock(&inner.types);
-    let t = &mut types[kind.index()];
-    for (url, bytes) in &resp.resources {
+    for (url, bytes) in resources {
         if url != kind.type_url() {
             errors.push(format!("a resource of type {url} in a {kind:?} response"));
             continue;
@@ -526,19 +557,18 @@ fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Opti
                     });
                 }
             }
-            Err(e) => {
-                // A refused resource keeps its last good version (A46); one with none says
-                // why to its watchers. Every resource type has its name in field 1.
+            Err(why) => {
+                // Every resource type has its name in field 1.
                 if let Some(name) = resource_name(bytes) {
                     seen.insert(name.clone());
-                    if let Some(e2) = t.entries.get_mut(&name) {
-                        if *e2.tx.borrow() == Watched::Pending {
-                            e2.asked_at = None;
-                            e2.tx.send_replace(Watched::Invalid(e.0.clone()));
+                    if let Some(e) = t.entries.get_mut(&name) {
+                        if *e.tx.borrow() == Watched::Pending {
+                            e.asked_at = None;
+                            e.tx.send_replace(Watched::Invalid(why.0.clone()));
                         }
                     }
                 }
-                errors.push(e.0);
+                errors.push(why.0);
             }
         }
     }
@@ -551,31 +581,7 @@ fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Opti
             }
         }
     }
-    t.nonce = resp.nonce.clone();
-    let server = &inner.bootstrap.server_uri;
-    crate::metrics::xds_updates(server, kind.type_name(), valid, errors.len() as u64);
-    report_resources(kind, t);
-    let error_detail = if errors.is_empty() {
-        t.version = resp.version_info.clone();
-        inner.valid_updates.fetch_add(1, Ordering::Relaxed);
-        None
-    } else {
-        inner.invalid_updates.fetch_add(1, Ordering::Relaxed);
-        let why = errors.join("; ");
-        tracing::warn!(kind = ?kind, version = %resp.version_info, error = %why, "xDS update NACKed; the last good resources are kept");
-        Some(why)
-    };
-    let mut names: Vec<String> = t.entries.keys().cloned().collect();
-    names.sort();
-    t.sent = names.clone();
-    Some(Request {
-        version_info: t.version.clone(),
-        node: node.take(),
-        resource_names: names,
-        type_url: kind.type_url(),
-        response_nonce: resp.nonce,
-        error_detail,
-    })
+    (valid, errors)
 }
 
 /// A78's gauge of the resources of a type the client holds, by state.
