@@ -473,9 +473,15 @@ impl TieBreak {
             };
             let mark = if rule.failure { FAILURE_GATE } else { 0 };
             self.strikes.store(strikes | mark, Ordering::Relaxed);
-            let gate =
-                ((rule.factor * excess).max(floor) * f64::from(1u32 << strikes)).min(MAX_GATE);
-            let turns = (GATE_TURNS << strikes) * UNIT;
+            // A lighter instance (a weight the membership gives it) answers fewer calls, so it
+            // is gated less often: its gates are as much longer as its turns are, so that every
+            // instance loses the same share of its calls to gates (the heaviest's gates, three
+            // times as many for 3:1, shortened nothing; its share was diluted towards equal).
+            let scale = self.scale.load(Ordering::Relaxed);
+            let stretch = f64::from(scale) / f64::from(SCALE_ONE);
+            let gate = ((rule.factor * excess).max(floor) * f64::from(1u32 << strikes) * stretch)
+                .min(MAX_GATE);
+            let turns = (GATE_TURNS << strikes) * UNIT * u64::from(scale) / u64::from(SCALE_ONE);
             let pass = self.pass.load(Ordering::Relaxed);
             self.gate_pass
                 .store(pass.saturating_add(turns), Ordering::Relaxed);
