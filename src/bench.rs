@@ -67,7 +67,7 @@ impl BenchPicker {
         let mut b = crate::BalancedChannel::builder().strategy(strategy);
         if strategy.keeps_weights() {
             b = b.weighted_round_robin(
-                crate::instance::load::WrrConfig::default().blackout_period(Duration::ZERO),
+                crate::instance::wrr_weight::WrrConfig::default().blackout_period(Duration::ZERO),
             );
         }
         for port in 1..=n {

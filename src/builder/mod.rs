@@ -95,7 +95,7 @@ pub struct Builder {
     conns: crate::instance::conns::Limits,
     load_report_max_age: Duration,
     load_reports_oob: Option<Duration>,
-    wrr: crate::instance::load::WrrConfig,
+    wrr: crate::instance::wrr_weight::WrrConfig,
     subset: Option<usize>,
     subset_client: Option<(usize, usize)>,
     #[cfg(feature = "metrics")]
@@ -185,7 +185,7 @@ impl Builder {
             max_replay_body: DEFAULT_MAX_REPLAY_BODY,
             latency_expiry: Duration::from_secs(5),
             load_report_max_age: crate::instance::load::DEFAULT_LOAD_REPORT_MAX_AGE,
-            wrr: crate::instance::load::WrrConfig::default(),
+            wrr: crate::instance::wrr_weight::WrrConfig::default(),
             load_reports_oob: None,
             latency_decay: Duration::from_secs(1),
             discovery: None,

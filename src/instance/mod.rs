@@ -18,6 +18,7 @@ pub(crate) mod events;
 pub(crate) mod load;
 pub(crate) mod standing;
 pub(crate) mod tie;
+pub(crate) mod wrr_weight;
 
 pub use backoff::Backoff;
 pub(crate) use context::Context;

@@ -62,9 +62,8 @@ pub use layer::{OrcaBody, OrcaFuture, OrcaLayer, OrcaService};
 pub use oob_server::{OobService, DEFAULT_MIN_REPORT_INTERVAL};
 
 use crate::instance::load::{Fresh, OthersInFlight, ReportSettings, Reported};
-pub use crate::instance::load::{
-    LoadReport, WrrConfig, DEFAULT_LOAD_REPORT_MAX_AGE, IN_FLIGHT_METRIC,
-};
+pub use crate::instance::load::{LoadReport, DEFAULT_LOAD_REPORT_MAX_AGE, IN_FLIGHT_METRIC};
+pub use crate::instance::wrr_weight::WrrConfig;
 
 /// The trailer that carries a per-call load report (gRFC A51).
 pub const TRAILER: &str = "endpoint-load-metrics-bin";

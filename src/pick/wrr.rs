@@ -49,7 +49,7 @@ use arc_swap::ArcSwap;
 
 use super::Picker;
 use super::Rng;
-use crate::instance::load::{WeightState, WrrConfig};
+use crate::instance::wrr_weight::{WeightState, WrrConfig};
 use crate::instance::Instance;
 use crate::set::Members;
 
@@ -288,7 +288,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::instance::load::{weight_of, EndpointWeight, LoadReport};
+    use crate::instance::load::LoadReport;
+    use crate::instance::wrr_weight::{weight_of, EndpointWeight};
     use crate::pick::Rng;
     use proptest::prelude::*;
     use std::time::Duration;
@@ -370,7 +371,7 @@ mod tests {
     /// the instance left service and has not reported since.
     #[test]
     fn weight_states() {
-        use crate::instance::load::WeightState::{NotYetUsable, Stale, Usable};
+        use crate::instance::wrr_weight::WeightState::{NotYetUsable, Stale, Usable};
         let cfg = blackout_10s_expiry_180s();
         let s = 1_000_000_000u64;
         let e = EndpointWeight::default();

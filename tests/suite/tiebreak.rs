@@ -176,7 +176,11 @@ async fn takes_turns_not_a_burst(
         client.unary(req(id)).await.unwrap();
     }
     let got = since(fleet, &before);
-    assert!(got[4] >= 4, "{who} got {got:?} of 50 calls");
+    assert!(
+        got[4] >= 4,
+        "{who} got {got:?} of 50 calls; {}",
+        fleet::dump(ch)
+    );
 }
 
 /// An instance back in service after an ejection (its passes stayed where they were while the
