@@ -30,21 +30,37 @@ struct OrcaLoadReport {
     application_utilization: f64,
 }
 
-fn sorted(m: &HashMap<String, f64>) -> BTreeMap<String, f64> {
-    m.iter().map(|(k, v)| (k.clone(), *v)).collect()
+/// A map's values as bits: a damaged report can hold a NaN, which equals nothing as a float.
+fn bits<'a>(m: impl IntoIterator<Item = (&'a String, &'a f64)>) -> BTreeMap<String, u64> {
+    m.into_iter()
+        .map(|(k, v)| (k.clone(), same_bits(*v)))
+        .collect()
+}
+
+/// -0.0 as 0.0 (protobuf does not write a field at its default), any NaN as one NaN.
+fn same_bits(v: f64) -> u64 {
+    if v == 0.0 {
+        0
+    } else if v.is_nan() {
+        f64::NAN.to_bits()
+    } else {
+        v.to_bits()
+    }
 }
 
 /// Whether our report holds what prost's does (`rps`, deprecated, is not kept; -0.0 is 0.0,
-/// as in protobuf, which does not write a field at its default).
+/// as in protobuf, which does not write a field at its default; a NaN, which a damaged report
+/// can hold, is the same NaN).
 fn same(ours: &LoadReport, theirs: &OrcaLoadReport) -> bool {
-    ours.cpu_utilization == theirs.cpu_utilization
-        && ours.mem_utilization == theirs.mem_utilization
-        && ours.rps_fractional == theirs.rps_fractional
-        && ours.eps == theirs.eps
-        && ours.application_utilization == theirs.application_utilization
-        && ours.request_cost == sorted(&theirs.request_cost)
-        && ours.utilization == sorted(&theirs.utilization)
-        && ours.named_metrics == sorted(&theirs.named_metrics)
+    let f = |a: f64, b: f64| same_bits(a) == same_bits(b);
+    f(ours.cpu_utilization, theirs.cpu_utilization)
+        && f(ours.mem_utilization, theirs.mem_utilization)
+        && f(ours.rps_fractional, theirs.rps_fractional)
+        && f(ours.eps, theirs.eps)
+        && f(ours.application_utilization, theirs.application_utilization)
+        && bits(&ours.request_cost) == bits(&theirs.request_cost)
+        && bits(&ours.utilization) == bits(&theirs.utilization)
+        && bits(&ours.named_metrics) == bits(&theirs.named_metrics)
 }
 
 fn arb_value() -> impl Strategy<Value = f64> {
@@ -118,7 +134,8 @@ proptest! {
         if let Some(ours) = LoadReport::decode(&bytes) {
             let theirs = OrcaLoadReport::decode(&bytes[..]);
             prop_assert!(theirs.is_ok(), "we accept what prost refuses: {:x?}", bytes);
-            prop_assert!(same(&ours, &theirs.unwrap()));
+            let theirs = theirs.unwrap();
+            prop_assert!(same(&ours, &theirs), "{:x?}: {:?} vs {:?}", bytes, ours, theirs);
         }
     }
 }
