@@ -135,6 +135,21 @@ impl BalancedChannel {
         Ok((channel, tx))
     }
 
+    /// A channel over the instances a gRPC target string names, as grpc-go's
+    /// `grpc.NewClient(target)` takes it: `dns:///my-service:50051`, `my-service:50051`,
+    /// `ipv4:10.0.0.1:50051,10.0.0.2:50051`, `unix:/run/app.sock`, `xds:///my-service`; the rest
+    /// is the builder's defaults. See [`Builder::target`](crate::Builder::target).
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tonic_balancer::Error> {
+    /// let channel = tonic_balancer::BalancedChannel::for_target("dns:///my-service:50051")?;
+    /// # let _ = channel; Ok(()) }
+    /// ```
+    pub fn for_target(target: &str) -> Result<BalancedChannel, crate::Error> {
+        crate::Builder::default().target(target).build()
+    }
+
     /// A channel that follows an xDS control plane (feature `xds`): `target` is
     /// `xds:///name`, the bootstrap is the environment's (`GRPC_XDS_BOOTSTRAP` or
     /// `GRPC_XDS_BOOTSTRAP_CONFIG`), and the rest is the builder's defaults. See

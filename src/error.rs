@@ -191,6 +191,17 @@ pub(crate) fn check_uri(uri: &http::Uri) -> Result<(), &'static str> {
         Some(h) if !h.is_empty() => {}
         _ => return Err("a host is required"),
     }
+    // Port 0 is no server's, and a port above 65535 none at all: a connection to either could
+    // only fail, call after call.
+    // (`http::Uri` keeps a port above 65535 in its authority, and reports none.)
+    let port = uri.authority().and_then(|a| {
+        let host_port = a.as_str().rsplit('@').next()?;
+        let colon = host_port.rfind(':')?;
+        (!host_port[colon..].contains(']')).then(|| &host_port[colon + 1..])
+    });
+    if port.is_some_and(|p| !p.parse::<u16>().is_ok_and(|p| p != 0)) {
+        return Err("the port must be a number from 1 to 65535");
+    }
     if uri
         .path_and_query()
         .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())

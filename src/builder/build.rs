@@ -324,6 +324,21 @@ impl Builder {
             self.discovery,
             Some(DiscoverySource::Dns { .. } | DiscoverySource::Custom(_))
         );
+        // A source that answers with the whole set (DNS, a resolver, xDS) would replace the
+        // instances given one by one at its first answer; a stream of changes adds to them.
+        let whole_set = polled || self.xds_target();
+        if whole_set && !self.endpoints.is_empty() {
+            return Err(crate::Error::InvalidSetting {
+                name: self.discovery_by.unwrap_or("discovery"),
+                reason: format!(
+                    "its answers are the whole set, and would replace the {} instance(s) given with \
+                     `uri`/`endpoint` ({}): give those to the source, or add instances with \
+                     `discover` (a stream of changes, which adds to the list)",
+                    self.endpoints.len(),
+                    self.endpoints[0].name
+                ),
+            });
+        }
         Checks::of("discovery_interval").that(
             polled || !self.interval_set,
             "has no effect here: it sets how often `dns` or `resolver` discovery asks again, and \
@@ -335,6 +350,14 @@ impl Builder {
              `resolver`, and neither is \
              set (give instances' settings on their own `Endpoint`)",
         )
+    }
+
+    /// Whether the membership comes from an xDS control plane.
+    fn xds_target(&self) -> bool {
+        #[cfg(feature = "xds")]
+        return matches!(self.discovery, Some(DiscoverySource::Xds { .. }));
+        #[cfg(not(feature = "xds"))]
+        false
     }
 
     /// Every duration setting at most 30 years: any duration is accepted (`Duration::MAX` for

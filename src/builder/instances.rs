@@ -13,10 +13,12 @@ use crate::target::Target;
 impl Builder {
     /// Discovers the instances in DNS: `target` is `host:port` (such as
     /// `my-service.default.svc.cluster.local:50051`, the name of a Kubernetes headless
-    /// Service), resolved by the system's resolver into one instance per address (A and AAAA
-    /// records), again every [`discovery_interval`](Builder::discovery_interval). Instances
-    /// given with [`endpoint`](Builder::endpoint) or [`uri`](Builder::uri) are replaced by the
-    /// first answer. See the [`discover`](crate::discover) module for the behaviour on failures.
+    /// Service; gRPC's `dns:///host:port` too, see [`target`](Builder::target)), resolved by the
+    /// system's resolver into one instance per address (A and AAAA records), again every
+    /// [`discovery_interval`](Builder::discovery_interval). DNS answers with the whole set, so
+    /// instances given with [`endpoint`](Builder::endpoint) or [`uri`](Builder::uri) as well
+    /// are refused by [`build`](Builder::build). See the [`discover`](crate::discover) module
+    /// for the behaviour on failures.
     ///
     /// Each instance is known by its address (`http://10.0.0.7:50051` in
     /// [`endpoints`](crate::BalancedChannel::endpoints) and [`ServedBy`](crate::ServedBy)) and
@@ -42,6 +44,10 @@ impl Builder {
     /// # let _ = channel; Ok(()) }
     /// ```
     pub fn dns(mut self, target: &str) -> Builder {
+        if target.starts_with("dns:") {
+            // gRPC's spelling (`dns:///host:port`, `dns://server/host:port`).
+            return self.target(target);
+        }
         self.choose_discovery(
             DiscoverySource::Dns {
                 target: target.to_owned(),

@@ -10,6 +10,7 @@ mod instances;
 mod policy;
 #[cfg(feature = "service-config")]
 mod service_config;
+mod target;
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

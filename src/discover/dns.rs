@@ -227,7 +227,9 @@ pub(crate) fn split_target(target: &str) -> Result<(String, u16), crate::Error> 
         .ok_or_else(|| bad("expected host:port"))?;
     let port: u16 = port
         .parse()
-        .map_err(|_| bad("the port must be a number from 0 to 65535"))?;
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| bad("the port must be a number from 1 to 65535"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() || host.contains('/') {
         return Err(bad(

@@ -328,10 +328,69 @@ async fn dns_name_without_answer_fails_calls_with_unavailable() {
 
 #[tokio::test]
 async fn bad_dns_targets_are_refused() {
-    for bad in ["no-port", "host:notaport", ":50051", "ftp://host:1"] {
+    for bad in [
+        "no-port",
+        "host:notaport",
+        ":50051",
+        "ftp://host:1",
+        "host:0",
+        "host:99999",
+        "dns:///",
+    ] {
         let err = BalancedChannel::builder().dns(bad).build().unwrap_err();
         assert!(err.to_string().contains(bad), "{bad}: {err}");
     }
+    // Ports that no server can have, in instance URIs too.
+    for bad in ["http://127.0.0.1:0", "http://127.0.0.1:99999"] {
+        let err = BalancedChannel::from_static([bad]).unwrap_err();
+        assert!(err.to_string().contains(bad), "{bad}: {err}");
+    }
+}
+
+/// gRPC's target strings, as grpc-go users write them: DNS (`dns:///`, no scheme), a list of
+/// addresses (`ipv4:`), each served by real instances; a malformed one names the accepted forms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_target_strings_name_the_instances() {
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let ports: Vec<u16> = fleet.instances.iter().map(|i| i.addr.port()).collect();
+    let list = format!("ipv4:127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    let ch = BalancedChannel::for_target(&list).unwrap();
+    let mut client = FleetClient::new(ch.clone());
+    let names = fleet::calls(&mut client, 20).await;
+    for name in ["i0", "i1"] {
+        assert!(names.iter().any(|n| n == name), "{list}: {names:?}");
+    }
+    for target in [
+        format!("dns:///localhost:{}", ports[0]),
+        format!("dns:localhost:{}", ports[0]),
+        format!("localhost:{}", ports[0]),
+    ] {
+        let ch = BalancedChannel::builder().target(&target).build().unwrap();
+        let mut client = FleetClient::new(ch.clone());
+        let names = fleet::calls(&mut client, 10).await;
+        assert!(names.iter().all(|n| n == "i0"), "{target}: {names:?}");
+        // `dns` takes gRPC's spelling too.
+        let ch = BalancedChannel::builder().dns(&target).build();
+        assert!(ch.is_ok() || !target.starts_with("dns:"), "{target}");
+    }
+    let e = BalancedChannel::for_target("ipv4:127.0.0.1:http").unwrap_err();
+    assert!(e.to_string().contains("accepted: `dns:"), "{e}");
+}
+
+/// Instances given one by one and a source that answers with the whole set (DNS, a resolver):
+/// the first answer would replace them, so the builder refuses the pair, naming the source.
+#[tokio::test]
+async fn uris_beside_a_whole_set_source_are_refused() {
+    let e = BalancedChannel::builder()
+        .uri("http://127.0.0.1:50051")
+        .dns("localhost:50051")
+        .build()
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("dns") && msg.contains("http://127.0.0.1:50051") && msg.contains("discover"),
+        "{msg}"
+    );
 }
 
 /// Slow start: a newly added instance's share ramps up over the window instead of jumping to

@@ -621,8 +621,12 @@ async fn contradictions_and_settings_without_effect_are_refused() {
     assert_eq!(name, "endpoint_template");
     let (name, _) = refused(base().subset_client(0, 3));
     assert_eq!(name, "subset");
+    // Instances given one by one beside a source that answers with the whole set.
+    let (name, reason) = refused(base().dns("localhost:50051"));
+    assert_eq!(name, "dns");
+    assert!(reason.contains("whole set"), "{reason}");
     // With the source they serve, they build.
-    base()
+    BalancedChannel::builder()
         .dns("localhost:50051")
         .discovery_interval(Duration::from_secs(5))
         .endpoint_template(Endpoint::from)
