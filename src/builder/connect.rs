@@ -84,7 +84,11 @@ impl Builder {
                 .collect();
             return Err(Error::NoUsableInstance {
                 reason: format!(
-                    "tonic-balancer: none of the {statics} instances could be reached ({})",
+                    "tonic-balancer: {} ({})",
+                    match statics {
+                        1 => "the one instance could not be reached".to_owned(),
+                        n => format!("none of the {n} instances could be reached"),
+                    },
                     each.join("; ")
                 ),
             });

@@ -180,7 +180,7 @@ impl End {
                 }
             },
             End::Timeout => crate::error::deadline_exceeded().into(),
-            End::ConnectFailed => as_unavailable(e, addr),
+            End::ConnectFailed => as_unavailable(e, addr, "could not be opened"),
             End::ClosedUnsent | End::Unreachable | End::Refused => not_processed(addr, e).into(),
             End::Reset(code) => {
                 let reason = format!(
@@ -191,7 +191,7 @@ impl End {
                 status.set_source(Arc::from(e));
                 status.into()
             }
-            End::Broken | End::Other => as_unavailable(e, addr),
+            End::Broken | End::Other => as_unavailable(e, addr, "broke during the call"),
         }
     }
 
@@ -242,16 +242,14 @@ fn code_of_reset(reason: h2::Reason) -> Code {
     }
 }
 
-/// A connection that broke under a call is UNAVAILABLE (see
-/// [`broken_connection`](crate::error::broken_connection)); errors that carry a status keep it.
-pub(crate) fn as_unavailable(e: BoxError, addr: &str) -> BoxError {
+/// A connection that could not be opened or broke under a call (`what` says which) is
+/// UNAVAILABLE (see [`broken_connection`](crate::error::broken_connection)); errors that carry a
+/// status keep it.
+pub(crate) fn as_unavailable(e: BoxError, addr: &str, what: &str) -> BoxError {
     if sources(&*e).any(|err| err.is::<tonic::Status>()) || !crate::error::is_transport(&*e) {
         return e;
     }
-    let reason = format!(
-        "connection to {addr} broke during the call: {}",
-        crate::error::chain(&*e)
-    );
+    let reason = format!("connection to {addr} {what}: {}", crate::error::chain(&*e));
     unavailable(addr, reason, Some(Arc::from(e))).into()
 }
 

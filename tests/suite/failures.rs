@@ -1007,3 +1007,18 @@ async fn a_broken_connection_keeps_its_cause_as_a_typed_source() {
         "the transport's error is not in the chain: {chain:?}"
     );
 }
+
+/// A call whose only instance refuses its connection says so: the connection could not be
+/// opened, not that it broke during the call (there was none).
+#[tokio::test]
+async fn a_refused_connection_is_named_as_such() {
+    let dead = fleet::unreachable_uri();
+    let ch = BalancedChannel::from_static([&dead]).unwrap();
+    let mut client = FleetClient::new(ch);
+    let s = unary_bounded(&mut client, 1, LIMIT).await.unwrap_err();
+    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+    assert!(
+        s.message().contains("could not be opened") && !s.message().contains("broke"),
+        "{s:?}"
+    );
+}

@@ -308,6 +308,17 @@ async fn connect_opens_the_connections_now() {
     );
     assert!(msg.contains(a.trim_start_matches("http://")), "{msg}");
     assert!(msg.contains(b.trim_start_matches("http://")), "{msg}");
+    assert!(msg.contains("none of the 2 instances"), "{msg}");
+    let err = BalancedChannel::builder()
+        .uri(&a)
+        .connect()
+        .await
+        .expect_err("nothing could be reached");
+    assert!(
+        err.to_string()
+            .contains("the one instance could not be reached"),
+        "{err}"
+    );
 
     // Bad input is refused as build() refuses it.
     let err = BalancedChannel::builder()

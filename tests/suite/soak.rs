@@ -203,7 +203,8 @@ enum Class {
     CancelledByTest,
     /// DEADLINE_EXCEEDED, at or after the call's own deadline.
     Deadline,
-    /// UNAVAILABLE naming a connection that broke under the call (an instance was killed).
+    /// UNAVAILABLE naming a connection that broke under the call or could not be opened (an
+    /// instance was killed).
     Broken,
     /// A status that a failing instance was scripted to send, that retries could not hide.
     Scripted,
@@ -242,7 +243,11 @@ fn classify(status: &Status, deadline: Option<Duration>, elapsed: Duration) -> C
         Code::Unavailable | Code::ResourceExhausted if msg.contains("scripted to fail") => {
             Class::Scripted
         }
-        Code::Unavailable if msg.contains("broke during the call") => Class::Broken,
+        Code::Unavailable
+            if msg.contains("broke during the call") || msg.contains("could not be opened") =>
+        {
+            Class::Broken
+        }
         Code::Unavailable if msg.contains("no instances in the set") => Class::NoInstances,
         Code::Unavailable if msg.contains("no usable instance") => Class::NoUsable,
         Code::Unavailable if msg.contains("no instance left") => Class::RetryNoneLeft,
