@@ -373,17 +373,20 @@ enum Scope {
 }
 
 impl Scope {
+    /// A method path or a service prefix, with its leading slash or without (the balancer's
+    /// policies name methods `package.Service/Method`): both are the request's `/`-led path.
     fn parse(path: &str) -> Scope {
-        let parts = path
-            .strip_prefix('/')
-            .and_then(|rest| rest.split_once('/'))
+        let rest = path.strip_prefix('/').unwrap_or(path);
+        let parts = rest
+            .split_once('/')
             .filter(|(service, method)| !service.is_empty() && !method.contains('/'));
         match parts {
-            Some((_, "")) => Scope::Service(path.to_owned()),
-            Some(_) => Scope::Method(path.to_owned()),
+            Some((_, "")) => Scope::Service(format!("/{rest}")),
+            Some(_) => Scope::Method(format!("/{rest}")),
             None => panic!(
                 "Faults::set_method: {path:?} is neither a method path \
-                 (\"/package.Service/Method\") nor a service prefix (\"/package.Service/\")"
+                 (\"/package.Service/Method\" or \"package.Service/Method\") nor a service \
+                 prefix (\"/package.Service/\" or \"package.Service/\")"
             ),
         }
     }
@@ -554,8 +557,10 @@ impl Faults {
         });
     }
 
-    /// `script` for one method (`"/package.Service/Method"`) or for every method of a service
-    /// (`"/package.Service/"`, with its final slash) from now on. The most specific script
+    /// `script` for one method (`"/package.Service/Method"`, or `"package.Service/Method"` as
+    /// the balancer's policies name it) or for every method of a service
+    /// (`"/package.Service/"`, with its final slash; the leading one may be left out) from now
+    /// on. The most specific script
     /// wins: the method's, then its service's, then the one of [`Faults::set`];
     /// `Script::default()` here exempts the method or service from a less specific script.
     ///
@@ -566,6 +571,7 @@ impl Faults {
     /// let faults = Faults::new();
     /// faults.set_method("/fleet.v1.Fleet/", Script::new().fail(Code::Unavailable, "down"));
     /// faults.set_method("/fleet.v1.Fleet/Unary", Script::new()); // unary calls go through
+    /// faults.set_method("fleet.v1.Fleet/Stream", Script::new()); // the balancer's form: the same
     /// ```
     ///
     /// # Panics

@@ -863,7 +863,7 @@ async fn set_method_scopes_and_the_most_specific_wins() {
 fn set_method_refuses_other_paths_naming_them() {
     let faults = Faults::new();
     for path in [
-        "fleet.v1.Fleet/Unary",
+        "Unary",
         "",
         "/",
         "//Unary",
@@ -1092,4 +1092,28 @@ async fn wraps_routes_as_a_plain_tower_layer() {
     assert!(response.body().is_end_stream());
     drop(response);
     assert_eq!((faults.calls(), faults.in_flight()), (2, 0));
+}
+
+/// A method or service named as the balancer's policies name it (no leading slash) scripts the
+/// same calls as the request's path does.
+#[tokio::test]
+async fn a_method_is_named_with_or_without_its_leading_slash() {
+    let faults = Faults::new();
+    let mut f = start(&faults).await;
+    faults.set_method(
+        "fleet.v1.Fleet/Unary",
+        Script::new().fail(Code::Aborted, "by name"),
+    );
+    let s = f.client.unary(Req::default()).await.unwrap_err();
+    assert_eq!((s.code(), s.message()), (Code::Aborted, "by name"));
+    faults.clear();
+    faults.set_method(
+        "fleet.v1.Fleet/",
+        Script::new().fail(Code::Aborted, "by service"),
+    );
+    let s = f.client.unary(Req::default()).await.unwrap_err();
+    assert_eq!(s.message(), "by service");
+    // The exemption of the method, in the request's form, still wins over its service's.
+    faults.set_method("/fleet.v1.Fleet/Unary", Script::new());
+    f.client.unary(Req::default()).await.unwrap();
 }
