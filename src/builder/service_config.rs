@@ -53,6 +53,7 @@ impl Builder {
             balancing,
             health_check,
             max_connections,
+            ..
         } = config;
         self.method_configs = methods;
         self.throttling = throttling;

@@ -15,6 +15,7 @@
 mod balancing;
 mod json;
 mod method;
+mod unknown;
 
 use std::str::FromStr;
 
@@ -129,6 +130,8 @@ pub struct ServiceConfig {
     /// The service name of `healthCheckConfig`, if it is there.
     pub(crate) health_check: Option<String>,
     pub(crate) max_connections: Option<usize>,
+    /// The fields it has that the channel does not read (see [`ServiceConfig::unknown_fields`]).
+    unknown: Vec<String>,
 }
 
 impl ServiceConfig {
@@ -147,7 +150,10 @@ impl ServiceConfig {
             })?;
         let root = Node::root(&value);
         root.object()?;
-        let mut config = ServiceConfig::default();
+        let mut config = ServiceConfig {
+            unknown: unknown::fields(&value),
+            ..ServiceConfig::default()
+        };
         if let Some(list) = root.field("methodConfig")? {
             config.methods = method::configs(&list)?;
         }
@@ -178,7 +184,30 @@ impl ServiceConfig {
                 config.max_connections = Some(max.min(MAX_CONNECTIONS) as usize);
             }
         }
+        for field in &config.unknown {
+            tracing::warn!(field = %field, "service config: a field the channel does not read");
+        }
         Ok(config)
+    }
+
+    /// The fields of the config that the channel does not read, each as its JSON path and why:
+    /// unknown ones (`methodConfigs: unknown field, ignored (did you mean "methodConfig"?)`)
+    /// and gRPC fields it does not use. As in gRPC they are ignored, so that a newer config is
+    /// taken; each is also logged as a warning when the config is read. A `loadBalancingConfig`
+    /// entry's fields are its policy's, checked by the policy.
+    ///
+    /// ```
+    /// use tonic_balancer::ServiceConfig;
+    ///
+    /// let config = ServiceConfig::from_json(r#"{"methodConfigs": []}"#)?;
+    /// assert_eq!(
+    ///     config.unknown_fields(),
+    ///     ["methodConfigs: unknown field, ignored (did you mean \"methodConfig\"?)"]
+    /// );
+    /// # Ok::<(), tonic_balancer::Error>(())
+    /// ```
+    pub fn unknown_fields(&self) -> &[String] {
+        &self.unknown
     }
 }
 
@@ -247,6 +276,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.balancing, Some(Balancing::Strategy(Strategy::RoundRobin)));
+        assert!(c.unknown_fields().is_empty(), "{:?}", c.unknown_fields());
         assert_eq!(c.methods.len(), 2);
         assert_eq!(
             c.methods[0].settings.timeout,
