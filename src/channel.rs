@@ -235,7 +235,9 @@ impl BalancedChannel {
     /// # Ok(()) }
     /// ```
     pub fn stats(&self) -> crate::ChannelStats {
-        crate::ChannelStats::of(self.shared.set(), &self.shared.totals)
+        let mut stats = crate::ChannelStats::of(self.shared.set(), &self.shared.totals);
+        stats.unmatched_method_names = self.shared.methods.unmatched().0.len() as u64;
+        stats
     }
 }
 

@@ -147,6 +147,9 @@ impl Builder {
         if self.strategy.keeps_weights() {
             pool.spawn(crate::pick::wrr::task(Arc::downgrade(pool), self.wrr));
         }
+        if !pool.methods.unmatched().0.is_empty() {
+            pool.spawn(unmatched_names_task(Arc::downgrade(pool)));
+        }
     }
 
     /// Where the membership comes from, if not only from the builder's list: a source the
@@ -421,5 +424,41 @@ async fn interval_rules_task(pool: Weak<Shared>, health: crate::health::Health, 
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
         crate::health::sweep(&health, &pool.snapshot());
+    }
+}
+
+/// How many calls the channel makes before it says which of its policies' and method configs'
+/// names none of them matched.
+const CALLS_BEFORE_UNMATCHED: u64 = 100;
+
+/// Says once, as a warning, each name of a retry or hedging policy or of a method config that
+/// none of the channel's first [`CALLS_BEFORE_UNMATCHED`] calls (or any later one, checked every
+/// 5 s) matched, with the paths the calls had instead: `GetItem` or `inventory.v1.GetItem` are
+/// valid gRPC names (a service without a package), so they cannot be refused, but a policy that
+/// names no call does nothing.
+async fn unmatched_names_task(pool: Weak<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut said: std::collections::HashSet<String> = Default::default();
+    loop {
+        tick.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        if crate::ChannelStats::of(pool.set(), &pool.totals).calls() < CALLS_BEFORE_UNMATCHED {
+            continue;
+        }
+        let (names, seen) = pool.methods.unmatched();
+        let new: Vec<&str> = names.into_iter().filter(|n| !said.contains(*n)).collect();
+        if new.is_empty() {
+            continue;
+        }
+        let seen: Vec<&str> = seen.iter().map(|p| &**p).collect();
+        tracing::warn!(
+            unmatched = ?new,
+            calls_seen = ?seen,
+            "a retry or hedging policy, or a service config's method config, names methods that \
+             no call of this channel has matched: it does nothing for them (a method is named \
+             `package.Service/Method`, as the calls' paths are)"
+        );
+        said.extend(new.into_iter().map(str::to_owned));
     }
 }

@@ -43,9 +43,19 @@ pub struct ChannelStats {
     discovery_failures: u64,
     discovery_error: Option<String>,
     probes_sent: u64,
+    pub(crate) unmatched_method_names: u64,
 }
 
 impl ChannelStats {
+    /// How many of the method names that the channel's retry and hedging policies and its
+    /// service config's method configs give no call has matched so far: a policy for
+    /// `GetItem` (a service without a package) does nothing for the calls of
+    /// `/inventory.v1.Inventory/GetItem`. After 100 calls, the channel also says which, once,
+    /// as a warning, with the paths the calls had.
+    pub fn unmatched_method_names(&self) -> u64 {
+        self.unmatched_method_names
+    }
+
     /// Calls made through the channel: routed ones and refused ones (each call once, whatever
     /// number of attempts it took).
     pub fn calls(&self) -> u64 {
@@ -169,6 +179,9 @@ impl std::fmt::Display for ChannelStats {
         if self.probes_sent > 0 {
             write!(f, " probes={}", self.probes_sent)?;
         }
+        if self.unmatched_method_names > 0 {
+            write!(f, " unmatched_method_names={}", self.unmatched_method_names)?;
+        }
         Ok(())
     }
 }
@@ -218,6 +231,7 @@ impl ChannelStats {
             discovery_failures: load(&shared.lookup_failures),
             discovery_error: error,
             probes_sent: set.ctx.probes_sent.load(Ordering::Relaxed),
+            unmatched_method_names: 0,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! [gRFC A6]: https://github.com/grpc/proposal/blob/master/A6-client-retries.md
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,7 +70,24 @@ pub(crate) struct MethodPolicy {
     pub(crate) retry: Option<Arc<RetryPolicy>>,
     pub(crate) hedging: Option<Arc<HedgingPolicy>>,
     pub(crate) settings: CallSettings,
+    /// Whether a call has matched it (see [`MethodPolicies::unmatched`]).
+    matched: AtomicBool,
 }
+
+impl MethodPolicy {
+    /// A call matched it: written once, read first, so that the calls of a method share the
+    /// cache line unwritten.
+    #[inline(always)]
+    fn hit(&self) -> &MethodPolicy {
+        if !self.matched.load(Ordering::Relaxed) {
+            self.matched.store(true, Ordering::Relaxed);
+        }
+        self
+    }
+}
+
+/// How many paths of calls that matched no named entry are kept, to show in the warning.
+const MISSES_KEPT: usize = 8;
 
 /// Every entry of a channel, by the paths it covers: the table a call's path is looked up in.
 #[derive(Debug, Default)]
@@ -86,6 +104,10 @@ pub(crate) struct MethodPolicies {
     policies: bool,
     /// Some entry sets a policy of the builder's (which the crate's budget limits).
     budgeted: bool,
+    /// The first paths of calls that matched no named entry, up to [`MISSES_KEPT`], and how
+    /// many are kept (read first, so that a full list costs a load).
+    missed: std::sync::Mutex<Vec<Box<str>>>,
+    missed_count: AtomicUsize,
 }
 
 impl MethodPolicies {
@@ -135,7 +157,7 @@ impl MethodPolicies {
     pub(crate) fn get(&self, path: &str) -> &MethodPolicy {
         if !self.methods.is_empty() {
             if let Ok(i) = self.methods.binary_search_by(|(p, _)| (**p).cmp(path)) {
-                return &self.methods[i].1;
+                return self.methods[i].1.hit();
             }
         }
         if !self.services.is_empty() {
@@ -146,11 +168,41 @@ impl MethodPolicies {
                 .map(|i| &path[..i + 2]);
             if let Some(service) = service {
                 if let Ok(i) = self.services.binary_search_by(|(p, _)| (**p).cmp(service)) {
-                    return &self.services[i].1;
+                    return self.services[i].1.hit();
                 }
             }
+            self.missed(path);
+        } else if !self.methods.is_empty() {
+            self.missed(path);
         }
         &self.default
+    }
+
+    /// A call to `path` matched no named entry: its path is kept if there is room.
+    #[cold]
+    fn missed(&self, path: &str) {
+        if self.missed_count.load(Ordering::Relaxed) >= MISSES_KEPT {
+            return;
+        }
+        let mut missed = crate::sync::lock(&self.missed);
+        if missed.len() < MISSES_KEPT && !missed.iter().any(|p| **p == *path) {
+            missed.push(path.into());
+            self.missed_count.store(missed.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// The names of the entries (`/package.Service/Method`, `/package.Service/`) that no call
+    /// has matched so far, and the first paths of calls that matched none: a policy whose
+    /// names no call carries (`GetItem` for `/inventory.v1.Inventory/GetItem`) does nothing.
+    pub(crate) fn unmatched(&self) -> (Vec<&str>, Vec<Box<str>>) {
+        let names = self
+            .methods
+            .iter()
+            .chain(&self.services)
+            .filter(|(_, e)| !e.matched.load(Ordering::Relaxed))
+            .map(|(p, _)| &**p)
+            .collect();
+        (names, crate::sync::lock(&self.missed).clone())
     }
 
     /// The default deadline of a call to `path`, if an entry sets one (a look-up only when

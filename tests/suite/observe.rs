@@ -399,3 +399,52 @@ async fn stats_show_the_discovery_source_and_its_last_error() {
         "{s}"
     );
 }
+
+/// A retry policy that names a method no call carries (`GetItem`, a valid name: a service
+/// without a package) does nothing, and the channel says so: `stats()` counts the names no call
+/// matched, and after 100 calls a warning names them once, with the paths the calls had.
+#[tokio::test]
+async fn a_policy_that_names_no_call_is_said_once() {
+    let spans = CallSpans::default();
+    let _guard = spans.install();
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .retry(RetryPolicy::new(["GetItem"]))
+        .build()
+        .unwrap();
+    assert_eq!(ch.stats().unmatched_method_names(), 1);
+    let mut client = FleetClient::new(ch.clone());
+    for id in 0..100 {
+        client.unary(fleet::req(id)).await.unwrap();
+    }
+    const SAID: &str = "a retry or hedging policy, or a service config's method config, names \
+                        methods that no call of this channel has matched: it does nothing for \
+                        them (a method is named `package.Service/Method`, as the calls' paths are)";
+    fleet::wait_until("the warning", LIMIT, || {
+        !spans.events_named(SAID).is_empty()
+    })
+    .await;
+    let said = spans.events_named(SAID);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(
+        said[0].get("unmatched").map(String::as_str),
+        Some("[\"/GetItem/\"]")
+    );
+    assert_eq!(
+        said[0].get("calls_seen").map(String::as_str),
+        Some("[\"/fleet.v1.Fleet/Unary\"]")
+    );
+    assert_eq!(ch.stats().unmatched_method_names(), 1);
+    // Named as the calls' paths are, the policy matches them.
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .retry(RetryPolicy::new(["fleet.v1.Fleet/Unary"]))
+        .build()
+        .unwrap();
+    FleetClient::new(ch.clone())
+        .unary(fleet::req(1))
+        .await
+        .unwrap();
+    assert_eq!(ch.stats().unmatched_method_names(), 0);
+}
