@@ -47,10 +47,7 @@ use fleet::{Behavior, Instance};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
 use tonic::Code;
-use tonic_balancer::metrics::{
-    CALL_RETRIES, CALL_RETRY_DELAY, CALL_TRANSPARENT_RETRIES, COUNT_BUCKETS, LATENCY_BUCKETS,
-    SIZE_BUCKETS,
-};
+use tonic_balancer::metrics::HISTOGRAMS;
 use tonic_balancer::{Backoff, BalancedChannel, Ejection, Resolve, RetryPolicy};
 
 const IN_FLIGHT: usize = 16;
@@ -82,22 +79,18 @@ fn serve_metrics(port: u16) -> Result<SocketAddr, Box<dyn std::error::Error>> {
             SocketAddr::from(([127, 0, 0, 1], port))
         };
         // The recorder first: the channel describes its instruments (units, help) when built.
-        let built = PrometheusBuilder::new()
+        let mut builder = PrometheusBuilder::new()
             .with_http_listener(addr)
             .with_recommended_naming(true)
-            .set_buckets_for_metric(Matcher::Suffix(".duration".into()), LATENCY_BUCKETS)?
-            .set_buckets_for_metric(Matcher::Full(CALL_RETRY_DELAY.into()), LATENCY_BUCKETS)?
-            .set_buckets_for_metric(Matcher::Suffix("message_size".into()), SIZE_BUCKETS)?
-            .set_buckets_for_metric(Matcher::Full(CALL_RETRIES.into()), COUNT_BUCKETS)?
-            .set_buckets_for_metric(
-                Matcher::Full(CALL_TRANSPARENT_RETRIES.into()),
-                COUNT_BUCKETS,
-            )?
             // Series nothing wrote for 10 minutes are forgotten: those of an instance that left
             // (with `--per-instance`) or of a channel dropped. A live channel writes its gauges
             // twice a second; a counter forgotten while idle starts again at its next increment.
-            .idle_timeout(MetricKindMask::ALL, Some(Duration::from_secs(600)))
-            .build();
+            .idle_timeout(MetricKindMask::ALL, Some(Duration::from_secs(600)));
+        // Every histogram's buckets (without them, the exporter renders a summary).
+        for (name, buckets) in HISTOGRAMS {
+            builder = builder.set_buckets_for_metric(Matcher::Full((*name).into()), buckets)?;
+        }
+        let built = builder.build();
         match built {
             Ok((recorder, exporter)) => {
                 metrics::set_global_recorder(recorder)?;

@@ -229,3 +229,49 @@ fn describe_xds() {
         "xDS resources held, by cache state and type"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    /// The names of the histograms described to it.
+    #[derive(Default)]
+    struct Described(Arc<Mutex<Vec<String>>>);
+
+    impl Recorder for Described {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.0.lock().unwrap().push(key.as_str().to_owned());
+        }
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    /// Every histogram the channel describes has its buckets in `HISTOGRAMS`, and nothing else
+    /// is there: an exporter configured from it renders each as a histogram.
+    #[test]
+    fn every_histogram_has_its_buckets() {
+        let recorder = Described::default();
+        metrics::with_local_recorder(&recorder, super::describe);
+        let mut described = recorder.0.lock().unwrap().clone();
+        described.sort();
+        let mut listed: Vec<String> = super::super::HISTOGRAMS
+            .iter()
+            .map(|(n, _)| (*n).to_owned())
+            .collect();
+        listed.sort();
+        assert_eq!(described, listed);
+    }
+}

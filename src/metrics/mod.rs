@@ -127,10 +127,10 @@
 //!
 //! # Buckets
 //!
-//! The facade carries no histogram buckets: configure the exporter with
-//! [`LATENCY_BUCKETS`] for the `s` histograms, [`SIZE_BUCKETS`] for the message sizes,
-//! [`COUNT_BUCKETS`] for the retry counts (A66's boundaries) and [`WEIGHT_BUCKETS`] for
-//! weighted round robin's weights.
+//! The facade carries no histogram buckets: configure the exporter with [`HISTOGRAMS`], every
+//! histogram's name and buckets: [`LATENCY_BUCKETS`] for the `s` histograms, [`SIZE_BUCKETS`]
+//! for the message sizes, [`COUNT_BUCKETS`] for the retry and hedge counts (A66's boundaries)
+//! and [`WEIGHT_BUCKETS`] for weighted round robin's weights.
 //!
 //! Sources: [gRFC A66](https://github.com/grpc/proposal/blob/master/A66-otel-stats.md).
 
@@ -172,6 +172,35 @@ pub const SIZE_BUCKETS: &[f64] = &[
 pub const WEIGHT_BUCKETS: &[f64] = &[
     0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0, 7500.0,
     10000.0,
+];
+
+/// Every histogram of the channel, with its bucket boundaries: for an exporter that takes
+/// buckets per metric, so that none is left out (metrics-exporter-prometheus renders a
+/// histogram without buckets as a summary, which cannot be summed across pods; A66 and A96
+/// define histograms).
+///
+/// ```
+/// # #[cfg(feature = "metrics")] {
+/// use tonic_balancer::metrics::{HISTOGRAMS, CALL_RETRIES, COUNT_BUCKETS};
+///
+/// assert!(HISTOGRAMS.contains(&(CALL_RETRIES, COUNT_BUCKETS)));
+/// // With metrics-exporter-prometheus:
+/// // for (name, buckets) in HISTOGRAMS {
+/// //     builder = builder.set_buckets_for_metric(Matcher::Full((*name).into()), buckets)?;
+/// // }
+/// # }
+/// ```
+#[cfg(feature = "metrics")]
+pub const HISTOGRAMS: &[(&str, &[f64])] = &[
+    (ATTEMPT_DURATION, LATENCY_BUCKETS),
+    (CALL_DURATION, LATENCY_BUCKETS),
+    (ATTEMPT_SENT_SIZE, SIZE_BUCKETS),
+    (ATTEMPT_RCVD_SIZE, SIZE_BUCKETS),
+    (CALL_RETRIES, COUNT_BUCKETS),
+    (CALL_TRANSPARENT_RETRIES, COUNT_BUCKETS),
+    (CALL_HEDGES, COUNT_BUCKETS),
+    (CALL_RETRY_DELAY, LATENCY_BUCKETS),
+    (WRR_ENDPOINT_WEIGHTS, WEIGHT_BUCKETS),
 ];
 
 /// The most distinct method names that label a channel's metrics by themselves
