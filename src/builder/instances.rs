@@ -252,8 +252,17 @@ impl Builder {
     /// Adds an instance by URI, with tonic's default settings and a connect timeout of
     /// [`DEFAULT_CONNECT_TIMEOUT`]: `http://host:port`, `https://host:port`, or a Unix
     /// socket as tonic spells it (`unix:/run/app.sock` or `unix:///run/app.sock`; the
-    /// instance is known by that URI). A malformed URI is reported by [`build`](Builder::build).
+    /// instance is known by that URI). A gRPC target string (`dns:///my-service:50051`,
+    /// `ipv4:...`, `ipv6:...`, `xds:///...`) is read as [`target`](Builder::target) reads it.
+    /// A malformed URI is reported by [`build`](Builder::build).
     pub fn uri(mut self, uri: &str) -> Builder {
+        if ["dns:", "ipv4:", "ipv6:", "xds:"]
+            .iter()
+            .any(|scheme| uri.starts_with(scheme))
+        {
+            // A gRPC target string (`from_static(["dns:///my-service:50051"])`).
+            return self.target(uri);
+        }
         self.add(Target::uri(uri, DEFAULT_CONNECT_TIMEOUT));
         self
     }

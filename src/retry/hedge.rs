@@ -14,8 +14,7 @@ use tonic::Code;
 
 use super::name::MethodName;
 
-/// gRFC A6's client-side cap on the attempts of a call.
-const MAX_ATTEMPTS: u32 = 5;
+use super::MAX_ATTEMPTS;
 
 /// Hedging for the methods named (opt-in, see [`Builder::hedging`](crate::Builder::hedging)):
 /// a call without an answer after [`delay`](Self::delay) is sent again to another instance,

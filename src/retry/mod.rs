@@ -46,5 +46,9 @@ pub(crate) use name::MethodName;
 pub(crate) use policy::shared_budget;
 pub use policy::RetryPolicy;
 
+/// gRFC A6's client-side cap on the attempts of a call (the first included), for the builder's
+/// policies and a service config's alike.
+pub(crate) const MAX_ATTEMPTS: u32 = 5;
+
 /// The default cap on the request body kept to replay a call (64 KiB).
 pub const DEFAULT_MAX_REPLAY_BODY: usize = 64 * 1024;

@@ -130,7 +130,8 @@ impl RetryPolicy {
         }
     }
 
-    /// Attempts in all, the first included: 2 to 10 (default 3).
+    /// Attempts in all, the first included: 2 to 5 (default 3); 5 is gRPC's cap (gRFC A6), which
+    /// a service config's `maxAttempts` is held to as well.
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = n;
         self
@@ -185,7 +186,8 @@ impl RetryPolicy {
 
     pub(crate) fn validate(&self) -> Result<(), crate::Error> {
         let c = RETRY_CHECKS;
-        c.field("max_attempts").between(self.max_attempts, 2, 10)?;
+        c.field("max_attempts")
+            .between(self.max_attempts, 2, crate::retry::MAX_ATTEMPTS)?;
         c.field("codes").that(
             !self.codes.is_empty() && !self.codes.contains(&Code::Ok),
             "must name at least one status, and not OK",

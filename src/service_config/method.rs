@@ -15,7 +15,7 @@ use crate::retry::{
 };
 
 /// gRFC A6's cap on a policy's attempts: a config asking for more gets this many.
-const MAX_ATTEMPTS: u64 = 5;
+const MAX_ATTEMPTS: u64 = crate::retry::MAX_ATTEMPTS as u64;
 
 /// The entries of `methodConfig`. An entry without names is skipped, as gRPC skips it.
 pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
@@ -130,7 +130,7 @@ fn max_attempts(policy: &Node<'_>) -> Result<u32, Error> {
         return Err(node.refuse(format_args!("must be at least 2, not {n}")));
     }
     if n > MAX_ATTEMPTS {
-        tracing::debug!(path = %node.path, "service config: maxAttempts {n} counts as 5 (gRFC A6's cap)");
+        tracing::warn!(path = %node.path, "service config: maxAttempts {n} counts as 5 (gRFC A6's cap, as in gRPC)");
     }
     Ok(n.min(MAX_ATTEMPTS) as u32)
 }

@@ -369,7 +369,13 @@ async fn grpc_target_strings_name_the_instances() {
         let mut client = FleetClient::new(ch.clone());
         let names = fleet::calls(&mut client, 10).await;
         assert!(names.iter().all(|n| n == "i0"), "{target}: {names:?}");
-        // `dns` takes gRPC's spelling too.
+        // So do `from_static`'s URIs, with a scheme (a bare `host:port` is no URI there)...
+        if target.starts_with("dns:") {
+            let ch = BalancedChannel::from_static([&target]).unwrap();
+            let names = fleet::calls(&mut FleetClient::new(ch), 5).await;
+            assert!(names.iter().all(|n| n == "i0"), "{target}: {names:?}");
+        }
+        // ...and `dns`, gRPC's spelling.
         let ch = BalancedChannel::builder().dns(&target).build();
         assert!(ch.is_ok() || !target.starts_with("dns:"), "{target}");
     }

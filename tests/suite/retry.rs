@@ -251,6 +251,23 @@ async fn bad_retry_settings_are_refused() {
             .unwrap_err();
         assert!(err.to_string().contains("`retry`"), "{err}");
     }
+    // One cap on the attempts, gRPC's 5, for retries and hedges alike (a service config's
+    // maxAttempts above it counts as 5, as in gRPC).
+    let err = BalancedChannel::builder()
+        .uri("http://127.0.0.1:1")
+        .retry(RetryPolicy::default().max_attempts(6))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("max_attempts"), "{err}");
+    assert!(err.to_string().contains('5'), "{err}");
+    let err = BalancedChannel::builder()
+        .uri("http://127.0.0.1:1")
+        .hedging(
+            tonic_balancer::HedgingPolicy::new(["a.B/C"], Duration::from_millis(5)).max_attempts(6),
+        )
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("max_attempts"), "{err}");
     let err = BalancedChannel::builder()
         .uri("http://127.0.0.1:1")
         .max_replay_body(1 << 30)
