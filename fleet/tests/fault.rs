@@ -862,14 +862,7 @@ async fn set_method_scopes_and_the_most_specific_wins() {
 #[test]
 fn set_method_refuses_other_paths_naming_them() {
     let faults = Faults::new();
-    for path in [
-        "Unary",
-        "",
-        "/",
-        "//Unary",
-        "/fleet.v1.Fleet",
-        "/a/b/c",
-    ] {
+    for path in ["Unary", "", "/", "//Unary", "/fleet.v1.Fleet", "/a/b/c"] {
         let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             faults.set_method(path, Script::new())
         }))
