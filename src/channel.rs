@@ -221,6 +221,58 @@ impl BalancedChannel {
         Ok(self.shared.set().sync(want))
     }
 
+    /// The channel's connectivity state, as gRPC aggregates it over its instances (grpc-go's
+    /// `ClientConn.GetState`): READY if one is ready, else CONNECTING if one is connecting (or
+    /// discovery has not answered yet), else IDLE if one was never sent a call, else
+    /// TRANSIENT_FAILURE (each failing to connect, ejected or unhealthy, or none at all).
+    ///
+    /// Connections open on the first calls: a channel built with
+    /// [`build`](crate::Builder::build) is IDLE until its first call, and one built with
+    /// [`connect`](crate::Builder::connect) starts READY (or TRANSIENT_FAILURE).
+    pub fn connectivity(&self) -> crate::ConnectivityState {
+        self.shared.totals.connectivity.get()
+    }
+
+    /// Waits until the connectivity state is other than `from`, and returns it (grpc-go's
+    /// `ClientConn.WaitForStateChange`); returns at once if it is already. Bound it with a
+    /// timeout of your own (`tokio::time::timeout`), as grpc-go's takes a context: a channel
+    /// whose state does not move waits for ever.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tonic_balancer::{BalancedChannel, ConnectivityState};
+    ///
+    /// # async fn demo(channel: BalancedChannel) {
+    /// // A readiness probe: ready once one instance at least is.
+    /// let mut state = channel.connectivity();
+    /// while state != ConnectivityState::Ready {
+    ///     let change = channel.wait_for_state_change(state);
+    ///     match tokio::time::timeout(Duration::from_secs(5), change).await {
+    ///         Ok(next) => state = next,
+    ///         Err(_) => break, // not ready within 5 s
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub async fn wait_for_state_change(
+        &self,
+        from: crate::ConnectivityState,
+    ) -> crate::ConnectivityState {
+        let mut rx = self.shared.totals.connectivity.watch();
+        // The sender lives as long as this channel (`self` holds it): the wait ends with a
+        // change, never with an error.
+        let state = rx.wait_for(|now| *now != from).await.map(|s| *s);
+        state.unwrap_or(crate::ConnectivityState::Shutdown)
+    }
+
+    /// A receiver of the connectivity state's changes, for a task that watches the channel
+    /// without holding it (a readiness endpoint, a metric): it reads SHUTDOWN once every clone
+    /// of the channel is dropped (and their calls are over). Intermediate states can be
+    /// skipped when they change faster than it reads them (a [`tokio::sync::watch`]).
+    pub fn watch_connectivity(&self) -> tokio::sync::watch::Receiver<crate::ConnectivityState> {
+        self.shared.totals.connectivity.watch()
+    }
+
     /// Totals of this channel since it was built (shared by its clones): calls, attempts,
     /// retries, transparent retries, hedges, refusals, ejections, and the discovery source's state and
     /// last error. Lock-free counters, kept whether or not the `metrics` feature is on; see

@@ -87,10 +87,17 @@ impl Events for Hooks {
         crate::observe::membership(&self.health.totals, added, removed);
         if let Some(shared) = self.shared() {
             shared.usable.notify_waiters();
+            shared.totals.connectivity.update(shared.set());
         }
     }
 
     fn discovery_answer(&self, error: Option<&str>) {
         crate::observe::discovery_answer(&self.health.totals, error);
+    }
+
+    fn connectivity(&self) {
+        if let Some(shared) = self.shared() {
+            shared.totals.connectivity.update(shared.set());
+        }
     }
 }

@@ -204,7 +204,7 @@ pub use instance::conns::{
     DEFAULT_CONNECTION_IDLE, DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION,
 };
 pub use instance::State;
-pub use observe::{ChannelStats, DiscoveryState};
+pub use observe::{ChannelStats, ConnectivityState, DiscoveryState};
 pub use pick::Strategy;
 pub use probe::ProbeConfig;
 pub use retry::{HedgingPolicy, RetryPolicy, DEFAULT_MAX_REPLAY_BODY};

@@ -133,6 +133,9 @@ impl Builder {
             pool.spawn(task(Arc::downgrade(&pool), self.discovery_timeout));
         }
         self.start_tasks(&pool, health);
+        // Its instances are in, and a source to wait for is known: IDLE, CONNECTING (discovery
+        // is to answer) or READY (`Builder::connect`'s connections).
+        pool.totals.connectivity.update(pool.set());
         Ok(BalancedChannel { shared: pool })
     }
 

@@ -66,6 +66,14 @@ impl Shared {
     }
 }
 
+/// Every clone of the channel is gone (and every call they made, which hold it too): its
+/// connectivity state's watchers see SHUTDOWN.
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.totals.connectivity.shut_down();
+    }
+}
+
 impl AsRef<Picker> for Shared {
     fn as_ref(&self) -> &Picker {
         &self.picker

@@ -125,6 +125,7 @@ impl Events for Unobserved {
     fn taken_back(&self, _: &Arc<super::Instance>, _: usize) {}
     fn membership(&self, _: usize, _: usize) {}
     fn discovery_answer(&self, _: Option<&str>) {}
+    fn connectivity(&self) {}
 }
 
 /// A status code's bit in a set of codes (`u32`: gRPC's codes are 0 to 16).

@@ -102,6 +102,11 @@ pub(crate) trait Events: Send + Sync + 'static {
 
     /// The discovery source answered (`error`: with a failure).
     fn discovery_answer(&self, error: Option<&str>);
+
+    /// What the channel's connectivity state is made of may have moved: an instance changed
+    /// state, an instance never sent a call got its first, or discovery's first answer is in
+    /// (called after it is published).
+    fn connectivity(&self);
 }
 
 /// What an attempt of a call is for (what its metrics and the channel's totals count it as).

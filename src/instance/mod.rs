@@ -303,6 +303,7 @@ impl Instance {
     /// again when it is back (gRFC A58); back in service, it rejoins the set's turns.
     fn changed_service(&self, from: State, to: State) {
         self.reported.state_changed(to);
+        self.ctx.events.connectivity();
         if !to.is_usable() {
             self.reported.wrr.reset();
         } else if !from.is_usable() {
@@ -391,9 +392,13 @@ impl Instance {
 
     /// A call is routed to it: one more started (the count in flight is `standing`'s).
     /// Returns the connection breaks seen so far, for [`first_to_see_break`](Self::first_to_see_break).
+    /// Its first call ends its idleness (the channel's connectivity state may move from IDLE
+    /// to CONNECTING): one branch on the count the add returns, taken once per instance.
     #[inline]
     pub(crate) fn call_started(&self) -> u32 {
-        self.started.fetch_add(1, Ordering::Relaxed);
+        if self.started.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.ctx.events.connectivity();
+        }
         self.breaks.load(Ordering::Relaxed)
     }
 

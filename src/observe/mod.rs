@@ -19,12 +19,16 @@
 //! `state` and the old one `previous.state`.
 //!
 //! Here: the channel's totals and the hooks of its rare events; in `call.rs`, each call's span
-//! and observation; in `stats.rs`, [`ChannelStats`].
+//! and observation; in `stats.rs`, [`ChannelStats`]; in `connectivity.rs`, the channel's
+//! [`ConnectivityState`].
 
 mod call;
+mod connectivity;
 mod stats;
 
 pub(crate) use call::{code_of, AttemptObs, CallObs};
+pub(crate) use connectivity::Connectivity;
+pub use connectivity::ConnectivityState;
 pub use stats::{ChannelStats, DiscoveryState};
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +56,8 @@ pub(crate) struct Totals {
     source: OnceLock<String>,
     /// The metrics' labels, set when the channel is built.
     pub(crate) metrics: crate::metrics::Labels,
+    /// The channel's connectivity state (see `connectivity.rs`).
+    pub(crate) connectivity: Connectivity,
 }
 
 impl Totals {

@@ -292,6 +292,7 @@ impl Set {
         self.ctx.events.discovery_answer(error.as_deref());
         *lock(&self.discovery_error) = error;
         self.discovered.send_replace(true);
+        self.ctx.events.connectivity();
     }
 
     pub(crate) fn discovery_error(&self) -> Option<String> {

@@ -35,6 +35,7 @@ mod call_path;
 mod calls;
 mod conformance;
 mod connections;
+mod connectivity;
 mod correctness;
 mod drop_in;
 mod durations;
