@@ -7,7 +7,7 @@
 //! curl -s http://127.0.0.1:9184/metrics
 //! ```
 //!
-//! The labels are the defaults: `grpc_method` for each method called (the example calls one),
+//! The labels are the defaults: `grpc_method` for each method called (the example calls two),
 //! `grpc_target` named with `metrics_target`, and the per-instance instruments per target, so
 //! that the series stay as many however many addresses come and go. `--per-instance` labels
 //! them with each instance's URI too (`tonic_balancer_instance`). The exporter forgets series
@@ -16,7 +16,8 @@
 //!
 //! The fleet: four instances answering after 1 to 4 ms, `flaky` and `restarts` after 2 ms,
 //! found through a registry (a discovery source the example answers itself). 16 calls are kept
-//! in flight. A scenario of six phases of `--phase` seconds each, over and over, so that every
+//! in flight: 14 unary calls, retried (`Unary`), and 2 server-streaming calls of one reply,
+//! hedged after 3 ms (`ServerStream`). A scenario of six phases of `--phase` seconds each, over and over, so that every
 //! instrument has something to count:
 //!
 //! 1. steady: every instance serves;
@@ -48,9 +49,13 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
 use tonic::Code;
 use tonic_balancer::metrics::HISTOGRAMS;
-use tonic_balancer::{Backoff, BalancedChannel, Ejection, Resolve, RetryPolicy};
+use tonic_balancer::{Backoff, BalancedChannel, Ejection, HedgingPolicy, Resolve, RetryPolicy};
 
 const IN_FLIGHT: usize = 16;
+/// Of those, the callers of the hedged method.
+const HEDGED: u64 = 2;
+const UNARY: &str = "fleet.v1.Fleet/Unary";
+const SERVER_STREAM: &str = "fleet.v1.Fleet/ServerStream";
 
 /// The scenario's phases, in order.
 const PHASES: [&str; 6] = ["steady", "flaky", "restarts", "registry", "outage", "down"];
@@ -164,7 +169,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let channel = BalancedChannel::builder()
         .resolver(registry.clone())
         .discovery_interval(phase / 4)
-        .retry(RetryPolicy::default())
+        .retry(RetryPolicy::new([UNARY]))
+        // Sent again after 3 ms without an answer: the slower instances' calls are hedged.
+        .hedging(HedgingPolicy::new([SERVER_STREAM], Duration::from_millis(3)).max_attempts(2))
         .ejection(
             Ejection::default()
                 .base_time(phase)
@@ -189,7 +196,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut id = w << 40;
             loop {
                 id += 1;
-                if client.unary(fleet::req(id)).await.is_err() {
+                let ok = if w < HEDGED {
+                    let req = fleet::pb::Req {
+                        id,
+                        count: 1,
+                        ..Default::default()
+                    };
+                    match client.server_stream(req).await {
+                        Ok(stream) => stream.into_inner().message().await.is_ok(),
+                        Err(_) => false,
+                    }
+                } else {
+                    client.unary(fleet::req(id)).await.is_ok()
+                };
+                if !ok {
                     // A call refused at once would otherwise spin.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }

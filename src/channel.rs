@@ -288,7 +288,8 @@ impl BalancedChannel {
     /// ```
     pub fn stats(&self) -> crate::ChannelStats {
         let mut stats = crate::ChannelStats::of(self.shared.set(), &self.shared.totals);
-        stats.unmatched_method_names = self.shared.methods.unmatched().0.len() as u64;
+        let metrics = crate::metrics::unmatched_methods(&self.shared.totals.metrics).len();
+        stats.unmatched_method_names = (self.shared.methods.unmatched().0.len() + metrics) as u64;
         stats
     }
 }

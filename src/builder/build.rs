@@ -150,7 +150,8 @@ impl Builder {
         if self.strategy.keeps_weights() {
             pool.spawn(crate::pick::wrr::task(Arc::downgrade(pool), self.wrr));
         }
-        if !pool.methods.unmatched().0.is_empty() {
+        let pinned = !crate::metrics::unmatched_methods(&pool.totals.metrics).is_empty();
+        if !pool.methods.unmatched().0.is_empty() || pinned {
             pool.spawn(unmatched_names_task(Arc::downgrade(pool)));
         }
     }
@@ -412,8 +413,7 @@ impl Builder {
             Some(DiscoverySource::Push(_)) => "discovery stream".to_owned(),
             #[cfg(feature = "xds")]
             Some(DiscoverySource::Xds { target }) => target.clone(),
-            // A list of URIs has no target of its own (see the metrics module).
-            None => "static".to_owned(),
+            None => self.list_target(),
         }
     }
 }
@@ -434,11 +434,11 @@ async fn interval_rules_task(pool: Weak<Shared>, health: crate::health::Health, 
 /// names none of them matched.
 const CALLS_BEFORE_UNMATCHED: u64 = 100;
 
-/// Says once, as a warning, each name of a retry or hedging policy or of a method config that
-/// none of the channel's first [`CALLS_BEFORE_UNMATCHED`] calls (or any later one, checked every
-/// 5 s) matched, with the paths the calls had instead: `GetItem` or `inventory.v1.GetItem` are
-/// valid gRPC names (a service without a package), so they cannot be refused, but a policy that
-/// names no call does nothing.
+/// Says once, as a warning, each name of a retry or hedging policy, of a method config or of
+/// `metrics_methods` that none of the channel's first [`CALLS_BEFORE_UNMATCHED`] calls (or any
+/// later one, checked every 5 s) matched, with the paths the calls had instead: `GetItem` or
+/// `inventory.v1.GetItem` are valid gRPC names (a service without a package), so they cannot
+/// be refused, but a policy that names no call does nothing, and a pinned name labels nothing.
 async fn unmatched_names_task(pool: Weak<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -450,18 +450,29 @@ async fn unmatched_names_task(pool: Weak<Shared>) {
             continue;
         }
         let (names, seen) = pool.methods.unmatched();
-        let new: Vec<&str> = names.into_iter().filter(|n| !said.contains(*n)).collect();
-        if new.is_empty() {
-            continue;
-        }
         let seen: Vec<&str> = seen.iter().map(|p| &**p).collect();
-        tracing::warn!(
-            unmatched = ?new,
-            calls_seen = ?seen,
-            "a retry or hedging policy, or a service config's method config, names methods that \
-             no call of this channel has matched: it does nothing for them (a method is named \
-             `package.Service/Method`, as the calls' paths are)"
-        );
-        said.extend(new.into_iter().map(str::to_owned));
+        let new: Vec<&str> = names.into_iter().filter(|n| !said.contains(*n)).collect();
+        if !new.is_empty() {
+            tracing::warn!(
+                unmatched = ?new,
+                calls_seen = ?seen,
+                "a retry or hedging policy, or a service config's method config, names methods \
+                 that no call of this channel has matched: it does nothing for them (a method \
+                 is named `package.Service/Method`, as the calls' paths are)"
+            );
+            said.extend(new.into_iter().map(str::to_owned));
+        }
+        let pinned = crate::metrics::unmatched_methods(&pool.totals.metrics);
+        let new: Vec<String> = pinned.into_iter().filter(|n| !said.contains(n)).collect();
+        if !new.is_empty() {
+            tracing::warn!(
+                unmatched = ?new,
+                calls_seen = ?seen,
+                "Builder::metrics_methods names methods that no call of this channel has had: \
+                 they label nothing, and the calls are labelled `other` (a method is named \
+                 `package.Service/Method`, a service `package.Service`)"
+            );
+            said.extend(new);
+        }
     }
 }

@@ -101,6 +101,10 @@ pub struct Builder {
     subset_client: Option<(usize, usize)>,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: crate::metrics::LabelSettings,
+    /// The lists given as gRPC target strings (`ipv4:...`, `unix:...`), each with the
+    /// instances it named: the metrics' `grpc.target` of a channel made of one of them alone.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    list_targets: Vec<(String, usize)>,
 }
 
 /// Where discovery gets its addresses: built in `build()` so that errors surface there.
@@ -166,6 +170,7 @@ impl Builder {
     pub fn new() -> Builder {
         Builder {
             endpoints: Vec::new(),
+            list_targets: Vec::new(),
             error: None,
             strategy: Strategy::default(),
             strategy_by: None,

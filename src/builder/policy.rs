@@ -312,9 +312,11 @@ impl Builder {
 impl Builder {
     /// The `grpc.target` label of this channel's metrics (feature `metrics`): name the service
     /// it calls. The default is gRPC's target where there is one: `dns:///host:port` with
-    /// [`dns`](crate::Builder::dns) discovery, the source's name with another one; a channel
-    /// over a list of URIs has none, and is `static` (the same for every such channel, set at
-    /// build and unchanged by [`insert`](crate::BalancedChannel::insert) and
+    /// [`dns`](crate::Builder::dns) discovery, the source's name with another one, the target
+    /// string a list was given as ([`target`](crate::Builder::target)), `dns:///host:port` for
+    /// one instance named by a host name; another list of URIs has none, and is `static` (the
+    /// same for every such channel, set at build and unchanged by
+    /// [`insert`](crate::BalancedChannel::insert) and
     /// [`remove`](crate::BalancedChannel::remove)). An empty target is refused by
     /// [`build`](crate::Builder::build). See the [`metrics`](crate::metrics#labels) module.
     pub fn metrics_target(mut self, target: impl Into<String>) -> Builder {
@@ -328,7 +330,10 @@ impl Builder {
     /// [`METHOD_LIMIT`](crate::metrics::METHOD_LIMIT) (64) methods the channel calls label
     /// themselves and further ones are `other` (see the [`metrics`](crate::metrics#labels)
     /// module): pin them to choose which, or to keep the label to an exact set. A malformed
-    /// name is refused by [`build`](crate::Builder::build).
+    /// name is refused by [`build`](crate::Builder::build); a well-formed one that no call
+    /// has (`GetItem` for `/inventory.v1.Inventory/GetItem`) is counted in
+    /// [`ChannelStats::unmatched_method_names`](crate::ChannelStats::unmatched_method_names)
+    /// and, after 100 calls, named in a warning.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), tonic_balancer::Error> {

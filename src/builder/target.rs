@@ -67,7 +67,10 @@ impl Builder {
     /// ```
     pub fn target(mut self, target: &str) -> Builder {
         match parse(target) {
-            Ok(Parsed::Uris(uris)) => self.uris(uris),
+            Ok(Parsed::Uris(uris)) => {
+                self.list_targets.push((target.to_owned(), uris.len()));
+                self.uris(uris)
+            }
             Ok(Parsed::Dns { host_port, server }) => {
                 match server {
                     None => self.choose_discovery(
@@ -111,6 +114,46 @@ impl Builder {
                 self
             }
         }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Builder {
+    /// The metrics' `grpc.target` of a channel over a fixed list. gRPC's is the target the
+    /// channel was made with, and a channel without one may have one made up (gRFC A66,
+    /// [`grpc.target`](https://github.com/grpc/proposal/blob/master/A66-otel-stats.md)): the
+    /// target string the list was given as (`ipv4:...`, `unix:...`); one instance named by a
+    /// host name, `dns:///host:port`, as grpc-go's `NewClient("host:port")` names its channel;
+    /// one socket, its `unix:` URI. Other lists are `static`, one label whatever their
+    /// addresses: a label made of them would start new series with each deploy's addresses.
+    pub(super) fn list_target(&self) -> String {
+        if let [(target, n)] = &self.list_targets[..] {
+            if *n == self.endpoints.len() {
+                return target.clone();
+            }
+        }
+        if let [one] = &self.endpoints[..] {
+            if one.name.starts_with("unix:") {
+                return one.name.to_string();
+            }
+            let uri = one.endpoint.uri();
+            let host = uri.host().unwrap_or_default();
+            let literal = host.trim_start_matches('[').trim_end_matches(']');
+            let named = !host.is_empty() && literal.parse::<std::net::IpAddr>().is_err();
+            if named && matches!(one.dial, crate::target::Dial::Endpoint) {
+                let https = uri.scheme_str() == Some("https");
+                let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+                return format!("dns:///{host}:{port}");
+            }
+        }
+        if self.metrics.target.is_none() {
+            tracing::info!(
+                instances = self.endpoints.len(),
+                "this channel's metrics are labelled grpc.target=\"static\", as every channel \
+                 over a list of addresses is; name its service with Builder::metrics_target"
+            );
+        }
+        "static".to_owned()
     }
 }
 

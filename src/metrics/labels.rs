@@ -81,7 +81,7 @@ pub(crate) fn configure(labels: &Labels, settings: LabelSettings, default_target
     let limit = super::METHOD_LIMIT + exact.len();
     let methods = Table::new(limit);
     for name in exact {
-        methods.get(name, true);
+        methods.pin(name);
     }
     let rule = if settings.all_methods {
         MethodRule::All
@@ -99,6 +99,32 @@ pub(crate) fn configure(labels: &Labels, settings: LabelSettings, default_target
     };
     let _ = labels.0.set(config);
     super::describe::describe();
+}
+
+/// The names pinned with `metrics_methods` that no call has had so far: a method no call has
+/// had, a service none of whose methods a call has had (a name no call carries labels nothing,
+/// as a policy's names retry nothing).
+pub(crate) fn unmatched_methods(labels: &Labels) -> Vec<String> {
+    let Some(config) = labels.get() else {
+        return Vec::new();
+    };
+    let MethodRule::Pinned(services) = &config.rule else {
+        return Vec::new();
+    };
+    let mut names = config.methods.uncalled();
+    let called = config.methods.names(true);
+    names.extend(
+        services
+            .iter()
+            .filter(|s| {
+                !called
+                    .iter()
+                    .any(|m| m.split_once('/').is_some_and(|(c, _)| c == &***s))
+            })
+            .map(|s| s.to_string()),
+    );
+    names.sort();
+    names
 }
 
 pub(super) fn target(labels: &Labels) -> Option<SharedString> {

@@ -5,7 +5,7 @@
 //! call of a method. A new name takes its slot with a compare-and-swap; the table never
 //! shrinks, so that a name found once is found at the same place for the channel's life.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -16,10 +16,12 @@ use metrics::SharedString;
 /// label.
 const MAX_NAME: usize = 256;
 
-/// One interned name: its hash (compared first) and its label.
+/// One interned name: its hash (compared first) and its label, and whether a call has had it
+/// (a name pinned with `metrics_methods` is interned before any call).
 struct Entry {
     hash: u64,
     label: SharedString,
+    called: AtomicBool,
 }
 
 /// The interned method labels of one channel.
@@ -47,9 +49,37 @@ impl Table {
         }
     }
 
-    /// The label of `name`: found if it was interned before; else interned now if `add` and
-    /// there is room (`None`: not interned).
+    /// The label of a call's `name`: found if it was interned before; else interned now if
+    /// `add` and there is room (`None`: not interned). Marks it called (a load, and a store
+    /// the first time).
+    #[inline]
     pub(super) fn get(&self, name: &str, add: bool) -> Option<SharedString> {
+        self.find(name, add, true)
+    }
+
+    /// Interns a pinned name before any call has it.
+    pub(super) fn pin(&self, name: &str) {
+        self.find(name, true, false);
+    }
+
+    /// The interned names no call has had.
+    pub(super) fn uncalled(&self) -> Vec<String> {
+        self.names(false)
+    }
+
+    /// The interned names that calls have had, or that none has (`called`).
+    pub(super) fn names(&self, called: bool) -> Vec<String> {
+        self.slots
+            .iter()
+            .filter_map(|slot| {
+                let entry = slot.load();
+                let e = entry.as_ref()?;
+                (e.called.load(Ordering::Relaxed) == called).then(|| e.label.to_string())
+            })
+            .collect()
+    }
+
+    fn find(&self, name: &str, add: bool, call: bool) -> Option<SharedString> {
         let hash = hash(name.as_bytes());
         let mask = self.slots.len() - 1;
         let mut at = (hash as usize) & mask;
@@ -60,6 +90,9 @@ impl Table {
                 let current = slot.load();
                 match &*current {
                     Some(e) if e.hash == hash && *e.label == *name => {
+                        if call && !e.called.load(Ordering::Relaxed) {
+                            e.called.store(true, Ordering::Relaxed);
+                        }
                         return Some(e.label.clone());
                     }
                     Some(_) => break,
@@ -71,6 +104,7 @@ impl Table {
                         let entry = Arc::new(Entry {
                             hash,
                             label: label.clone(),
+                            called: AtomicBool::new(call),
                         });
                         let before = slot.compare_and_swap(&current, Some(entry));
                         if before.is_none() {

@@ -64,10 +64,13 @@
 //!
 //! **`grpc.target`** is the channel's target, as gRPC's: `dns:///host:port` with
 //! [`Builder::dns`](crate::Builder::dns), a [`Resolve`](crate::Resolve) source's name,
-//! `discovery stream` with a pushed stream of changes. A channel over a list of URIs has no
-//! target of its own (gRPC's target is the one URI a channel is made for): it is `static`,
-//! the same for every such channel, whatever its URIs, set when it is built and unchanged by
-//! [`insert`](crate::BalancedChannel::insert) and [`remove`](crate::BalancedChannel::remove),
+//! `discovery stream` with a pushed stream of changes. A list given as a gRPC target string
+//! ([`Builder::target`](crate::Builder::target): `ipv4:...`, `unix:...`) is that string; one
+//! instance named by a host name is `dns:///host:port`, as grpc-go's `NewClient("host:port")`
+//! names its channel. Other lists of URIs have no target of their own (gRPC's target is the
+//! one URI a channel is made for): they are `static`, the same for every such channel,
+//! whatever its URIs (the build says so in an INFO line), set when it is built and unchanged
+//! by [`insert`](crate::BalancedChannel::insert) and [`remove`](crate::BalancedChannel::remove),
 //! so that it does not change with every deploy's addresses. Name the service with
 //! [`Builder::metrics_target`](crate::Builder::metrics_target). Channels with the same target
 //! write the same series: their counters and histograms add up, as two gRPC channels to one
@@ -248,7 +251,7 @@ pub(crate) use events::{
     outlier_detected,
 };
 #[cfg(feature = "metrics")]
-pub(crate) use labels::{configure, Labels};
+pub(crate) use labels::{configure, unmatched_methods, Labels};
 #[cfg(not(feature = "metrics"))]
 pub(crate) use off::*;
 #[cfg(feature = "metrics")]

@@ -9,6 +9,11 @@ use crate::set::Set;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Labels;
 
+/// Without the feature, no method is pinned.
+pub(crate) fn unmatched_methods(_: &Labels) -> Vec<String> {
+    Vec::new()
+}
+
 #[inline(always)]
 pub(crate) fn budget_exhausted(_: &Labels) {}
 #[inline(always)]

@@ -1072,6 +1072,32 @@ async fn a_list_of_uris_is_target_static() {
     );
 }
 
+/// A list given as a gRPC target string is labelled with it, as gRPC labels a channel with
+/// the target it was made with (A66); one instance named by a host name with the target
+/// grpc-go gives `NewClient("host:port")`, `dns:///host:port`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_given_as_a_target_string_is_labelled_with_it() {
+    recorder();
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let [a, b] = [0, 1].map(|i| fleet.instances[i].addr().port());
+    let target = format!("ipv4:127.0.0.1:{a},127.0.0.1:{b}");
+    let by_name = format!("dns:///localhost:{a}");
+    for (ch, label) in [
+        (BalancedChannel::for_target(&target).unwrap(), &target),
+        (
+            BalancedChannel::from_static([format!("http://localhost:{a}")]).unwrap(),
+            &by_name,
+        ),
+    ] {
+        FleetClient::new(ch).unary(fleet::req(0)).await.unwrap();
+        let t = [("grpc_target", label.as_str()), ("grpc_method", UNARY)];
+        fleet::wait_until(&format!("the call recorded under {label}"), LIMIT, || {
+            scrape().sum("grpc_client_call_duration_seconds_count", &t) >= 1.0
+        })
+        .await;
+    }
+}
+
 /// The xDS client's instruments (A78), against go-control-plane: resources taken and refused
 /// by type, the resources held by state, and the control plane's health, lost when it dies
 /// (the stream fails without a response) and back with its first response after a restart.

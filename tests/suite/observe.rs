@@ -448,3 +448,51 @@ async fn a_policy_that_names_no_call_is_said_once() {
         .unwrap();
     assert_eq!(ch.stats().unmatched_method_names(), 0);
 }
+
+/// Method names pinned for the metrics' labels that no call has (`Unary` alone, a service of
+/// that name; a misspelt service) label nothing, and the channel says so as it does for
+/// policies: counted in `stats()`, and named once in a warning after 100 calls. A pinned name
+/// counts until a call has it.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metrics_methods_that_name_no_call_are_said_once() {
+    let spans = CallSpans::default();
+    let _guard = spans.install();
+    let fleet = Fleet::start(2, Behavior::Ok);
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .metrics_methods(["fleet.v1.Fleet/Unary", "Unary", "fleet.v1.Flete"])
+        .build()
+        .unwrap();
+    assert_eq!(ch.stats().unmatched_method_names(), 3);
+    let mut client = FleetClient::new(ch.clone());
+    for id in 0..100 {
+        client.unary(fleet::req(id)).await.unwrap();
+    }
+    assert_eq!(ch.stats().unmatched_method_names(), 2);
+    const SAID: &str = "Builder::metrics_methods names methods that no call of this channel has \
+                        had: they label nothing, and the calls are labelled `other` (a method is \
+                        named `package.Service/Method`, a service `package.Service`)";
+    fleet::wait_until("the warning", LIMIT, || {
+        !spans.events_named(SAID).is_empty()
+    })
+    .await;
+    let said = spans.events_named(SAID);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(
+        said[0].get("unmatched").map(String::as_str),
+        Some("[\"Unary\", \"fleet.v1.Flete\"]")
+    );
+    // A pinned service that a call has is matched.
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .metrics_methods(["fleet.v1.Fleet"])
+        .build()
+        .unwrap();
+    assert_eq!(ch.stats().unmatched_method_names(), 1);
+    FleetClient::new(ch.clone())
+        .unary(fleet::req(1))
+        .await
+        .unwrap();
+    assert_eq!(ch.stats().unmatched_method_names(), 0);
+}

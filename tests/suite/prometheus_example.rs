@@ -32,6 +32,7 @@ const EXAMPLE_SECONDS: u64 = 240;
 
 const TARGET: &str = "fleet.example";
 const UNARY: &str = "fleet.v1.Fleet/Unary";
+const SERVER_STREAM: &str = "fleet.v1.Fleet/ServerStream";
 
 /// A child process killed (and reaped) when dropped, on every path out of the test.
 struct Killed(Child);
@@ -212,6 +213,11 @@ const INSTRUMENTS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "grpc_client_call_retry_delay_seconds",
+        "histogram",
+        &["grpc_method", "grpc_target"],
+    ),
+    (
+        "grpc_client_call_hedges",
         "histogram",
         &["grpc_method", "grpc_target"],
     ),
@@ -425,7 +431,11 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
             }
             assert!(v.is_finite() && v >= 0.0, "{name} {l:?} = {v}");
             if let Some(m) = l.get("grpc_method") {
-                assert_eq!(m, UNARY, "every call of the example is Unary");
+                let calls = [UNARY, SERVER_STREAM];
+                assert!(
+                    calls.contains(&m.as_str()),
+                    "{name} of {m}: the example calls {calls:?}"
+                );
             }
             assert!(
                 !l.contains_key("tonic_balancer_instance"),
@@ -520,6 +530,17 @@ async fn the_example_serves_every_standard_instrument_with_sane_values() {
         );
         assert!(le("65536").is_some(), "{family}: A66's count buckets");
     }
+
+    // A96: the hedged method's calls were hedged, counted in A66's count buckets; no other
+    // method's (each call records its count, 0 included).
+    let hedged = [("grpc_method", SERVER_STREAM), t];
+    assert!(s.sum("grpc_client_call_hedges_sum", &hedged) > 0.0);
+    assert!(
+        s.matching("grpc_client_call_hedges_bucket", &hedged)
+            .any(|(l, _)| l.get("le").map(String::as_str) == Some("65536")),
+        "grpc_client_call_hedges: A66's count buckets"
+    );
+    assert_eq!(s.sum("grpc_client_call_hedges_sum", &unary), 0.0);
 
     // A94: disconnection reasons are A94's; open connections per instance in range.
     let a94 = [
