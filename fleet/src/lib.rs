@@ -46,8 +46,8 @@
 //! # Features
 //!
 //! - `orca`: instances report their load (ORCA) per call and out of band, with
-//!   tonic-balancer's server side ([`ServerOptions::orca`]).
-//! - `hickory-dns`: a DNS server of the test's own ([`dns`]), answered with the fleet's
+//!   tonic-balancer's server side (`ServerOptions::orca`).
+//! - `hickory-dns`: a DNS server of the test's own (the `dns` module), answered with the fleet's
 //!   addresses, for channels that discover their instances by name.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

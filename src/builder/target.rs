@@ -44,7 +44,7 @@ impl Builder {
     /// | `ipv4:10.0.0.1:50051,10.0.0.2:50051` | those addresses |
     /// | `ipv6:[2001:db8::1]:50051,[2001:db8::2]:50051` | those addresses |
     /// | `unix:/run/app.sock`, `unix:///run/app.sock` | that socket, as [`uri`](Builder::uri) |
-    /// | `xds:///my-service` | what an xDS control plane says, as [`xds`](Builder::xds) (feature `xds`) |
+    /// | `xds:///my-service` | what an xDS control plane says, as `Builder::xds` (feature `xds`) |
     ///
     /// As in gRPC, a target with no scheme or a scheme it does not know is a DNS name, and a
     /// name or address without a port is on port 443. The connections are plaintext (`http`);

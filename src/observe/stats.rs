@@ -48,8 +48,8 @@ pub struct ChannelStats {
 
 impl ChannelStats {
     /// How many of the method names that the channel's retry and hedging policies, its
-    /// service config's method configs and its
-    /// [`metrics_methods`](crate::Builder::metrics_methods) give no call has matched so far: a
+    /// service config's method configs and its `metrics_methods` (feature `metrics`) give no
+    /// call has matched so far: a
     /// policy for `GetItem` (a service without a package) does nothing for the calls of
     /// `/inventory.v1.Inventory/GetItem`. After 100 calls, the channel also says which, once,
     /// as a warning, with the paths the calls had.
