@@ -447,6 +447,20 @@ async fn a_policy_that_names_no_call_is_said_once() {
         .await
         .unwrap();
     assert_eq!(ch.stats().unmatched_method_names(), 0);
+    // A hedging policy's names alike: a misspelt service matches no call, the right one does.
+    let ch = BalancedChannel::builder()
+        .uris(fleet.uris())
+        .hedging(tonic_balancer::HedgingPolicy::new(
+            ["fleet.v1.Flete", "fleet.v1.Fleet"],
+            Duration::from_secs(1),
+        ))
+        .build()
+        .unwrap();
+    FleetClient::new(ch.clone())
+        .unary(fleet::req(1))
+        .await
+        .unwrap();
+    assert_eq!(ch.stats().unmatched_method_names(), 1);
 }
 
 /// Method names pinned for the metrics' labels that no call has (`Unary` alone, a service of
