@@ -188,7 +188,7 @@ async fn an_unhealthy_instance_is_a_transient_failure() {
     wait_for(&ch, Ready).await;
 }
 
-/// Every clone dropped: a watcher that outlives the channel reads SHUTDOWN, and nothing after.
+/// Every clone dropped: a watcher that outlives the channel reads SHUTDOWN.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_when_every_clone_is_dropped() {
     let inst = Instance::start("a", Behavior::Ok);

@@ -85,6 +85,17 @@ impl CallSpans {
     }
 }
 
+/// Waits for the event `message`, and checks that it came once: its fields.
+async fn said_once(spans: &CallSpans, message: &str) -> Fields {
+    fleet::wait_until("the warning", LIMIT, || {
+        !spans.events_named(message).is_empty()
+    })
+    .await;
+    let mut said = spans.events_named(message);
+    assert_eq!(said.len(), 1, "{said:?}");
+    said.remove(0)
+}
+
 /// Each call is one `tonic_balancer.call` span, closed when the call is over, whose fields
 /// (OpenTelemetry's names) are the method (`rpc.method`, without its leading slash), the
 /// instance that served it (`server.address`: the one in the response's `ServedBy`), the
@@ -421,18 +432,13 @@ async fn a_policy_that_names_no_call_is_said_once() {
     const SAID: &str = "a retry or hedging policy, or a service config's method config, names \
                         methods that no call of this channel has matched: it does nothing for \
                         them (a method is named `package.Service/Method`, as the calls' paths are)";
-    fleet::wait_until("the warning", LIMIT, || {
-        !spans.events_named(SAID).is_empty()
-    })
-    .await;
-    let said = spans.events_named(SAID);
-    assert_eq!(said.len(), 1, "{said:?}");
+    let said = said_once(&spans, SAID).await;
     assert_eq!(
-        said[0].get("unmatched").map(String::as_str),
+        said.get("unmatched").map(String::as_str),
         Some("[\"/GetItem/\"]")
     );
     assert_eq!(
-        said[0].get("calls_seen").map(String::as_str),
+        said.get("calls_seen").map(String::as_str),
         Some("[\"/fleet.v1.Fleet/Unary\"]")
     );
     assert_eq!(ch.stats().unmatched_method_names(), 1);
@@ -487,14 +493,9 @@ async fn metrics_methods_that_name_no_call_are_said_once() {
     const SAID: &str = "Builder::metrics_methods names methods that no call of this channel has \
                         had: they label nothing, and the calls are labelled `other` (a method is \
                         named `package.Service/Method`, a service `package.Service`)";
-    fleet::wait_until("the warning", LIMIT, || {
-        !spans.events_named(SAID).is_empty()
-    })
-    .await;
-    let said = spans.events_named(SAID);
-    assert_eq!(said.len(), 1, "{said:?}");
+    let said = said_once(&spans, SAID).await;
     assert_eq!(
-        said[0].get("unmatched").map(String::as_str),
+        said.get("unmatched").map(String::as_str),
         Some("[\"Unary\", \"fleet.v1.Flete\"]")
     );
     // A pinned service that a call has is matched.
