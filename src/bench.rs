@@ -23,7 +23,8 @@ pub fn hot_cold(answers: &[(u32, crate::probe::ProbeAnswer)], q: f64) -> Option<
     for (slot, (i, a)) in fresh.iter_mut().zip(answers) {
         *slot = (*i, Fresh::of(a));
     }
-    crate::pick::probed::hot_cold(&fresh[..n], q)
+    // No strategy's choice: the rule over the answers alone.
+    crate::pick::probed::hot_cold(&fresh[..n], q, usize::MAX)
 }
 
 /// A deterministic stream of numbers (xorshift), for the benchmarks' fleets.

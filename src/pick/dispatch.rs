@@ -52,8 +52,8 @@ fn pick_now_by_strategy(
 }
 
 /// A first attempt's pick with probes (see `probed`): the strategy's choice if it is an
-/// instance that does not answer probes, else the probes' if two or more answers are fresh;
-/// then the call's probes.
+/// instance that does not answer probes (or answers without a latency estimate, while cold),
+/// else the probes' if two or more answers are fresh; then the call's probes.
 fn probed(
     picker: &Picker,
     config: &crate::probe::ProbeConfig,
@@ -62,7 +62,7 @@ fn probed(
     let (snap, by_strategy) = pick_now_by_strategy(picker, &[], method);
     let (by_probes, pooled) = match by_strategy {
         Some(i) if !snap[i].probe.unanswered() => {
-            super::probed::pick(&snap, &[], config, picker.set.ctx.now_ns())
+            super::probed::pick(&snap, &[], config, picker.set.ctx.now_ns(), i)
         }
         _ => (
             None,

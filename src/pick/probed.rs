@@ -9,7 +9,11 @@
 //! Otherwise the probes decide: the pick scans the set once for the fresh answers (the first
 //! 64 met), takes the `hot_quantile` of their calls in flight, and among the *cold* ones (at
 //! most that many calls) the lowest latency wins (ties: fewer calls in flight); the answer
-//! then counts the call. With fewer than two fresh answers, the strategy's choice stands.
+//! then counts the call. An answer without a latency estimate (`latency_ms` 0: a server that
+//! measures none, or `OrcaLayer` before its first call) tells the instance's load but not its
+//! speed: it wins no comparison of latencies, and the strategy's choice of it stands while it
+//! is cold (ranked below every estimate and nothing more, such an instance got 15-17 of 400
+//! calls where 100 were its share, and its answer, never used, was never asked again). With fewer than two fresh answers, the strategy's choice stands.
 //! Then, per call, `per_call` probes on average go to instances drawn at random that are
 //! usable, not in the pool, and not known to refuse probes, while the pool has room.
 
@@ -24,13 +28,14 @@ use crate::probe::{Fresh, ProbeConfig, ProbeError};
 const MAX_COMPARED: usize = 64;
 
 /// The hot-cold choice among the fresh answers of the usable instances of `snap` not in
-/// `tried`, at `now_ns`; `None` with fewer than two. Also returns how many instances are in
-/// the pool (fresh answers, and probes on their way).
+/// `tried`, at `now_ns`, where the strategy chose `by_strategy`; `None` with fewer than two.
+/// Also returns how many instances are in the pool (fresh answers, and probes on their way).
 pub(crate) fn pick(
     snap: &[Arc<Instance>],
     tried: &[Arc<Instance>],
     config: &ProbeConfig,
     now_ns: u64,
+    by_strategy: usize,
 ) -> (Option<usize>, usize) {
     let max_age = config.max_age.as_nanos() as u64;
     let mut fresh = [(
@@ -58,7 +63,8 @@ pub(crate) fn pick(
             None => {}
         }
     }
-    let chosen = hot_cold(&fresh[..len], config.hot_quantile).inspect(|&k| snap[k].probe.used());
+    let chosen = hot_cold(&fresh[..len], config.hot_quantile, by_strategy)
+        .inspect(|&k| snap[k].probe.used());
     (chosen, pooled)
 }
 
@@ -76,8 +82,9 @@ pub(crate) fn pooled(snap: &[Arc<Instance>], config: &ProbeConfig, now_ns: u64) 
 
 /// Prequal's hot-cold rule over `(index, answer)` pairs: the answers with at most the `q`
 /// quantile of their calls in flight are cold; the cold one with the lowest latency (no
-/// estimate ranks last), then the fewest calls in flight, wins. `None` with fewer than two.
-pub(crate) fn hot_cold(fresh: &[(u32, Fresh)], q: f64) -> Option<usize> {
+/// estimate ranks last), then the fewest calls in flight, wins; but the strategy's choice
+/// (`by_strategy`) wins if its answer is cold and has no estimate. `None` with fewer than two.
+pub(crate) fn hot_cold(fresh: &[(u32, Fresh)], q: f64, by_strategy: usize) -> Option<usize> {
     if fresh.len() < 2 {
         return None;
     }
@@ -90,6 +97,13 @@ pub(crate) fn hot_cold(fresh: &[(u32, Fresh)], q: f64) -> Option<usize> {
     // third, not the fourth).
     let at = ((rifs.len() - 1) as f64 * q) as usize;
     let threshold = *rifs.select_nth_unstable(at).1;
+    let unknown_and_cold = |f: &Fresh| f.latency_us == 0 && f.rif <= threshold;
+    if fresh
+        .iter()
+        .any(|(k, f)| *k as usize == by_strategy && unknown_and_cold(f))
+    {
+        return Some(by_strategy);
+    }
     fresh
         .iter()
         .filter(|(_, f)| f.rif <= threshold)
@@ -181,16 +195,21 @@ mod tests {
         ];
         // Quantile 0.84 of [1, 1, 2, 9]: 2 (the lower, index 2.52 -> 2). Cold: 0, 1, 3;
         // fastest 1.
-        assert_eq!(hot_cold(&pool, 0.84), Some(1));
+        assert_eq!(hot_cold(&pool, 0.84, 0), Some(1));
         // Quantile 0: only those with 1 call are cold; the faster of them is 3.
-        assert_eq!(hot_cold(&pool, 0.0), Some(3));
+        assert_eq!(hot_cold(&pool, 0.0, 0), Some(3));
         // Quantile 1: every one is cold: 2 is the fastest.
-        assert_eq!(hot_cold(&pool, 1.0), Some(2));
+        assert_eq!(hot_cold(&pool, 1.0, 0), Some(2));
         // No estimate ranks last; among equal latencies, fewer calls.
-        assert_eq!(hot_cold(&[(0, f(0, 0)), (1, f(3, 0))], 1.0), Some(0));
-        assert_eq!(hot_cold(&[(0, f(0, 0)), (1, f(0, 4))], 1.0), Some(1));
+        assert_eq!(hot_cold(&[(0, f(0, 0)), (1, f(3, 0))], 1.0, 9), Some(0));
+        assert_eq!(hot_cold(&[(0, f(0, 0)), (1, f(0, 4))], 1.0, 1), Some(1));
+        // But the strategy's choice stands if its answer has no estimate and is cold...
+        assert_eq!(hot_cold(&[(0, f(0, 0)), (1, f(0, 4))], 1.0, 0), Some(0));
+        // ...not if it is hot.
+        let hot = [(0, f(9, 0)), (1, f(0, 4)), (2, f(1, 5))];
+        assert_eq!(hot_cold(&hot, 0.5, 0), Some(1));
         assert_eq!(
-            hot_cold(&[(0, f(0, 4))], 1.0),
+            hot_cold(&[(0, f(0, 4))], 1.0, 0),
             None,
             "one answer: the strategy picks"
         );
@@ -206,7 +225,7 @@ mod tests {
         ) {
             let pool: Vec<(u32, Fresh)> =
                 answers.iter().enumerate().map(|(k, &(r, l))| (k as u32, f(r, l))).collect();
-            let k = hot_cold(&pool, q).unwrap();
+            let k = hot_cold(&pool, q, usize::MAX).unwrap();
             let mut rifs: Vec<u32> = answers.iter().map(|a| a.0).collect();
             rifs.sort_unstable();
             let threshold = rifs[((rifs.len() - 1) as f64 * q) as usize];
