@@ -21,7 +21,9 @@ use crate::set::Set;
 pub enum ConnectivityState {
     /// No instance is ready or connecting, and one at least has not been tried: its connection
     /// opens on its first call (a channel just built, without
-    /// [`Builder::connect`](crate::Builder::connect)).
+    /// [`Builder::connect`](crate::Builder::connect)). A channel does not go back to it: it has
+    /// no idle timeout (gRPC's `idleTimeout`), its instances' first connections stay open, as
+    /// a tonic `Channel`'s does.
     Idle,
     /// No instance is ready, and one at least is connecting (its first calls are on their way,
     /// or its connection broke and is being opened again); or the discovery source has not
