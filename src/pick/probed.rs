@@ -168,7 +168,19 @@ fn spawn(inst: &Arc<Instance>, timeout: std::time::Duration) {
                     tracing::info!(server.address = %inst.target.name, "instance does not answer probes (UNIMPLEMENTED): left to the strategy until it reconnects");
                 }
             }
-            Err(_) => record.silent.store(true, Ordering::Relaxed),
+            Err(e) => {
+                // Said once each time the instance falls silent (a timeout, UNAVAILABLE, an
+                // answer that does not decode): it is left to the strategy until a probe of it
+                // is answered.
+                if !record.silent.swap(true, Ordering::Relaxed) {
+                    let why = match e {
+                        ProbeError::Timeout => "no answer within the probe's timeout".to_owned(),
+                        ProbeError::Other(status) => format!("{:?}: {}", status.code(), status.message()),
+                        ProbeError::Unimplemented => unreachable!("matched above"),
+                    };
+                    tracing::info!(server.address = %inst.target.name, error = %why, "probe not answered: instance left to the strategy until a probe of it is");
+                }
+            }
         }
         record.probing.store(false, Ordering::Release);
     });

@@ -1,4 +1,5 @@
-//! What the suite's modules share because the process has one of it.
+//! What the suite's modules share because the process has one of it, and the layer that
+//! records the crate's log events for the modules that check them.
 
 use std::panic::PanicHookInfo;
 use std::sync::{Mutex, Once, OnceLock, PoisonError};
@@ -52,4 +53,58 @@ pub fn on_panic(listener: impl Fn(&PanicHookInfo<'_>) + Send + Sync + 'static) {
 pub fn subscribers_per_thread() {
     static SILENT: OnceLock<[Dispatch; 2]> = OnceLock::new();
     SILENT.get_or_init(|| [(); 2].map(|()| Dispatch::new(NoSubscriber::new())));
+}
+
+/// The crate's log events, for the tests that check them (those of optional parts).
+#[cfg(any(feature = "orca", feature = "health-check"))]
+pub use events::Events;
+
+#[cfg(any(feature = "orca", feature = "health-check"))]
+mod events {
+    use std::sync::Mutex;
+
+    use fleet_service::fields::{Collect, Fields};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer;
+
+    use super::subscribers_per_thread;
+
+    /// A subscriber layer that keeps the fields of every event of the crate.
+    #[derive(Clone, Default)]
+    pub struct Events(std::sync::Arc<Mutex<Vec<(tracing::Level, Fields)>>>);
+
+    impl<S: tracing::Subscriber> Layer<S> for Events {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut fields = Fields::new();
+            event.record(&mut Collect(&mut fields));
+            let level = *event.metadata().level();
+            self.0.lock().unwrap().push((level, fields));
+        }
+    }
+
+    impl Events {
+        /// Installs the layer for this thread (a current-thread runtime: the channel's tasks run
+        /// here).
+        pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+            subscribers_per_thread();
+            let subscriber = tracing_subscriber::registry().with(self.clone().with_filter(
+                tracing_subscriber::filter::filter_fn(|m| m.target().starts_with("tonic_balancer")),
+            ));
+            tracing::subscriber::set_default(subscriber)
+        }
+
+        /// The events whose message contains `text`.
+        pub fn with(&self, text: &str) -> Vec<(tracing::Level, Fields)> {
+            let events = self.0.lock().unwrap();
+            events
+                .iter()
+                .filter(|(_, f)| f.get("message").is_some_and(|m| m.contains(text)))
+                .cloned()
+                .collect()
+        }
+    }
 }

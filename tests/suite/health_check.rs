@@ -8,10 +8,8 @@
 #![cfg(feature = "health-check")]
 use fleet_service as fleet;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleet::fields::{Collect, Fields};
 use fleet::memory::MemoryInstance;
 use fleet::pb::{fleet_client::FleetClient, Req};
 use fleet::{Behavior, Fleet};
@@ -20,8 +18,6 @@ use tonic::transport::Endpoint;
 use tonic::Code;
 use tonic_balancer::{Backoff, BalancedChannel, HealthCheck, State};
 use tonic_health::pb::health_check_response::ServingStatus;
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::Layer;
 
 /// Generous bound for conditions that hold within milliseconds on an idle machine.
 const LIMIT: Duration = Duration::from_secs(20);
@@ -70,44 +66,6 @@ fn assert_times(got: &[u64], want: &[u64]) {
     assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
     for (g, w) in got.iter().zip(want) {
         assert!(g >= w && *g <= w + 10, "{got:?} vs {want:?} (ms)");
-    }
-}
-
-// -------------------------------------------------------------------------------------------
-// The log lines, as a subscriber sees them.
-
-/// A subscriber layer that keeps the fields of every event of the crate.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<(tracing::Level, Fields)>>>);
-
-impl<S: tracing::Subscriber> Layer<S> for Events {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        let mut fields = Fields::new();
-        event.record(&mut Collect(&mut fields));
-        let level = *event.metadata().level();
-        self.0.lock().unwrap().push((level, fields));
-    }
-}
-
-impl Events {
-    /// Installs the layer for this thread (a current-thread runtime: the channel's tasks run
-    /// here).
-    fn install(&self) -> tracing::subscriber::DefaultGuard {
-        crate::common::subscribers_per_thread();
-        let subscriber = tracing_subscriber::registry().with(self.clone().with_filter(
-            tracing_subscriber::filter::filter_fn(|m| m.target().starts_with("tonic_balancer")),
-        ));
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    /// The events whose message contains `text`.
-    fn with(&self, text: &str) -> Vec<(tracing::Level, Fields)> {
-        let events = self.0.lock().unwrap();
-        events
-            .iter()
-            .filter(|(_, f)| f.get("message").is_some_and(|m| m.contains(text)))
-            .cloned()
-            .collect()
     }
 }
 
@@ -242,7 +200,7 @@ async fn the_service_name_goes_with_the_watch() {
 /// and one warning says so, naming the instance.
 #[tokio::test(start_paused = true)]
 async fn a_server_without_health_checks_is_healthy_and_not_asked_again() {
-    let events = Events::default();
+    let events = crate::common::Events::default();
     let _guard = events.install();
     // A server with no health service at all, and one whose health service says UNIMPLEMENTED
     // (the same answer on the wire), which counts what it is asked.

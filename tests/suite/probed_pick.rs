@@ -208,9 +208,11 @@ mod orca {
 
     /// Two instances answer probes, a third never does: calls never wait for a probe (each
     /// answers within its 2 ms), the silent one's probes time out and it keeps its calls by the
-    /// strategy.
+    /// strategy, and the channel says so (INFO, naming it and the timeout).
     #[tokio::test]
     async fn a_probe_that_gets_no_answer_holds_no_call() {
+        let events = crate::common::Events::default();
+        let _guard = events.install();
         let mut fleet: Vec<Instance> = (0..2)
             .map(|k| {
                 Instance::start_reporting(
@@ -243,6 +245,16 @@ mod orca {
         }
         assert!(shared.served() > 0, "the silent one still got calls");
         assert!(ch.stats().probes_sent() > 0);
+        // Said, naming it and why.
+        let said = events.with("probe not answered");
+        assert!(!said.is_empty(), "not said");
+        for (_, fields) in &said {
+            assert_eq!(fields.get("server.address"), Some(&uris[2]), "{said:?}");
+            assert_eq!(
+                fields.get("error").map(String::as_str),
+                Some("no answer within the probe's timeout")
+            );
+        }
         fleet.clear();
         server.abort();
     }
