@@ -186,7 +186,7 @@ impl BenchPicker {
         let cfg = pool.ctx.reports.wrr;
         let now = pool.ctx.now_ns();
         for (inst, &w) in snap.iter().zip(weights) {
-            let report = crate::instance::load::LoadReport {
+            let report = crate::instance::report::LoadReport {
                 rps_fractional: w,
                 cpu_utilization: 1.0,
                 ..Default::default()

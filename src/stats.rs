@@ -50,7 +50,7 @@ pub struct EndpointStats {
     ejections: u32,
     latency: Option<Duration>,
     slowness: Option<f64>,
-    load_report: Option<std::sync::Arc<crate::instance::load::LoadReport>>,
+    load_report: Option<std::sync::Arc<crate::instance::report::LoadReport>>,
 }
 
 impl EndpointStats {
@@ -141,7 +141,7 @@ impl EndpointStats {
     }
 
     /// The last load report it sent (ORCA, see [`orca`](crate::orca)), if any.
-    pub fn load_report(&self) -> Option<&crate::instance::load::LoadReport> {
+    pub fn load_report(&self) -> Option<&crate::instance::report::LoadReport> {
         self.load_report.as_deref()
     }
 }

@@ -16,6 +16,7 @@ pub(crate) mod context;
 pub(crate) mod ejection;
 pub(crate) mod events;
 pub(crate) mod load;
+pub(crate) mod report;
 pub(crate) mod standing;
 pub(crate) mod tie;
 pub(crate) mod wrr_weight;

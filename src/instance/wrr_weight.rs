@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::load::LoadReport;
+use super::report::LoadReport;
 
 /// The settings of [`Strategy::WeightedRoundRobin`](crate::Strategy::WeightedRoundRobin),
 /// with gRPC's defaults (gRFC A58); set with

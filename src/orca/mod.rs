@@ -61,8 +61,9 @@ pub use layer::{OrcaBody, OrcaFuture, OrcaLayer, OrcaService};
 #[cfg(feature = "orca")]
 pub use oob_server::{OobService, DEFAULT_MIN_REPORT_INTERVAL};
 
+pub use crate::instance::load::DEFAULT_LOAD_REPORT_MAX_AGE;
 use crate::instance::load::{Fresh, OthersInFlight, ReportSettings, Reported};
-pub use crate::instance::load::{LoadReport, DEFAULT_LOAD_REPORT_MAX_AGE, IN_FLIGHT_METRIC};
+pub use crate::instance::report::{LoadReport, IN_FLIGHT_METRIC};
 pub use crate::instance::wrr_weight::WrrConfig;
 
 /// The trailer that carries a per-call load report (gRFC A51).

@@ -2,7 +2,7 @@
 //! `weighted_round_robin`).
 //!
 //! Each instance's weight comes from its load reports
-//! ([`LoadReport`](crate::instance::load::LoadReport)):
+//! ([`LoadReport`](crate::instance::report::LoadReport)):
 //!
 //! ```text
 //! utilization = application_utilization if > 0, else cpu_utilization
@@ -288,7 +288,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::instance::load::LoadReport;
+    use crate::instance::report::LoadReport;
     use crate::instance::wrr_weight::{weight_of, EndpointWeight};
     use crate::pick::Rng;
     use proptest::prelude::*;
