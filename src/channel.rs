@@ -166,7 +166,9 @@ impl BalancedChannel {
         crate::Builder::new()
     }
 
-    /// A snapshot of every instance: the ones in the set, then the ones draining.
+    /// A snapshot of every instance: the ones in the set, then the ones draining. With
+    /// [`stats`](Self::stats) and [`connectivity`](Self::connectivity), what grpc-go's channelz
+    /// shows of a channel and its subchannels.
     pub fn endpoints(&self) -> Vec<EndpointStats> {
         let members = self.shared.snapshot();
         let draining = self.shared.set().draining();
