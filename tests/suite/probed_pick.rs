@@ -67,6 +67,22 @@ mod orca {
         names.iter().filter(|n| *n == "i0").count() as f64 / names.len() as f64
     }
 
+    /// Ten calls of another client to each instance: its `OrcaLayer` has a latency estimate
+    /// for its probe answers.
+    async fn measured_by_another_client(fleet: &[(Instance, OrcaHandle)]) {
+        for (inst, handle) in fleet {
+            let mut direct = FleetClient::new(
+                tonic::transport::Endpoint::from_shared(inst.uri())
+                    .unwrap()
+                    .connect_lazy(),
+            );
+            for id in 0..10 {
+                direct.unary(fleet::req(id)).await.unwrap();
+            }
+            assert!(handle.probe_answer().latency.is_some());
+        }
+    }
+
     /// The shares of the calls that went to `which`, with probes and without, for a message.
     fn with_and_without(which: &str, shares: &[f64]) -> String {
         format!(
@@ -152,17 +168,7 @@ mod orca {
             })
             .collect();
         // Each instance's latency estimate, from calls of another client.
-        for (inst, handle) in &fleet {
-            let mut direct = FleetClient::new(
-                tonic::transport::Endpoint::from_shared(inst.uri())
-                    .unwrap()
-                    .connect_lazy(),
-            );
-            for id in 0..10 {
-                direct.unary(fleet::req(id)).await.unwrap();
-            }
-            assert!(handle.probe_answer().latency.is_some());
-        }
+        measured_by_another_client(&fleet).await;
         let uris: Vec<String> = fleet.iter().map(|(i, _)| i.uri()).collect();
         let mut shares = Vec::new();
         for probes in [true, false] {
@@ -326,17 +332,7 @@ mod orca {
                 )
             })
             .collect();
-        for (inst, handle) in &fleet {
-            let mut direct = FleetClient::new(
-                tonic::transport::Endpoint::from_shared(inst.uri())
-                    .unwrap()
-                    .connect_lazy(),
-            );
-            for id in 0..10 {
-                direct.unary(fleet::req(id)).await.unwrap();
-            }
-            assert!(handle.probe_answer().latency.is_some());
-        }
+        measured_by_another_client(&fleet).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let blind_uri = format!("http://{}", listener.local_addr().unwrap());
         let shared = fleet::Shared::new("blind", Behavior::Delay(Duration::from_millis(2)));
