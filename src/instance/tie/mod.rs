@@ -45,11 +45,13 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+mod level;
 mod method;
 mod noise;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use level::Level;
 pub(crate) use method::{Method, Methods};
 pub(crate) use noise::Noise;
 
@@ -377,16 +379,6 @@ impl TieBreak {
         self.pass.store(pass + stride, Ordering::Relaxed);
     }
 
-    /// The instance joins a set whose turns are at `level`: its passes start there (or stay
-    /// where they are, if further on). Without this a newcomer (pass 0) would win
-    /// [`CREDIT`] turns in a row from every client at once: with 50
-    /// clients, 400 calls in a burst on an instance that gets 2 a second from each.
-    pub(crate) fn join_at(&self, level: Level) {
-        self.pass.fetch_max(level.pass, Ordering::Relaxed);
-        self.expensive_pass
-            .fetch_max(level.expensive_pass, Ordering::Relaxed);
-    }
-
     /// Records that the instance answered at `at` (nanoseconds on the channel's clock) without
     /// a sample: for fixtures (the benchmarks' fleet, tests) whose next answer is to be judged
     /// as one that comes rarely, so that one slow answer gates at once.
@@ -582,36 +574,5 @@ impl TieBreak {
                 0.0
             },
         ))
-    }
-}
-
-/// Where a set's turns are: the median of its instances' passes (the median, so that neither
-/// an instance far ahead, a slow one with a long stride, nor one far behind, owed turns it
-/// missed while busy, sets it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Level {
-    pass: u64,
-    expensive_pass: u64,
-}
-
-impl Level {
-    /// The level of these records; `None` for none.
-    pub(crate) fn of<'a>(ties: impl Iterator<Item = &'a TieBreak>) -> Option<Level> {
-        let (mut passes, mut expensive): (Vec<u64>, Vec<u64>) = ties
-            .map(|t| {
-                (
-                    t.pass.load(Ordering::Relaxed),
-                    t.expensive_pass.load(Ordering::Relaxed),
-                )
-            })
-            .unzip();
-        if passes.is_empty() {
-            return None;
-        }
-        let mid = passes.len() / 2;
-        Some(Level {
-            pass: *passes.select_nth_unstable(mid).1,
-            expensive_pass: *expensive.select_nth_unstable(mid).1,
-        })
     }
 }
