@@ -88,6 +88,11 @@ impl MethodPolicy {
 
 /// How many paths of calls that matched no named entry are kept, to show in the warning.
 const MISSES_KEPT: usize = 8;
+/// The calls that matched no named entry whose paths are looked at: the first hundred (the
+/// warning that shows them comes after a hundred calls). A channel whose policies cover some
+/// of its methods has such calls all its life: with the list not yet full (two other methods),
+/// each took the lock.
+const MISSES_LOOKED_AT: usize = 100;
 
 /// Every entry of a channel, by the paths it covers: the table a call's path is looked up in.
 #[derive(Debug, Default)]
@@ -104,10 +109,11 @@ pub(crate) struct MethodPolicies {
     policies: bool,
     /// Some entry sets a policy of the builder's (which the crate's budget limits).
     budgeted: bool,
-    /// The first paths of calls that matched no named entry, up to [`MISSES_KEPT`], and how
-    /// many are kept (read first, so that a full list costs a load).
+    /// The first paths of calls that matched no named entry, up to [`MISSES_KEPT`], from the
+    /// first [`MISSES_LOOKED_AT`] such calls, which `missed_calls` counts (read first: after
+    /// them, a call that matches nothing costs a load, never the lock).
     missed: std::sync::Mutex<Vec<Box<str>>>,
-    missed_count: AtomicUsize,
+    missed_calls: AtomicUsize,
 }
 
 impl MethodPolicies {
@@ -181,13 +187,13 @@ impl MethodPolicies {
     /// A call to `path` matched no named entry: its path is kept if there is room.
     #[cold]
     fn missed(&self, path: &str) {
-        if self.missed_count.load(Ordering::Relaxed) >= MISSES_KEPT {
+        if self.missed_calls.load(Ordering::Relaxed) >= MISSES_LOOKED_AT {
             return;
         }
+        self.missed_calls.fetch_add(1, Ordering::Relaxed);
         let mut missed = crate::sync::lock(&self.missed);
         if missed.len() < MISSES_KEPT && !missed.iter().any(|p| **p == *path) {
             missed.push(path.into());
-            self.missed_count.store(missed.len(), Ordering::Relaxed);
         }
     }
 
