@@ -18,6 +18,7 @@ pub use tonic_balancer_fleet::{
 };
 
 pub mod fields;
+pub mod local;
 pub mod memory;
 pub mod peers;
 pub mod prom;

@@ -14,6 +14,7 @@ use fleet_service as fleet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet::local::LocalFleet;
 use fleet::pb::fleet_client::FleetClient;
 use fleet::{req, total_in_flight, Behavior, Fleet};
 use tonic_balancer::{BalancedChannel, Strategy};
@@ -136,7 +137,8 @@ async fn a_slow_instance_gets_few_calls_but_is_re_checked() {
 /// many clients, every client's several calls at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_instance_takes_turns_with_the_rest_not_a_burst() {
-    let (uris, instances) = on_this_runtime(5, Behavior::Delay(10 * MS)).await;
+    let local = LocalFleet::start(5, Behavior::Delay(10 * MS)).await;
+    let (uris, instances) = (local.uris(), &local.instances);
     let ch = least_pending(uris[..4].to_vec());
     let mut client = FleetClient::new(ch.clone());
     for id in 0..80 {
@@ -146,7 +148,7 @@ async fn a_new_instance_takes_turns_with_the_rest_not_a_burst() {
     let endpoint = tonic::transport::Endpoint::from_shared(uris[4].clone()).unwrap();
     assert!(ch.insert(endpoint).unwrap());
     // Without the level it starts at, the newcomer would take nine of the next ten.
-    takes_turns_not_a_burst(&instances, &mut client, &ch, "the newcomer").await;
+    takes_turns_not_a_burst(instances, &mut client, &ch, "the newcomer").await;
 }
 
 /// Instance 4 of five, just back: of the next 10 sequential calls (two for each) it takes at
@@ -193,7 +195,8 @@ async fn takes_turns_not_a_burst(
 async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst() {
     use tonic_balancer::{Ejection, State};
     const LIMIT: Duration = Duration::from_secs(60);
-    let (uris, instances) = on_this_runtime(5, Behavior::Delay(10 * MS)).await;
+    let local = LocalFleet::start(5, Behavior::Delay(10 * MS)).await;
+    let (uris, instances) = (local.uris(), &local.instances);
     let ejection = Ejection::default()
         .consecutive_failures(2)
         .base_time(Duration::from_secs(2))
@@ -237,7 +240,7 @@ async fn an_instance_back_from_an_ejection_takes_turns_with_the_rest_not_a_burst
     // More turns each than the credit of 8 an instance owed turns may win back.
     assert!(while_out >= 40, "only {while_out} calls while it was out");
     // With the passes it left with, it would take nine of the next ten.
-    takes_turns_not_a_burst(&instances, &mut client, &ch, "back from its ejection, it").await;
+    takes_turns_not_a_burst(instances, &mut client, &ch, "back from its ejection, it").await;
 }
 
 /// Threads that spin on the CPU until dropped: the client's machine busy with other work, as a
@@ -277,43 +280,16 @@ impl Drop for Hog {
     }
 }
 
-/// Starts `n` instances of the fleet's service on this test's own runtime (the client's), each
-/// on a free port of 127.0.0.1: a scheduling delay of the busy machine then falls on the client
-/// and on every instance alike, as a busy client's own delays fall on the answers of instances
-/// on other machines. (The fleet's instances run on threads of their own; on a machine with
-/// more spinning threads than cores, one of those threads can be served the CPU a tick or two
-/// later than the others for a few hundred milliseconds: its answers then took 11.8 ms where
-/// the others' took 3.9 and 7.8, the kernel's 4 ms ticks, a real difference between those
-/// servers' answers, which the default acts on.)
-async fn on_this_runtime(n: usize, behavior: Behavior) -> (Vec<String>, Vec<Arc<fleet::Shared>>) {
-    let mut uris = Vec::new();
-    let mut instances = Vec::new();
-    for k in 0..n {
-        let shared = fleet::Shared::new(&format!("s{k}"), behavior.clone());
-        instances.push(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(fleet::service(shared))
-                .serve_with_incoming(incoming),
-        );
-        uris.push(format!("http://{addr}"));
-    }
-    (uris, instances)
-}
-
 /// The default strategy on a busy client (two threads spinning beside it, besides whatever
 /// else the machine runs): one caller, one call at a time, for 3 s, over four equal instances
-/// that answer in 2 ms, served on the client's own runtime (see [`on_this_runtime`]). The
+/// that answer in 2 ms, served on the client's own runtime (see [`LocalFleet`]). The
 /// client's scheduling delays the answers of every instance alike (62% of them took over 7 ms
 /// in six runs beside a test suite and two spinning processes); they say nothing of the
 /// instance and must not gate it: every instance gets at least half its fair share.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_client_shares_sequential_calls_with_the_default() {
-    let (uris, _instances) = on_this_runtime(4, Behavior::Delay(2 * MS)).await;
+    let local = LocalFleet::start(4, Behavior::Delay(2 * MS)).await;
+    let uris = local.uris();
     let ch = BalancedChannel::from_static(&uris).unwrap();
     let mut client = FleetClient::new(ch.clone());
     let _hog = Hog::start(2);
