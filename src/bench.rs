@@ -13,15 +13,15 @@ use std::time::Duration;
 /// which an answer is hot: the index of the chosen pair's instance; `None` with fewer than
 /// two answers.
 pub fn hot_cold(answers: &[(u32, crate::probe::ProbeAnswer)], q: f64) -> Option<usize> {
-    use crate::probe::Fresh;
-    let none = Fresh {
+    use crate::probe::FreshAnswer;
+    let none = FreshAnswer {
         rif: 0,
         latency_us: 0,
     };
     let mut fresh = [(0u32, none); 64];
     let n = answers.len().min(fresh.len());
     for (slot, (i, a)) in fresh.iter_mut().zip(answers) {
-        *slot = (*i, Fresh::of(a));
+        *slot = (*i, FreshAnswer::of(a));
     }
     // No strategy's choice: the rule over the answers alone.
     crate::pick::probed::hot_cold(&fresh[..n], q, usize::MAX)

@@ -181,7 +181,7 @@ impl Builder {
     /// Follows the changes that `next` yields (see [`discover`](Builder::discover)).
     pub(crate) fn push<K>(
         mut self,
-        next: crate::discover::push::Next<K>,
+        next: crate::discover::push::PollChange<K>,
         name: &'static str,
         by: &'static str,
     ) -> Builder

@@ -19,7 +19,7 @@ use super::{CallResult, Phase, ResponseFuture};
 use crate::call::guard::GuardedBody;
 use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::instance::conns::UNCOUNTED;
-use crate::instance::events::Kind;
+use crate::instance::events::AttemptKind;
 use crate::instance::Instance;
 use crate::pick::dispatch::{could_take, pick_now};
 use crate::pushback::Pushback;
@@ -286,7 +286,7 @@ impl ResponseFuture {
         tracing::debug!(server.address = %to.target.name, previous.server.address = %inst.target.name, reason = %e, "call sent again: its attempt was not processed");
         let obs = self
             .obs
-            .attempt(&again.shared.totals, &to, Kind::Transparent);
+            .attempt(&again.shared.totals, &to, AttemptKind::Transparent);
         obs.count_sent(&mut req);
         let method = again.method;
         let mut replayed = Attempt::start(&to, method, req, id, true, avoid, obs);
@@ -357,7 +357,9 @@ impl ResponseFuture {
         };
         tracing::debug!(server.address = %inst.target.name, attempt = made, "hedged attempt sent");
         let method = again.method;
-        let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Hedge);
+        let obs = self
+            .obs
+            .attempt(&again.shared.totals, &inst, AttemptKind::Hedge);
         obs.count_sent(&mut req);
         let watch = again.shared.replay;
         let mut hedge = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
@@ -388,7 +390,7 @@ impl ResponseFuture {
             if let Some(budget) = budget {
                 budget.refund();
             }
-            again.park(Kind::Retry, previous);
+            again.park(AttemptKind::Retry, previous);
             return NextAttempt::Waits;
         }
         let sent = again.time_left().and_then(|time_left| {
@@ -405,7 +407,9 @@ impl ResponseFuture {
         tracing::debug!(server.address = %inst.target.name, attempt = again.next().made, "call retried");
         let method = again.method;
         let watch = again.shared.replay;
-        let obs = self.obs.attempt(&again.shared.totals, &inst, Kind::Retry);
+        let obs = self
+            .obs
+            .attempt(&again.shared.totals, &inst, AttemptKind::Retry);
         obs.count_sent(&mut req);
         let mut retry = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
         retry.previous = previous;
@@ -422,7 +426,7 @@ impl ResponseFuture {
             return NextAttempt::Waits;
         };
         let made = match parked.kind {
-            Kind::Retry => self.retry(),
+            AttemptKind::Retry => self.retry(),
             _ => self.send_unseen(parked.previous),
         };
         let again = self.again.as_mut().expect("a plan");
@@ -441,7 +445,7 @@ impl ResponseFuture {
         let again = self.again.as_mut().expect("a plan");
         let Some(time_left) = again.time_left() else {
             // The deadline ends the call.
-            again.park(Kind::Transparent, previous);
+            again.park(AttemptKind::Transparent, previous);
             return NextAttempt::Waits;
         };
         let (snap, picked) = pick_now(&again.shared.picker, &[], again.method);
@@ -450,7 +454,7 @@ impl ResponseFuture {
                 // Waited for room on an instance that left service meanwhile.
                 return NextAttempt::Over(self.last_word());
             }
-            again.park(Kind::Transparent, previous);
+            again.park(AttemptKind::Transparent, previous);
             return NextAttempt::Waits;
         };
         let Some((mut req, id)) = again.replay.request(time_left, previous) else {
@@ -463,7 +467,7 @@ impl ResponseFuture {
         tracing::debug!(server.address = %inst.target.name, "call sent again: an instance is usable (wait-for-ready)");
         let obs = self
             .obs
-            .attempt(&again.shared.totals, &inst, Kind::Transparent);
+            .attempt(&again.shared.totals, &inst, AttemptKind::Transparent);
         obs.count_sent(&mut req);
         let mut attempt = Attempt::start(&inst, again.method, req, id, true, UNCOUNTED, obs);
         attempt.previous = previous;

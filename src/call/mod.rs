@@ -40,7 +40,6 @@ use std::task::{Context, Poll};
 
 use tokio::time::Sleep;
 use tonic::body::Body;
-use tower::BoxError;
 
 use self::attempt::Attempt;
 use self::decide::NextAttempt;
@@ -49,14 +48,14 @@ use self::replay::Replay;
 use self::shared::Shared;
 use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::instance::conns::UNCOUNTED;
-use crate::instance::events::Kind;
+use crate::instance::events::AttemptKind;
 use crate::instance::tie::Method;
 use crate::observe::CallObs;
 use crate::pick::dispatch::{no_instance_message, pick_now};
 
 pub use self::ready::WaitForReady;
 
-pub(crate) type CallResult = Result<http::Response<Body>, BoxError>;
+pub(crate) use crate::observe::CallResult;
 
 /// The future of one call through a [`BalancedChannel`](crate::BalancedChannel).
 pub struct ResponseFuture {
@@ -76,7 +75,7 @@ enum Phase {
     /// Waiting, before it is routed, for the first answer of discovery, or (wait-for-ready)
     /// for a usable instance (rare: boxed, so that the future of every other call does not
     /// carry room for a request).
-    Held(Box<WaitingCall>),
+    Waiting(Box<WaitingCall>),
     /// Over: refused before routing (the status to give), or delivered.
     Over(Option<tonic::Status>),
 }
@@ -235,7 +234,7 @@ fn route_to(
     let Some(plan) = Plan::of(policy, shared.replay || policy.settings.limits()) else {
         // Nothing will send it again: the request goes as it is.
         let mut req = req;
-        let a = obs.attempt(&shared.totals, inst, Kind::First);
+        let a = obs.attempt(&shared.totals, inst, AttemptKind::First);
         a.count_sent(&mut req);
         return ResponseFuture {
             attempts: Attempts::one(Attempt::start(inst, method, req, 0, false, UNCOUNTED, a)),
@@ -255,7 +254,7 @@ fn route_to(
         Some(max) => req.map(|body| Body::new(limits::LimitedRequest::new(body, max))),
     };
     let (mut req, replay) = Replay::wrap(req, true, shared.max_replay_body);
-    let a = obs.attempt(&shared.totals, inst, Kind::First);
+    let a = obs.attempt(&shared.totals, inst, AttemptKind::First);
     a.count_sent(&mut req);
     let attempts = Attempts::one(Attempt::start(
         inst,
@@ -332,7 +331,7 @@ fn held(
         again: None,
         deadline,
         obs,
-        phase: Phase::Held(Box::new(WaitingCall {
+        phase: Phase::Waiting(Box::new(WaitingCall {
             wait,
             req: Some(req),
             shared: shared.clone(),
@@ -354,7 +353,7 @@ impl Future for ResponseFuture {
                     .unwrap_or_else(|| tonic::Status::unknown("call polled after it ended"));
                 return Poll::Ready(Err(status.into()));
             }
-            Phase::Held(d) => {
+            Phase::Waiting(d) => {
                 let WaitingCall { wait, req, shared } = &mut **d;
                 if let Some(deadline) = this.deadline.as_mut() {
                     if deadline.as_mut().poll(cx).is_ready() {

@@ -19,7 +19,7 @@ use super::outcome::End;
 use super::replay::{AttemptId, Copied, Replay};
 use super::shared::Shared;
 use super::CallResult;
-use crate::instance::events::Kind;
+use crate::instance::events::AttemptKind;
 use crate::instance::tie::Method;
 use crate::instance::Instance;
 use crate::pick::dispatch::{could_take, pick_now};
@@ -117,7 +117,7 @@ pub(super) struct Parked {
     /// Woken when an instance may have become usable (or has room); `None`: look now.
     wait: Option<Pin<Box<OwnedNotified>>>,
     /// The attempt that goes once one is usable: sent again unseen, or a retry.
-    pub(super) kind: Kind,
+    pub(super) kind: AttemptKind,
     /// Its `grpc-previous-rpc-attempts`.
     pub(super) previous: u32,
 }
@@ -238,7 +238,7 @@ impl RetryState {
                 // Wait-for-ready goes through transient failures: the call waits for an instance
                 // to come back, then is sent again.
                 tracing::debug!(server.address = %inst.target.name, reason = %e, "no instance can take the call: it waits for one (wait-for-ready)");
-                self.park(Kind::Transparent, a.previous);
+                self.park(AttemptKind::Transparent, a.previous);
                 Err(true)
             }
             None => {
@@ -369,7 +369,7 @@ impl RetryState {
 
     /// Parks the call until an instance may be usable; then its request goes again as `kind`
     /// (sent again unseen, or a retry), with `previous` attempts before it.
-    pub(super) fn park(&mut self, kind: Kind, previous: u32) {
+    pub(super) fn park(&mut self, kind: AttemptKind, previous: u32) {
         // The notification first, then a look at the set: a change in between is not missed.
         let wait = super::ready::notified(&self.shared.usable);
         let now = could_take(&self.shared.picker, &[]);
@@ -391,7 +391,7 @@ impl RetryState {
         self.refusals += 1;
         self.parked = Some(Parked {
             wait: (!now).then_some(wait),
-            kind: Kind::Transparent,
+            kind: AttemptKind::Transparent,
             previous,
         });
     }

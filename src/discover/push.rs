@@ -47,7 +47,7 @@ impl<K> IntoChange<K> for Change<K, Endpoint> {
 }
 
 /// The next change of a source, polled.
-pub(crate) type Next<K> =
+pub(crate) type PollChange<K> =
     Box<dyn FnMut(&mut Context<'_>) -> Poll<Option<Result<Change<K, Endpoint>, BoxError>>> + Send>;
 
 /// Applies the changes of `next` to the set until the source ends or the channel is dropped.
@@ -57,7 +57,7 @@ pub(crate) type Next<K> =
 /// calls wait for it, for at most `first_within`.
 pub(crate) async fn run<K>(
     pool: Weak<Shared>,
-    mut next: Next<K>,
+    mut next: PollChange<K>,
     name: String,
     first_within: Duration,
 ) where

@@ -53,7 +53,7 @@ pub(crate) struct Context {
     /// What the pick does with server-reported load.
     pub(crate) reports: super::load::ReportSettings,
     /// Until when some instance's report of the other clients' calls is fresh.
-    pub(crate) reports_fresh: super::load::Fresh,
+    pub(crate) reports_fresh: super::load::ReportsFresh,
     /// Where the instances and the set tell what happens to them (see [`Events`]).
     pub(crate) events: Arc<dyn Events>,
     /// Probes (`Builder::probes`), if the channel sends them.

@@ -111,7 +111,7 @@ pub(crate) trait Events: Send + Sync + 'static {
 
 /// What an attempt of a call is for (what its metrics and the channel's totals count it as).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum AttemptKind {
     /// The call's first attempt.
     First,
     /// Sent again unseen by the caller: the previous attempt was not processed.

@@ -65,7 +65,7 @@ impl OthersInFlight {
     /// The other clients' calls in flight on this instance, from a report still fresh at
     /// `now_tick` ([`tick`] of the pick's clock); 0 when there is none. Read for every
     /// candidate of every least-pending pick while some instance's report is fresh (see
-    /// [`Fresh`]): one load, a compare and a select. A report from after
+    /// [`ReportsFresh`]): one load, a compare and a select. A report from after
     /// `now_tick` (the pick's coarse clock can lag) is fresh, as it should be.
     #[inline]
     pub(crate) fn get(&self, now_tick: u64) -> usize {
@@ -97,9 +97,9 @@ impl OthersInFlight {
 /// pick scans without reading them: a channel whose servers send no reports (or whose reports
 /// went stale) pays nothing for them per candidate.
 #[derive(Debug, Default)]
-pub(crate) struct Fresh(AtomicU64);
+pub(crate) struct ReportsFresh(AtomicU64);
 
-impl Fresh {
+impl ReportsFresh {
     /// An instance's count is fresh until `until`. A plain load first: with per-call reports
     /// this runs on every response, and the word moves at most once a tick.
     #[inline]

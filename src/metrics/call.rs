@@ -13,7 +13,7 @@ use super::framing::{CountedBody, Messages};
 use super::labels::{target, Labels};
 use super::names::*;
 use crate::error::code_name;
-use crate::instance::events::Kind;
+use crate::instance::events::AttemptKind;
 
 /// The metrics of one call (its attempts have their own, [`AttemptMetrics`]).
 pub(crate) struct Call {
@@ -56,12 +56,12 @@ impl Call {
     }
 
     /// An attempt of the call starts.
-    pub(crate) fn attempt(&mut self, kind: Kind) -> AttemptMetrics {
+    pub(crate) fn attempt(&mut self, kind: AttemptKind) -> AttemptMetrics {
         match kind {
-            Kind::First => {}
-            Kind::Transparent => self.transparent += 1,
-            Kind::Retry => self.retries += 1,
-            Kind::Hedge => self.hedges += 1,
+            AttemptKind::First => {}
+            AttemptKind::Transparent => self.transparent += 1,
+            AttemptKind::Retry => self.retries += 1,
+            AttemptKind::Hedge => self.hedges += 1,
         }
         metrics::counter!(ATTEMPT_STARTED, self.labels().iter()).increment(1);
         AttemptMetrics {

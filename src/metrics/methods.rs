@@ -18,7 +18,7 @@ const MAX_NAME: usize = 256;
 
 /// One interned name: its hash (compared first) and its label, and whether a call has had it
 /// (a name pinned with `metrics_methods` is interned before any call).
-struct Entry {
+struct Interned {
     hash: u64,
     label: SharedString,
     called: AtomicBool,
@@ -31,7 +31,7 @@ struct Entry {
 /// then lost its slot is given back, a new name at the limit can be refused once (`other` for
 /// that call only).
 pub(super) struct Table {
-    slots: Box<[ArcSwapOption<Entry>]>,
+    slots: Box<[ArcSwapOption<Interned>]>,
     /// Names interned so far (and places reserved by names about to be).
     used: AtomicUsize,
     limit: usize,
@@ -101,7 +101,7 @@ impl Table {
                             return None;
                         }
                         let label = SharedString::from(Arc::<str>::from(name));
-                        let entry = Arc::new(Entry {
+                        let entry = Arc::new(Interned {
                             hash,
                             label: label.clone(),
                             called: AtomicBool::new(call),

@@ -4,10 +4,12 @@
 use std::sync::atomic::Ordering;
 
 use super::{refused, Totals};
-use crate::instance::events::Kind;
+use crate::instance::events::AttemptKind;
 use crate::instance::Instance;
 
-type CallResult = Result<http::Response<tonic::body::Body>, tower::BoxError>;
+/// What a call ends with: the response, or why there is none (the call path's type, defined
+/// here, below it).
+pub(crate) type CallResult = Result<http::Response<tonic::body::Body>, tower::BoxError>;
 
 /// One call, seen from outside: its span, and what its metrics need. Moves with the call, from
 /// its future into its response body; what it records is recorded once, when the call is over
@@ -108,17 +110,22 @@ impl CallObs {
 
     /// An attempt of the call goes to `inst`.
     #[inline(always)]
-    pub(crate) fn attempt(&mut self, shared: &Totals, inst: &Instance, kind: Kind) -> AttemptObs {
+    pub(crate) fn attempt(
+        &mut self,
+        shared: &Totals,
+        inst: &Instance,
+        kind: AttemptKind,
+    ) -> AttemptObs {
         self.attempts += 1;
         match kind {
-            Kind::First => {}
-            Kind::Transparent => {
+            AttemptKind::First => {}
+            AttemptKind::Transparent => {
                 shared.replays.fetch_add(1, Ordering::Relaxed);
             }
-            Kind::Retry => {
+            AttemptKind::Retry => {
                 shared.retries.fetch_add(1, Ordering::Relaxed);
             }
-            Kind::Hedge => {
+            AttemptKind::Hedge => {
                 shared.hedges.fetch_add(1, Ordering::Relaxed);
             }
         }

@@ -26,7 +26,7 @@ mod call;
 mod connectivity;
 mod stats;
 
-pub(crate) use call::{code_of, AttemptObs, CallObs};
+pub(crate) use call::{code_of, AttemptObs, CallObs, CallResult};
 pub(crate) use connectivity::Connectivity;
 pub use connectivity::ConnectivityState;
 pub use stats::{ChannelStats, DiscoveryState};

@@ -62,7 +62,7 @@ pub use layer::{OrcaBody, OrcaFuture, OrcaLayer, OrcaService};
 pub use oob_server::{OobService, DEFAULT_MIN_REPORT_INTERVAL};
 
 pub use crate::instance::load::DEFAULT_LOAD_REPORT_MAX_AGE;
-use crate::instance::load::{Fresh, OthersInFlight, ReportSettings, Reported};
+use crate::instance::load::{OthersInFlight, ReportSettings, Reported, ReportsFresh};
 pub use crate::instance::report::{LoadReport, IN_FLIGHT_METRIC};
 pub use crate::instance::wrr_weight::WrrConfig;
 
@@ -147,7 +147,7 @@ pub(crate) fn observe(
 /// What [`observe`] keeps, and where.
 fn keep(
     others_now: &OthersInFlight,
-    fresh: &Fresh,
+    fresh: &ReportsFresh,
     reported: &Reported,
     report: LoadReport,
     own: usize,
@@ -207,13 +207,13 @@ mod tests {
 
     /// A report's count of the other clients' calls is its total minus this channel's own
     /// (never below zero); a report without the metric leaves the estimate alone. The
-    /// channel's [`Fresh`] says some count is fresh exactly while one is.
+    /// channel's [`ReportsFresh`] says some count is fresh exactly while one is.
     #[test]
     fn observe_subtracts_own_calls() {
         let s = ReportSettings::default();
         let r = Reported::default();
         let o = OthersInFlight::default();
-        let f = Fresh::default();
+        let f = ReportsFresh::default();
         assert!(!f.any(tick(0)));
         // A report without the metric: nothing fresh.
         keep(&o, &f, &r, LoadReport::default(), 1, 1_000, &s);
@@ -240,7 +240,7 @@ mod tests {
         assert_eq!(o.get(until + 1), 0);
         // Reports not kept (max age 0): nothing fresh.
         let off = ReportSettings::new(Duration::ZERO, WrrConfig::default());
-        let f = Fresh::default();
+        let f = ReportsFresh::default();
         let mut rep = LoadReport::default();
         rep.named_metrics.insert(IN_FLIGHT_METRIC.into(), 12.0);
         keep(&o, &f, &r, rep, 4, 1_000, &off);

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use super::Rng;
 use crate::instance::Instance;
-use crate::probe::{Fresh, ProbeConfig, ProbeError};
+use crate::probe::{FreshAnswer, ProbeConfig, ProbeError};
 
 /// The most fresh answers one pick compares.
 const MAX_COMPARED: usize = 64;
@@ -40,7 +40,7 @@ pub(crate) fn pick(
     let max_age = config.max_age.as_nanos() as u64;
     let mut fresh = [(
         0u32,
-        Fresh {
+        FreshAnswer {
             rif: 0,
             latency_us: 0,
         },
@@ -84,7 +84,7 @@ pub(crate) fn pooled(snap: &[Arc<Instance>], config: &ProbeConfig, now_ns: u64) 
 /// quantile of their calls in flight are cold; the cold one with the lowest latency (no
 /// estimate ranks last), then the fewest calls in flight, wins; but the strategy's choice
 /// (`by_strategy`) wins if its answer is cold and has no estimate. `None` with fewer than two.
-pub(crate) fn hot_cold(fresh: &[(u32, Fresh)], q: f64, by_strategy: usize) -> Option<usize> {
+pub(crate) fn hot_cold(fresh: &[(u32, FreshAnswer)], q: f64, by_strategy: usize) -> Option<usize> {
     if fresh.len() < 2 {
         return None;
     }
@@ -97,7 +97,7 @@ pub(crate) fn hot_cold(fresh: &[(u32, Fresh)], q: f64, by_strategy: usize) -> Op
     // third, not the fourth).
     let at = ((rifs.len() - 1) as f64 * q) as usize;
     let threshold = *rifs.select_nth_unstable(at).1;
-    let unknown_and_cold = |f: &Fresh| f.latency_us == 0 && f.rif <= threshold;
+    let unknown_and_cold = |f: &FreshAnswer| f.latency_us == 0 && f.rif <= threshold;
     if fresh
         .iter()
         .any(|(k, f)| *k as usize == by_strategy && unknown_and_cold(f))
@@ -191,8 +191,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn f(rif: u32, latency_us: u32) -> Fresh {
-        Fresh { rif, latency_us }
+    fn f(rif: u32, latency_us: u32) -> FreshAnswer {
+        FreshAnswer { rif, latency_us }
     }
 
     /// Among the cold answers (calls in flight at most the quantile), the lowest latency wins;
@@ -235,7 +235,7 @@ mod tests {
             answers in prop::collection::vec((0u32..20, 0u32..50_000), 2..64),
             q in 0.0f64..=1.0,
         ) {
-            let pool: Vec<(u32, Fresh)> =
+            let pool: Vec<(u32, FreshAnswer)> =
                 answers.iter().enumerate().map(|(k, &(r, l))| (k as u32, f(r, l))).collect();
             let k = hot_cold(&pool, q, usize::MAX).unwrap();
             let mut rifs: Vec<u32> = answers.iter().map(|a| a.0).collect();

@@ -60,23 +60,23 @@ const MAX_CYCLE: usize = 1 << 16;
 
 /// An entry of the earliest-deadline-first queue: the earliest deadline first, then the
 /// lowest index.
-struct Entry {
+struct Scheduled {
     deadline: f64,
     index: u32,
 }
 
-impl PartialEq for Entry {
+impl PartialEq for Scheduled {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == CmpOrdering::Equal
     }
 }
-impl Eq for Entry {}
-impl PartialOrd for Entry {
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
     fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Entry {
+impl Ord for Scheduled {
     fn cmp(&self, other: &Self) -> CmpOrdering {
         // BinaryHeap is a max-heap: reversed.
         other
@@ -90,10 +90,10 @@ impl Ord for Entry {
 /// above 0 and finite): instance `i` is due every `1 / weights[i]`, first at a random point of its
 /// first period.
 pub(crate) fn edf_cycle(weights: &[f64], len: usize, rng: &mut Rng) -> Vec<u32> {
-    let mut heap: BinaryHeap<Entry> = weights
+    let mut heap: BinaryHeap<Scheduled> = weights
         .iter()
         .enumerate()
-        .map(|(i, &w)| Entry {
+        .map(|(i, &w)| Scheduled {
             deadline: rng.unit() / w,
             index: i as u32,
         })

@@ -36,7 +36,7 @@ pub(crate) async fn probe(
             .await
             .map_err(|e| Status::unavailable(crate::error::chain(&e)))?;
         let path = http::uri::PathAndQuery::from_static(PATH);
-        grpc.unary(tonic::Request::new(Request), path, ProbeCodec)
+        grpc.unary(tonic::Request::new(ProbeRequest), path, ProbeCodec)
             .await
             .map(tonic::Response::into_inner)
     };
@@ -51,15 +51,15 @@ pub(crate) async fn probe(
 }
 
 /// A `ProbeRequest`: no field.
-struct Request;
+struct ProbeRequest;
 
-/// tonic's gRPC framing around the probe's hand-made messages: sends a [`Request`], receives
+/// tonic's gRPC framing around the probe's hand-made messages: sends a [`ProbeRequest`], receives
 /// a [`ProbeAnswer`].
 #[derive(Clone, Copy)]
 struct ProbeCodec;
 
 impl tonic::codec::Codec for ProbeCodec {
-    type Encode = Request;
+    type Encode = ProbeRequest;
     type Decode = ProbeAnswer;
     type Encoder = ProbeCodec;
     type Decoder = ProbeCodec;
@@ -74,10 +74,14 @@ impl tonic::codec::Codec for ProbeCodec {
 }
 
 impl tonic::codec::Encoder for ProbeCodec {
-    type Item = Request;
+    type Item = ProbeRequest;
     type Error = Status;
 
-    fn encode(&mut self, Request: Request, _dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+    fn encode(
+        &mut self,
+        ProbeRequest: ProbeRequest,
+        _dst: &mut EncodeBuf<'_>,
+    ) -> Result<(), Status> {
         // The empty message: nothing to write.
         Ok(())
     }

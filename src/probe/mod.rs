@@ -35,7 +35,7 @@ mod wire;
 
 pub(crate) use client::{probe, ProbeError};
 pub use config::ProbeConfig;
-pub(crate) use record::{Fresh, Record};
+pub(crate) use record::{FreshAnswer, Record};
 
 /// The probe's method: `/tonic_balancer.probe.v1.Probe/Probe`.
 pub const PATH: &str = "/tonic_balancer.probe.v1.Probe/Probe";

@@ -26,16 +26,16 @@ pub(crate) struct Record {
 
 /// A fresh answer, as the pick compares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fresh {
+pub(crate) struct FreshAnswer {
     pub(crate) rif: u32,
     pub(crate) latency_us: u32,
 }
 
-impl Fresh {
+impl FreshAnswer {
     /// An answer as the pick compares it: its calls in flight (at most `u32::MAX / 2`, so that
     /// the calls counted on it since cannot wrap), its latency in microseconds (0: none).
-    pub(crate) fn of(answer: &ProbeAnswer) -> Fresh {
-        Fresh {
+    pub(crate) fn of(answer: &ProbeAnswer) -> FreshAnswer {
+        FreshAnswer {
             rif: answer.requests_in_flight.min(u64::from(u32::MAX / 2)) as u32,
             latency_us: answer
                 .latency
@@ -47,7 +47,7 @@ impl Fresh {
 impl Record {
     /// The answer arrived at `now_ns`.
     pub(crate) fn store(&self, answer: ProbeAnswer, now_ns: u64) {
-        let Fresh { rif, latency_us } = Fresh::of(&answer);
+        let FreshAnswer { rif, latency_us } = FreshAnswer::of(&answer);
         self.rif.store(rif, Ordering::Relaxed);
         self.latency_us.store(latency_us, Ordering::Relaxed);
         self.uses.store(0, Ordering::Relaxed);
@@ -65,7 +65,7 @@ impl Record {
     /// The answer, if it is younger than `max_age_ns` at `now_ns` and picked fewer than `reuse`
     /// calls.
     #[inline]
-    pub(crate) fn fresh(&self, now_ns: u64, max_age_ns: u64, reuse: u32) -> Option<Fresh> {
+    pub(crate) fn fresh(&self, now_ns: u64, max_age_ns: u64, reuse: u32) -> Option<FreshAnswer> {
         let at = self.at.load(Ordering::Acquire);
         if at == 0 || now_ns.saturating_sub(at) >= max_age_ns {
             return None;
@@ -73,7 +73,7 @@ impl Record {
         if self.uses.load(Ordering::Relaxed) >= reuse {
             return None;
         }
-        Some(Fresh {
+        Some(FreshAnswer {
             rif: self.rif.load(Ordering::Relaxed),
             latency_us: self.latency_us.load(Ordering::Relaxed),
         })
@@ -102,14 +102,14 @@ mod tests {
         let r = Record::default();
         assert_eq!(r.fresh(5, 100, 2), None, "no answer yet");
         r.store(ProbeAnswer::new(3, Some(Duration::from_millis(7))), 1_000);
-        let want = Fresh {
+        let want = FreshAnswer {
             rif: 3,
             latency_us: 7_000,
         };
         assert_eq!(r.fresh(1_099, 100, 2), Some(want));
         assert_eq!(r.fresh(1_100, 100, 2), None, "too old");
         r.used();
-        assert_eq!(r.fresh(1_050, 100, 2), Some(Fresh { rif: 4, ..want }));
+        assert_eq!(r.fresh(1_050, 100, 2), Some(FreshAnswer { rif: 4, ..want }));
         r.used();
         assert_eq!(r.fresh(1_050, 100, 2), None, "used up");
     }

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use super::json::Node;
+use super::json::ConfigNode;
 use crate::error::Error;
 use crate::instance::wrr_weight::WrrConfig;
 use crate::Strategy;
@@ -38,7 +38,7 @@ pub(crate) enum Balancing {
 }
 
 /// `loadBalancingConfig`: the first policy the channel knows. `None` for an empty list.
-pub(super) fn from_config(list: &Node<'_>) -> Result<Option<Balancing>, Error> {
+pub(super) fn from_config(list: &ConfigNode<'_>) -> Result<Option<Balancing>, Error> {
     let items = list.items()?;
     if items.is_empty() {
         return Ok(None);
@@ -62,10 +62,10 @@ pub(super) fn from_config(list: &Node<'_>) -> Result<Option<Balancing>, Error> {
 /// `loadBalancingPolicy`, the older field (read only without `loadBalancingConfig`): a
 /// policy's name in any case, with its default settings. An unknown name leaves the channel's
 /// strategy (gRPC falls back to its default then).
-pub(super) fn from_name(node: &Node<'_>) -> Result<Option<Balancing>, Error> {
+pub(super) fn from_name(node: &ConfigNode<'_>) -> Result<Option<Balancing>, Error> {
     let name = node.str()?.to_ascii_lowercase();
     let empty = serde_json::Value::Object(Default::default());
-    let config = Node::root(&empty);
+    let config = ConfigNode::root(&empty);
     let b = policy(&name, &config)?;
     if b.is_none() {
         tracing::debug!(policy = %name, "service config: loadBalancingPolicy unknown here, ignored");
@@ -74,7 +74,7 @@ pub(super) fn from_name(node: &Node<'_>) -> Result<Option<Balancing>, Error> {
 }
 
 /// The policy `name` with its `config`; `None` if the channel does not know it.
-fn policy(name: &str, config: &Node<'_>) -> Result<Option<Balancing>, Error> {
+fn policy(name: &str, config: &ConfigNode<'_>) -> Result<Option<Balancing>, Error> {
     let b = match name {
         "round_robin" => {
             config.object()?;
@@ -118,7 +118,7 @@ fn policy(name: &str, config: &Node<'_>) -> Result<Option<Balancing>, Error> {
 /// `least_request_experimental` (gRFC A48): the least loaded of `choiceCount` instances drawn
 /// at random (2 to 10; more counts as 10). Two is the channel's power of two choices; more
 /// come closer to a scan of every instance, which is least pending.
-fn least_request(config: &Node<'_>) -> Result<Balancing, Error> {
+fn least_request(config: &ConfigNode<'_>) -> Result<Balancing, Error> {
     let count = match config.field("choiceCount")? {
         None => 2,
         Some(n) => {
@@ -137,7 +137,7 @@ fn least_request(config: &Node<'_>) -> Result<Balancing, Error> {
 }
 
 /// `weighted_round_robin` (gRFC A58), with gRPC's defaults for what it does not set.
-fn wrr(config: &Node<'_>) -> Result<Balancing, Error> {
+fn wrr(config: &ConfigNode<'_>) -> Result<Balancing, Error> {
     let duration = |key: &str, default: Duration, above_zero: bool| -> Result<Duration, Error> {
         match config.field(key)? {
             None => Ok(default),

@@ -39,16 +39,16 @@ const CODES: [(&str, Code); 17] = [
 
 /// A value of the config, and where it is.
 #[derive(Clone)]
-pub(super) struct Node<'a> {
+pub(super) struct ConfigNode<'a> {
     value: &'a Value,
     /// `methodConfig[1].retryPolicy`; empty for the config itself.
     pub(super) path: String,
 }
 
-impl<'a> Node<'a> {
+impl<'a> ConfigNode<'a> {
     /// The config itself.
-    pub(super) fn root(value: &'a Value) -> Node<'a> {
-        Node {
+    pub(super) fn root(value: &'a Value) -> ConfigNode<'a> {
+        ConfigNode {
             value,
             path: String::new(),
         }
@@ -84,13 +84,13 @@ impl<'a> Node<'a> {
         self.refuse(format_args!("must be {what}, not {}", self.kind()))
     }
 
-    fn child(&self, key: &str, value: &'a Value) -> Node<'a> {
+    fn child(&self, key: &str, value: &'a Value) -> ConfigNode<'a> {
         let path = if self.path.is_empty() {
             key.to_owned()
         } else {
             format!("{}.{key}", self.path)
         };
-        Node { value, path }
+        ConfigNode { value, path }
     }
 
     /// The fields of an object.
@@ -103,7 +103,7 @@ impl<'a> Node<'a> {
     /// Field `key` of this object, if it is there and not null (in protobuf's JSON, `null`
     /// is the same as absent). Its name as written, else in any case: grpc-go reads the keys
     /// so (Go's `encoding/json`), and its own examples write `"MaxAttempts"`.
-    pub(super) fn field(&self, key: &str) -> Result<Option<Node<'a>>, Error> {
+    pub(super) fn field(&self, key: &str) -> Result<Option<ConfigNode<'a>>, Error> {
         let fields = self.object()?;
         let found = fields
             .get_key_value(key)
@@ -114,13 +114,13 @@ impl<'a> Node<'a> {
     }
 
     /// Field `key` of this object, which must be there.
-    pub(super) fn required(&self, key: &str) -> Result<Node<'a>, Error> {
+    pub(super) fn required(&self, key: &str) -> Result<ConfigNode<'a>, Error> {
         self.field(key)?
             .ok_or_else(|| self.child(key, &ABSENT).refuse("required"))
     }
 
     /// The one field of an object that holds exactly one (a load-balancing config).
-    pub(super) fn only_field(&self, example: &str) -> Result<(&'a str, Node<'a>), Error> {
+    pub(super) fn only_field(&self, example: &str) -> Result<(&'a str, ConfigNode<'a>), Error> {
         let fields = self.object()?;
         match fields.iter().next() {
             Some((key, value)) if fields.len() == 1 => Ok((key.as_str(), self.child(key, value))),
@@ -132,7 +132,7 @@ impl<'a> Node<'a> {
     }
 
     /// The items of a list.
-    pub(super) fn items(&self) -> Result<Vec<Node<'a>>, Error> {
+    pub(super) fn items(&self) -> Result<Vec<ConfigNode<'a>>, Error> {
         let list = self
             .value
             .as_array()
@@ -140,7 +140,7 @@ impl<'a> Node<'a> {
         Ok(list
             .iter()
             .enumerate()
-            .map(|(i, value)| Node {
+            .map(|(i, value)| ConfigNode {
                 value,
                 path: format!("{}[{i}]", self.path),
             })
@@ -315,7 +315,7 @@ mod tests {
     fn status_codes_by_name_or_number() {
         let read = |json: &str| {
             let v: Value = serde_json::from_str(json).unwrap();
-            Node::root(&v).code().map_err(|e| e.to_string())
+            ConfigNode::root(&v).code().map_err(|e| e.to_string())
         };
         assert_eq!(read("\"UNAVAILABLE\""), Ok(Code::Unavailable));
         assert_eq!(read("14"), Ok(Code::Unavailable));
@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn paths_name_fields_and_items() {
         let v: Value = serde_json::from_str(r#"{"a": [{"b": 1}, {"c": null}]}"#).unwrap();
-        let root = Node::root(&v);
+        let root = ConfigNode::root(&v);
         let items = root.required("a").unwrap().items().unwrap();
         let err = items[0].required("b").unwrap().str().unwrap_err();
         assert_eq!(

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::json::Node;
+use super::json::ConfigNode;
 use crate::error::Error;
 use crate::retry::{
     CallSettings, HedgingPolicy, MethodConfig, MethodName, RetryOrHedging, RetryPolicy,
@@ -18,7 +18,7 @@ use crate::retry::{
 const MAX_ATTEMPTS: u64 = crate::retry::MAX_ATTEMPTS as u64;
 
 /// The entries of `methodConfig`. An entry without names is skipped, as gRPC skips it.
-pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
+pub(super) fn configs(list: &ConfigNode<'_>) -> Result<Vec<MethodConfig>, Error> {
     let mut out = Vec::new();
     // Each name, and where it was given: a name may be given once in a whole config.
     let mut seen: HashMap<MethodName, String> = HashMap::new();
@@ -71,7 +71,7 @@ pub(super) fn configs(list: &Node<'_>) -> Result<Vec<MethodConfig>, Error> {
 }
 
 /// One `name` entry: `service` and `method`, each absent, null or empty for none.
-fn name(n: &Node<'_>) -> Result<MethodName, Error> {
+fn name(n: &ConfigNode<'_>) -> Result<MethodName, Error> {
     let (service, method) = (part(n, "service")?, part(n, "method")?);
     if service.is_empty() && !method.is_empty() {
         return Err(n.refuse(format_args!(
@@ -82,7 +82,7 @@ fn name(n: &Node<'_>) -> Result<MethodName, Error> {
 }
 
 /// `service` or `method` of a name: a string without `/` or spaces; empty if absent.
-fn part<'a>(n: &Node<'a>, key: &str) -> Result<&'a str, Error> {
+fn part<'a>(n: &ConfigNode<'a>, key: &str) -> Result<&'a str, Error> {
     let Some(v) = n.field(key)? else {
         return Ok("");
     };
@@ -97,7 +97,7 @@ fn part<'a>(n: &Node<'a>, key: &str) -> Result<&'a str, Error> {
 
 /// `maxRequestMessageBytes` or `maxResponseMessageBytes`: a whole number of bytes. A message's
 /// length is 32 bits: a limit of 4 GiB or more limits nothing (grpc-go caps it at its int).
-fn message_size(entry: &Node<'_>, key: &str) -> Result<Option<u32>, Error> {
+fn message_size(entry: &ConfigNode<'_>, key: &str) -> Result<Option<u32>, Error> {
     let Some(n) = entry.field(key)? else {
         return Ok(None);
     };
@@ -108,7 +108,7 @@ fn message_size(entry: &Node<'_>, key: &str) -> Result<Option<u32>, Error> {
 /// deadline that has passed when the call starts (grpc-go fails such a call at once with
 /// DEADLINE_EXCEEDED); a negative one sets no deadline (grpc-go applies a timeout only if it is
 /// at least zero).
-fn timeout(t: &Node<'_>) -> Result<Option<Duration>, Error> {
+fn timeout(t: &ConfigNode<'_>) -> Result<Option<Duration>, Error> {
     if let Some(positive) = t.str().ok().and_then(|s| s.strip_prefix('-')) {
         super::json::parse_duration(positive).map_err(|_| {
             t.refuse(format_args!(
@@ -123,7 +123,7 @@ fn timeout(t: &Node<'_>) -> Result<Option<Duration>, Error> {
 }
 
 /// `maxAttempts` of a retry or hedging policy: at least 2; above 5 counts as 5, as in gRPC.
-fn max_attempts(policy: &Node<'_>) -> Result<u32, Error> {
+fn max_attempts(policy: &ConfigNode<'_>) -> Result<u32, Error> {
     let node = policy.required("maxAttempts")?;
     let n = node.whole()?;
     if n < 2 {
@@ -136,7 +136,7 @@ fn max_attempts(policy: &Node<'_>) -> Result<u32, Error> {
 }
 
 /// A `retryPolicy`.
-fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
+fn retry(node: &ConfigNode<'_>) -> Result<RetryPolicy, Error> {
     let max_attempts = max_attempts(node)?;
     let backoff = |key: &str| {
         let n = node.required(key)?;
@@ -175,7 +175,7 @@ fn retry(node: &Node<'_>) -> Result<RetryPolicy, Error> {
 }
 
 /// A `hedgingPolicy`.
-fn hedging(node: &Node<'_>) -> Result<HedgingPolicy, Error> {
+fn hedging(node: &ConfigNode<'_>) -> Result<HedgingPolicy, Error> {
     let max_attempts = max_attempts(node)?;
     // Optional (gRFC A6); absent or zero: every attempt at once.
     let delay = match node.field("hedgingDelay")? {

@@ -20,7 +20,7 @@ mod unknown;
 use std::str::FromStr;
 
 pub(crate) use self::balancing::Balancing;
-use self::json::Node;
+use self::json::ConfigNode;
 use crate::error::Error;
 use crate::retry::{MethodConfig, RetryThrottling};
 
@@ -148,7 +148,7 @@ impl ServiceConfig {
                 name: "service_config",
                 reason: format!("not JSON: {e}"),
             })?;
-        let root = Node::root(&value);
+        let root = ConfigNode::root(&value);
         root.object()?;
         let mut config = ServiceConfig {
             unknown: unknown::fields(&value),
@@ -222,7 +222,7 @@ impl FromStr for ServiceConfig {
 
 /// `retryThrottling`: `maxTokens` in (0, 1000] (grpc-go's range), `tokenRatio` above 0 in
 /// thousandths (grpc/grpc keeps three decimals).
-fn throttling(node: &Node<'_>) -> Result<RetryThrottling, Error> {
+fn throttling(node: &ConfigNode<'_>) -> Result<RetryThrottling, Error> {
     let max = node.required("maxTokens")?;
     let max_tokens = max.number()?;
     if !(max_tokens > 0.0 && max_tokens <= 1000.0) {

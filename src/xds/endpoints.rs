@@ -31,7 +31,7 @@ pub(crate) struct Locality {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Endpoint {
     pub(crate) addr: SocketAddr,
-    pub(crate) health: Health,
+    pub(crate) health: EndpointHealth,
     /// 1 when unset.
     pub(crate) weight: u32,
 }
@@ -39,7 +39,7 @@ pub(crate) struct Endpoint {
 /// `envoy.config.core.v3.HealthStatus`, as A27 uses it: UNKNOWN and HEALTHY take calls,
 /// DRAINING finishes the calls it has and takes no new ones, the rest take none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Health {
+pub(crate) enum EndpointHealth {
     Unknown,
     Healthy,
     Unhealthy,
@@ -48,21 +48,21 @@ pub(crate) enum Health {
     Degraded,
 }
 
-impl Health {
-    fn from_wire(v: u64) -> Health {
+impl EndpointHealth {
+    fn from_wire(v: u64) -> EndpointHealth {
         match v {
-            1 => Health::Healthy,
-            2 => Health::Unhealthy,
-            3 => Health::Draining,
-            4 => Health::Timeout,
-            5 => Health::Degraded,
-            _ => Health::Unknown,
+            1 => EndpointHealth::Healthy,
+            2 => EndpointHealth::Unhealthy,
+            3 => EndpointHealth::Draining,
+            4 => EndpointHealth::Timeout,
+            5 => EndpointHealth::Degraded,
+            _ => EndpointHealth::Unknown,
         }
     }
 
     /// Whether the endpoint takes new calls.
     pub(crate) fn is_usable(self) -> bool {
-        matches!(self, Health::Unknown | Health::Healthy)
+        matches!(self, EndpointHealth::Unknown | EndpointHealth::Healthy)
     }
 }
 
@@ -192,11 +192,11 @@ fn locality(buf: &[u8]) -> Result<Option<(u32, Locality)>, Invalid> {
 }
 
 fn endpoint(buf: &[u8]) -> Result<Endpoint, Invalid> {
-    let (mut addr, mut health, mut weight) = (None, Health::Unknown, 1u64);
+    let (mut addr, mut health, mut weight) = (None, EndpointHealth::Unknown, 1u64);
     for f in fields(buf, "LbEndpoint") {
         match f? {
             (1, v) => addr = endpoint_address(v.message("endpoint")?)?,
-            (2, v) => health = Health::from_wire(v.varint("health_status")?),
+            (2, v) => health = EndpointHealth::from_wire(v.varint("health_status")?),
             (4, v) => weight = wrapped(v.message("load_balancing_weight")?, "endpoint weight")?,
             _ => {}
         }
@@ -284,7 +284,7 @@ fn drop_policy(buf: &[u8]) -> Result<Vec<(String, u32)>, Invalid> {
 mod tests {
     use super::*;
 
-    fn ep(port: u16, health: Health) -> Endpoint {
+    fn ep(port: u16, health: EndpointHealth) -> Endpoint {
         Endpoint {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             health,
@@ -301,12 +301,18 @@ mod tests {
                 vec![Locality {
                     name: "a".into(),
                     weight: 3,
-                    endpoints: vec![ep(1, Health::Draining), ep(2, Health::Unhealthy)],
+                    endpoints: vec![
+                        ep(1, EndpointHealth::Draining),
+                        ep(2, EndpointHealth::Unhealthy),
+                    ],
                 }],
                 vec![Locality {
                     name: "b".into(),
                     weight: 2,
-                    endpoints: vec![ep(3, Health::Healthy), ep(4, Health::Unknown)],
+                    endpoints: vec![
+                        ep(3, EndpointHealth::Healthy),
+                        ep(4, EndpointHealth::Unknown),
+                    ],
                 }],
             ],
             drops: Vec::new(),
@@ -327,18 +333,18 @@ mod tests {
                 Locality {
                     name: "a".into(),
                     weight: 1,
-                    endpoints: vec![ep(1, Health::Healthy)],
+                    endpoints: vec![ep(1, EndpointHealth::Healthy)],
                 },
                 Locality {
                     name: "b".into(),
                     weight: 1,
                     endpoints: vec![
-                        ep(2, Health::Healthy),
+                        ep(2, EndpointHealth::Healthy),
                         Endpoint {
                             weight: 2,
-                            ..ep(3, Health::Healthy)
+                            ..ep(3, EndpointHealth::Healthy)
                         },
-                        ep(4, Health::Unhealthy),
+                        ep(4, EndpointHealth::Unhealthy),
                     ],
                 },
             ]],

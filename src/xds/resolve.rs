@@ -14,14 +14,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::ads::{AdsClient, Kind, Resource, Watch, Watched};
+use super::ads::{AdsClient, Resource, ResourceType, Watch, Watched};
 use super::listener::{Action, Routes};
 use crate::call::shared::Shared;
 use crate::discover::Template;
 use crate::target::Target;
 
 /// Where the chain stands.
-enum Outcome {
+enum Resolution {
     /// A step is pending: nothing to change.
     Pending,
     /// The usable endpoints of each priority that has any, most preferred first, with their
@@ -49,7 +49,7 @@ pub(crate) async fn run(
     template: Template,
     first_within: Duration,
 ) {
-    let mut listener = client.watch(Kind::Listener, &name);
+    let mut listener = client.watch(ResourceType::Listener, &name);
     let mut chain = Chain::default();
     let first_by = crate::time::after(first_within);
     let mut answered = false;
@@ -62,12 +62,12 @@ pub(crate) async fn run(
         let outcome = follow(&client, &name, &mut listener, &mut chain);
         let Some(p) = pool.upgrade() else { return };
         match outcome {
-            Outcome::Pending => {}
-            Outcome::Endpoints(by_priority) => {
+            Resolution::Pending => {}
+            Resolution::Endpoints(by_priority) => {
                 answered = true;
                 priorities = by_priority;
             }
-            Outcome::Failed(why) => {
+            Resolution::Failed(why) => {
                 answered = true;
                 priorities.clear();
                 applied = None;
@@ -156,7 +156,7 @@ async fn changed(watch: &mut Option<Watch>) {
 fn watch_of<'a>(
     client: &AdsClient,
     slot: &'a mut Option<Watch>,
-    kind: Kind,
+    kind: ResourceType,
     name: &str,
 ) -> &'a mut Watch {
     if slot.as_ref().is_none_or(|w| w.name != name) {
@@ -166,15 +166,15 @@ fn watch_of<'a>(
 }
 
 /// The state of a watched resource: the resource, or the outcome that stops the chain.
-fn current(w: &mut Watch, what: &str) -> Result<Arc<Resource>, Outcome> {
+fn current(w: &mut Watch, what: &str) -> Result<Arc<Resource>, Resolution> {
     match &*w.rx.borrow_and_update() {
-        Watched::Pending => Err(Outcome::Pending),
+        Watched::Pending => Err(Resolution::Pending),
         Watched::Found(r) => Ok(r.clone()),
-        Watched::Missing => Err(Outcome::Failed(format!(
+        Watched::Missing => Err(Resolution::Failed(format!(
             "{what} {:?} does not exist",
             w.name
         ))),
-        Watched::Invalid(why) => Err(Outcome::Failed(format!(
+        Watched::Invalid(why) => Err(Resolution::Failed(format!(
             "{what} {:?} is invalid: {why}",
             w.name
         ))),
@@ -182,7 +182,7 @@ fn current(w: &mut Watch, what: &str) -> Result<Arc<Resource>, Outcome> {
 }
 
 /// Follows the chain from the Listener to the endpoints.
-fn follow(client: &AdsClient, name: &str, listener: &mut Watch, chain: &mut Chain) -> Outcome {
+fn follow(client: &AdsClient, name: &str, listener: &mut Watch, chain: &mut Chain) -> Resolution {
     match follow_steps(client, name, listener, chain) {
         Ok(outcome) | Err(outcome) => outcome,
     }
@@ -193,7 +193,7 @@ fn follow_steps(
     name: &str,
     listener: &mut Watch,
     chain: &mut Chain,
-) -> Result<Outcome, Outcome> {
+) -> Result<Resolution, Resolution> {
     let l = current(listener, "listener")?;
     let Resource::Listener(l) = &*l else {
         unreachable!("a listener watch")
@@ -204,7 +204,7 @@ fn follow_steps(
             Arc::new(Resource::Route(rc.clone()))
         }
         Routes::Rds(route_name) => current(
-            watch_of(client, &mut chain.route, Kind::Route, route_name),
+            watch_of(client, &mut chain.route, ResourceType::Route, route_name),
             "route configuration",
         )?,
     };
@@ -213,13 +213,13 @@ fn follow_steps(
     };
     let host = rc
         .host_for(name)
-        .ok_or_else(|| Outcome::Failed(format!("no virtual host matches {name:?}")))?;
+        .ok_or_else(|| Resolution::Failed(format!("no virtual host matches {name:?}")))?;
     // The channel has one set for all its calls: the first route that takes every call.
     let route = host
         .routes
         .iter()
         .find(|r| r.takes_every_call())
-        .ok_or_else(|| Outcome::Failed(format!("no route of {name:?} takes every call")))?;
+        .ok_or_else(|| Resolution::Failed(format!("no route of {name:?} takes every call")))?;
     let cluster_name = match &route.action {
         Action::Cluster(c) => c.clone(),
         Action::Weighted(list) => {
@@ -228,13 +228,18 @@ fn follow_steps(
             heaviest.0.clone()
         }
         Action::Unsupported(what) => {
-            return Err(Outcome::Failed(format!(
+            return Err(Resolution::Failed(format!(
                 "the route's action ({what}) is not supported"
             )))
         }
     };
     let cluster = current(
-        watch_of(client, &mut chain.cluster, Kind::Cluster, &cluster_name),
+        watch_of(
+            client,
+            &mut chain.cluster,
+            ResourceType::Cluster,
+            &cluster_name,
+        ),
         "cluster",
     )?;
     let Resource::Cluster(cluster) = &*cluster else {
@@ -244,7 +249,7 @@ fn follow_steps(
         watch_of(
             client,
             &mut chain.endpoints,
-            Kind::Endpoints,
+            ResourceType::Endpoints,
             &cluster.eds_name,
         ),
         "endpoints",
@@ -252,7 +257,7 @@ fn follow_steps(
     let Resource::Endpoints(eds) = &*eds else {
         unreachable!("an endpoints watch")
     };
-    Ok(Outcome::Endpoints(eds.usable_by_priority()))
+    Ok(Resolution::Endpoints(eds.usable_by_priority()))
 }
 
 /// The set becomes these endpoints, in one swap.

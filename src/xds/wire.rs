@@ -155,7 +155,7 @@ pub(crate) fn put_uint(out: &mut Vec<u8>, field: u32, v: u64) {
 
 /// An `envoy.service.discovery.v3.DiscoveryRequest` (state of the world).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Request {
+pub(crate) struct DiscoveryRequest {
     /// The last version of this type the client accepted (empty: none yet).
     pub(crate) version_info: String,
     /// The encoded `envoy.config.core.v3.Node`: sent in the stream's first request only.
@@ -168,7 +168,7 @@ pub(crate) struct Request {
     pub(crate) error_detail: Option<String>,
 }
 
-impl crate::codec::Encode for Request {
+impl crate::codec::Encode for DiscoveryRequest {
     fn encode_to(&self, out: &mut Vec<u8>) {
         put_str(out, 1, &self.version_info);
         if let Some(node) = &self.node {
@@ -191,17 +191,17 @@ impl crate::codec::Encode for Request {
 /// An `envoy.service.discovery.v3.DiscoveryResponse`: its resources still encoded, each with
 /// its type URL.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Response {
+pub(crate) struct DiscoveryResponse {
     pub(crate) version_info: String,
     pub(crate) resources: Vec<(String, bytes::Bytes)>,
     pub(crate) type_url: String,
     pub(crate) nonce: String,
 }
 
-impl crate::codec::Decode for Response {
+impl crate::codec::Decode for DiscoveryResponse {
     fn decode_from(bytes: &[u8]) -> Result<Self, tonic::Status> {
         let bad = |e: Invalid| tonic::Status::internal(format!("xDS response: {e}"));
-        let mut r = Response::default();
+        let mut r = DiscoveryResponse::default();
         for f in fields(bytes, "DiscoveryResponse") {
             match f.map_err(bad)? {
                 (1, v) => r.version_info = v.str("version_info").map_err(bad)?.to_owned(),
@@ -229,7 +229,7 @@ mod tests {
     /// status nested; a response's resources come out with their type URLs.
     #[test]
     fn a_request_and_a_response_round_trip_by_field_number() {
-        let req = Request {
+        let req = DiscoveryRequest {
             version_info: "3".into(),
             node: Some(std::sync::Arc::new(vec![0x0a, 0x01, b'n'])),
             resource_names: vec!["a".into(), "b".into()],
@@ -265,14 +265,14 @@ mod tests {
         put_str(&mut resp, 4, "type.googleapis.com/x");
         put_str(&mut resp, 5, "n1");
         put_uint(&mut resp, 3, 1); // canary: skipped
-        let r = Response::decode_from(&resp).unwrap();
+        let r = DiscoveryResponse::decode_from(&resp).unwrap();
         assert_eq!(r.version_info, "v9");
         assert_eq!(r.nonce, "n1");
         assert_eq!(r.resources.len(), 1);
         assert_eq!(r.resources[0].0, "type.googleapis.com/x");
         assert_eq!(&r.resources[0].1[..], &[1, 2, 3]);
         assert!(
-            Response::decode_from(&[0x12, 0x05, 1]).is_err(),
+            DiscoveryResponse::decode_from(&[0x12, 0x05, 1]).is_err(),
             "truncated"
         );
     }

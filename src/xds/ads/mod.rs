@@ -36,22 +36,29 @@ use crate::sync::lock;
 
 /// The four resource types a client reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Kind {
+pub(crate) enum ResourceType {
     Listener,
     Route,
     Cluster,
     Endpoints,
 }
 
-impl Kind {
-    const ALL: [Kind; 4] = [Kind::Listener, Kind::Route, Kind::Cluster, Kind::Endpoints];
+impl ResourceType {
+    const ALL: [ResourceType; 4] = [
+        ResourceType::Listener,
+        ResourceType::Route,
+        ResourceType::Cluster,
+        ResourceType::Endpoints,
+    ];
 
     pub(crate) fn type_url(self) -> &'static str {
         match self {
-            Kind::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
-            Kind::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
-            Kind::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
-            Kind::Endpoints => "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+            ResourceType::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
+            ResourceType::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+            ResourceType::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            ResourceType::Endpoints => {
+                "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+            }
         }
     }
 
@@ -68,24 +75,24 @@ impl Kind {
     /// Whether a response lists every resource of the type (LDS, CDS): one missing from it
     /// was deleted.
     fn lists_all(self) -> bool {
-        matches!(self, Kind::Listener | Kind::Cluster)
+        matches!(self, ResourceType::Listener | ResourceType::Cluster)
     }
 
     fn decode(self, bytes: &[u8]) -> Result<(String, Resource), Invalid> {
         Ok(match self {
-            Kind::Listener => {
+            ResourceType::Listener => {
                 let (n, r) = Listener::decode(bytes)?;
                 (n, Resource::Listener(r))
             }
-            Kind::Route => {
+            ResourceType::Route => {
                 let (n, r) = RouteConfig::decode(bytes)?;
                 (n, Resource::Route(r))
             }
-            Kind::Cluster => {
+            ResourceType::Cluster => {
                 let (n, r) = Cluster::decode(bytes)?;
                 (n, Resource::Cluster(r))
             }
-            Kind::Endpoints => {
+            ResourceType::Endpoints => {
                 let (n, r) = Endpoints::decode(bytes)?;
                 (n, Resource::Endpoints(r))
             }
@@ -115,7 +122,7 @@ pub(crate) enum Watched {
 }
 
 /// One watched name: its watchers and its latest state.
-struct Entry {
+struct WatchedName {
     watchers: usize,
     tx: watch::Sender<Watched>,
     /// When it was asked for on the current stream, while it is pending.
@@ -127,7 +134,7 @@ struct TypeState {
     /// The last version accepted, and the last nonce received.
     version: String,
     nonce: String,
-    entries: HashMap<String, Entry>,
+    entries: HashMap<String, WatchedName>,
     /// The names the current stream was last sent.
     sent: Vec<String>,
 }
@@ -223,19 +230,19 @@ pub(crate) fn client(bootstrap: &Bootstrap) -> Arc<AdsClient> {
 /// last watch of the name.
 pub(crate) struct Watch {
     inner: Arc<Inner>,
-    kind: Kind,
+    kind: ResourceType,
     pub(crate) name: String,
     pub(crate) rx: watch::Receiver<Watched>,
 }
 
 impl AdsClient {
-    pub(crate) fn watch(&self, kind: Kind, name: &str) -> Watch {
+    pub(crate) fn watch(&self, kind: ResourceType, name: &str) -> Watch {
         let rx = {
             let mut types = lock(&self.inner.types);
             let entry = types[kind.index()]
                 .entries
                 .entry(name.to_owned())
-                .or_insert_with(|| Entry {
+                .or_insert_with(|| WatchedName {
                     watchers: 0,
                     tx: watch::channel(Watched::Pending).0,
                     asked_at: None,

@@ -11,9 +11,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{Inner, Kind, TypeState, Watched};
+use super::{Inner, ResourceType, TypeState, Watched};
 use crate::sync::lock;
-use crate::xds::wire::{Request, Response};
+use crate::xds::wire::{DiscoveryRequest, DiscoveryResponse};
 
 const PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -90,7 +90,7 @@ async fn stream(inner: &Arc<Inner>) -> (String, u64) {
     // subscribes to all it watches).
     {
         let mut types = lock(&inner.types);
-        for kind in Kind::ALL {
+        for kind in ResourceType::ALL {
             let t = &mut types[kind.index()];
             t.nonce.clear();
             t.sent.clear();
@@ -104,7 +104,7 @@ async fn stream(inner: &Arc<Inner>) -> (String, u64) {
         }
     }
     let path = http::uri::PathAndQuery::from_static(PATH);
-    let codec = crate::codec::HandCodec::<Request, Response>::default();
+    let codec = crate::codec::HandCodec::<DiscoveryRequest, DiscoveryResponse>::default();
     // The server answers the call's headers with its first response, which may wait for a
     // subscription: the watches that come meanwhile are sent while the call opens.
     let call = grpc.streaming(tonic::Request::new(Outgoing(rx)), path, codec);
@@ -154,11 +154,11 @@ async fn stream(inner: &Arc<Inner>) -> (String, u64) {
 /// A request for each type whose watched names changed since the stream last sent them.
 fn send_subscriptions(
     inner: &Inner,
-    tx: &mpsc::UnboundedSender<Request>,
+    tx: &mpsc::UnboundedSender<DiscoveryRequest>,
     node: &mut Option<Arc<Vec<u8>>>,
 ) {
     let mut types = lock(&inner.types);
-    for kind in Kind::ALL {
+    for kind in ResourceType::ALL {
         if let Some(req) = subscription(kind, &mut types[kind.index()], node) {
             let _ = tx.send(req);
         }
@@ -174,7 +174,11 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// A request for the type's names if they differ from those the stream was last sent; the
 /// new pending names' timers start.
-fn subscription(kind: Kind, t: &mut TypeState, node: &mut Option<Arc<Vec<u8>>>) -> Option<Request> {
+fn subscription(
+    kind: ResourceType,
+    t: &mut TypeState,
+    node: &mut Option<Arc<Vec<u8>>>,
+) -> Option<DiscoveryRequest> {
     let mut names: Vec<String> = t.entries.keys().cloned().collect();
     names.sort();
     if names == t.sent {
@@ -188,7 +192,7 @@ fn subscription(kind: Kind, t: &mut TypeState, node: &mut Option<Arc<Vec<u8>>>) 
     }
     t.sent = names.clone();
     report_resources(kind, t);
-    Some(Request {
+    Some(DiscoveryRequest {
         version_info: t.version.clone(),
         node: node.take(),
         resource_names: names,
@@ -213,7 +217,7 @@ fn next_expiry(inner: &Inner) -> Option<Instant> {
 fn expire(inner: &Inner) {
     let now = Instant::now();
     let mut types = lock(&inner.types);
-    for (kind, t) in Kind::ALL.iter().zip(types.iter_mut()) {
+    for (kind, t) in ResourceType::ALL.iter().zip(types.iter_mut()) {
         for (name, e) in t.entries.iter_mut() {
             if e.asked_at
                 .is_some_and(|at| at + DOES_NOT_EXIST_AFTER <= now)
@@ -230,8 +234,12 @@ fn expire(inner: &Inner) {
 }
 
 /// Takes a response in and returns its ACK or NACK.
-fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Option<Request> {
-    let Some(kind) = Kind::ALL
+fn apply(
+    inner: &Inner,
+    resp: DiscoveryResponse,
+    node: &mut Option<Arc<Vec<u8>>>,
+) -> Option<DiscoveryRequest> {
+    let Some(kind) = ResourceType::ALL
         .into_iter()
         .find(|k| k.type_url() == resp.type_url)
     else {
@@ -256,7 +264,7 @@ fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Opti
     let mut names: Vec<String> = t.entries.keys().cloned().collect();
     names.sort();
     t.sent = names.clone();
-    Some(Request {
+    Some(DiscoveryRequest {
         version_info: t.version.clone(),
         node: node.take(),
         resource_names: names,
@@ -271,7 +279,7 @@ fn apply(inner: &Inner, resp: Response, node: &mut Option<Arc<Vec<u8>>>) -> Opti
 /// version (A46); one with none says why to its watchers. Of a type whose responses list every
 /// resource (LDS, CDS), one watched and not listed was deleted.
 fn take_resources(
-    kind: Kind,
+    kind: ResourceType,
     t: &mut TypeState,
     resources: &[(String, bytes::Bytes)],
 ) -> (u64, Vec<String>) {
@@ -327,7 +335,7 @@ fn take_resources(
 }
 
 /// A78's gauge of the resources of a type the client holds, by state.
-fn report_resources(kind: Kind, t: &TypeState) {
+fn report_resources(kind: ResourceType, t: &TypeState) {
     let mut counts = [0usize; 4];
     for e in t.entries.values() {
         let i = match *e.tx.borrow() {
@@ -355,15 +363,15 @@ fn resource_name(bytes: &[u8]) -> Option<String> {
 }
 
 /// The stream's requests, as tonic takes a request stream.
-struct Outgoing(mpsc::UnboundedReceiver<Request>);
+struct Outgoing(mpsc::UnboundedReceiver<DiscoveryRequest>);
 
 impl futures_core::Stream for Outgoing {
-    type Item = Request;
+    type Item = DiscoveryRequest;
 
     fn poll_next(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Request>> {
+    ) -> Poll<Option<DiscoveryRequest>> {
         self.0.poll_recv(cx)
     }
 }
