@@ -36,19 +36,18 @@ pub(super) const MAX_SAME_INSTANCE_REPLAYS: u8 = 3;
 /// unseen by the caller, each time on another connection of the instance where there is one; a
 /// further refusal is left to the retry policy. gRFC A6 sends it again once; a server whose
 /// count of a connection's streams lags behind its client's (gRPC's C-core) refuses again on
-/// the same connection, and a second refusal on another one is no rarity under load: against
-/// a test server refusing 25-30% of the streams, one replay left 3% of the calls failed, three
-/// left 0.1% (`tests/suite/call_path.rs`). A refused stream costs its server nothing.
+/// the same connection, and a second refusal on another one is no rarity under load (what one
+/// and three replays leave failed: docs/design.md, "Connections per instance";
+/// `tests/suite/call_path.rs`). A refused stream costs its server nothing.
 pub(super) const MAX_REFUSED_REPLAYS: u8 = 3;
 
 /// A call with a deadline and no other attempt in flight whose stream was refused again (its
 /// second refusal and on) waits for room before it goes again: for a call on the refusing
 /// instance to end (or for none to be left on it), so that the server's count of its streams
 /// has caught up. It may be refused this many times in all, its deadline bounding the waits.
-/// Sent again at once each time, a C-core server that lagged behind its client under a busy
-/// machine refused the same call past [`MAX_REFUSED_REPLAYS`]: 38 of 2,763 calls failed in one
-/// run (`conformance::python::refused_streams_at_the_servers_limit_fail_at_most_one_call_in_a_hundred`,
-/// two processes spinning beside it).
+/// Sent again at once each time, a C-core server that lags behind its client on a busy machine
+/// refuses the same call past [`MAX_REFUSED_REPLAYS`] (docs/design.md, "Connections per
+/// instance"; `conformance::python::refused_streams_at_the_servers_limit_fail_at_most_one_call_in_a_hundred`).
 pub(super) const MAX_REFUSED_WAITED: u8 = 10;
 
 /// The least wait before a hedge looks again for an instance that no attempt of the call has

@@ -1,5 +1,10 @@
-//! The instruments' names, as in gRPC's metrics designs (A66, A78, A94, A91, A96) where one
-//! applies, under `tonic_balancer.` otherwise; and the label names.
+//! The instruments' names, as in gRPC's metrics designs where one applies, under
+//! `tonic_balancer.` otherwise; and the label names. The designs:
+//! [A66](https://github.com/grpc/proposal/blob/master/A66-otel-stats.md) (per call and attempt),
+//! [A78](https://github.com/grpc/proposal/blob/master/A78-grpc-metrics-wrr-pf-xds.md) (balancers and the xDS client),
+//! [A94](https://github.com/grpc/proposal/blob/master/A94-subchannel-otel-metrics.md) (subchannels),
+//! [A91](https://github.com/grpc/proposal/blob/master/A91-outlier-detection-metrics.md) (outlier detection),
+//! [A96](https://github.com/grpc/proposal/blob/master/A96-retry-otel-stats.md) (retries and hedges).
 
 /// Attempts started (A66), labels method and target.
 pub const ATTEMPT_STARTED: &str = "grpc.client.attempt.started";

@@ -1,5 +1,6 @@
 //! The observation of one call: its tracing span (`tonic_balancer.call`), its attempts counted
-//! in the channel's totals, and its metrics.
+//! in the channel's totals, and its metrics ([A66](https://github.com/grpc/proposal/blob/master/A66-otel-stats.md)'s per-call and
+//! per-attempt instruments).
 
 use std::sync::atomic::Ordering;
 

@@ -8,7 +8,9 @@
 //! READY if any instance is ready, else CONNECTING if any is connecting, else IDLE if any is
 //! idle, else TRANSIENT_FAILURE (none at all included). It is recomputed on the rare events
 //! that can move it (an instance's change of state, an idle instance's first call, a
-//! membership change, a discovery answer), never per call.
+//! membership change, a discovery answer), never per call. An ejected instance reads
+//! TRANSIENT_FAILURE as [A50](https://github.com/grpc/proposal/blob/master/A50-xds-outlier-detection.md) shows it to its balancer, an
+//! unhealthy one as [A17](https://github.com/grpc/proposal/blob/master/A17-client-side-health-checking.md) does.
 
 use crate::instance::{Instance, State};
 use crate::set::Set;

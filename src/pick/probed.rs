@@ -12,8 +12,9 @@
 //! then counts the call. An answer without a latency estimate (`latency_ms` 0: a server that
 //! measures none, or `OrcaLayer` before its first call) tells the instance's load but not its
 //! speed: it wins no comparison of latencies, and the strategy's choice of it stands while it
-//! is cold (ranked below every estimate and nothing more, such an instance got 15-17 of 400
-//! calls where 100 were its share, and its answer, never used, was never asked again). With fewer than two fresh answers, the strategy's choice stands.
+//! is cold (ranked below every estimate, such an instance was starved, and its answer, never
+//! used, was never asked again: docs/design.md, "Probes"). With fewer than two fresh answers,
+//! the strategy's choice stands.
 //! Then, per call, `per_call` probes on average go to instances drawn at random that are
 //! usable, not in the pool, and not known to refuse probes, while the pool has room.
 

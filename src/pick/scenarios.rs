@@ -358,8 +358,8 @@ async fn expensive_calls_are_shared_like_the_rest() {
 
 /// Slow start: an instance warming up (a 10 s window) takes a share of the calls that grows
 /// with its time in the window, from a twentieth of its fair share to all of it, among 4
-/// instances as among 20. (Taking part in a share of the picks alone gave it a share of all
-/// the calls: its fair share among 20 from the first second, three times it among 4.)
+/// instances as among 20 (why a tie it wins costs it 1/share turns: docs/design.md, "Decisions",
+/// slow start).
 #[tokio::test]
 async fn slow_start_ramps_an_instance_up_to_its_share() {
     let window = Duration::from_secs(10);

@@ -1,5 +1,6 @@
 //! The strategies a user chooses among ([`Strategy`]); each one's pick is a file of this
-//! module (see the module docs).
+//! module (see the module docs). Weighted round robin is gRPC's
+//! [A58](https://github.com/grpc/proposal/blob/master/A58-client-side-weighted-round-robin-lb-policy.md).
 
 /// How the channel chooses the instance for a call. All of them skip instances that are
 /// failing, ejected, unhealthy or draining.

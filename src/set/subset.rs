@@ -1,6 +1,7 @@
 //! Subsetting: each client connects to a few of the instances, chosen so that every instance
 //! gets about the same number of clients and a membership change moves at most about one
-//! instance in a client's subset ([`Builder::subset`](crate::Builder::subset)).
+//! instance in a client's subset ([`Builder::subset`](crate::Builder::subset)). gRPC's design
+//! of it: [A68](https://github.com/grpc/proposal/blob/master/A68-random-subsetting.md).
 //!
 //! # The algorithm: deterministic aperture on a ring
 //!

@@ -1,7 +1,7 @@
 //! One channel's way from its target's name to its instances: the Listener of the name, its
 //! route configuration (inline or by RDS), the virtual host of the name, the route that takes
 //! every call, its cluster, the cluster's endpoints; each step a watch on the shared ADS
-//! client, followed again whenever one of them changes.
+//! client, followed again whenever one of them changes ([A27](https://github.com/grpc/proposal/blob/master/A27-xds-global-load-balancing.md)).
 //!
 //! What the channel does with the answer:
 //! - the usable endpoints (HEALTHY or UNKNOWN) of the most preferred priority that has any

@@ -304,8 +304,8 @@ impl TieBreak {
     /// markedly slower than the rest), its slowness, at most [`MAX_WEIGHT`].
     ///
     /// Without a branch: whether an instance is gated follows no pattern the processor could
-    /// learn, and with the branch the pick over 50 busy instances took 120-129 ns against
-    /// 106-112 ns without (`benches/pick.rs`, three interleaved runs each).
+    /// learn, and a mispredicted branch per candidate costs the pick more than the select
+    /// (measured in docs/design.md, "Decisions").
     #[inline]
     pub(crate) fn weight(&self, now_ns: u64) -> u64 {
         let gated = self.recheck_at.load(Ordering::Relaxed) > now_ns;

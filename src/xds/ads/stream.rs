@@ -1,6 +1,9 @@
 //! The ADS stream of one client: opened, fed with the watched names, its responses taken in
 //! and answered (ACK or NACK), its pending resources timed, and opened again with gRPC's
-//! backoff when it ends, until the client is dropped.
+//! backoff when it ends, until the client is dropped
+//! ([A27](https://github.com/grpc/proposal/blob/master/A27-xds-global-load-balancing.md); NACKs as
+//! [A46](https://github.com/grpc/proposal/blob/master/A46-xds-nack-semantics-improvement.md), metrics as
+//! [A78](https://github.com/grpc/proposal/blob/master/A78-grpc-metrics-wrr-pf-xds.md)).
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
