@@ -5,7 +5,6 @@ pub use crate::pick::{
 pub use crate::set::strides_for;
 pub use crate::set::subset::{choose_by as subset_of, id_of as ring_id};
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// The probes' hot-cold choice (Prequal's rule, as a channel with probes makes it) among
@@ -127,9 +126,9 @@ impl BenchPicker {
         let gated = inst
             .tie
             .observe_gated(ns, 2e6, now, now, pool.ctx.gate, noise);
-        pool.ctx.gated_until.fetch_max(gated, Ordering::Relaxed);
+        pool.ctx.live.gate_until(gated);
         inst.set_latency(ns, now, true);
-        pool.ctx.clock.fetch_max(now, Ordering::Relaxed);
+        pool.ctx.live.advance_clock(now);
         inst.set_state(if usable {
             crate::State::Ready
         } else {

@@ -1,7 +1,6 @@
 //! The checks of the settings, and the wiring of the parts: the instances' shared context,
 //! the set, the call path's shared state, the observers and the background tasks.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -219,7 +218,7 @@ impl Builder {
         Context {
             epoch: Instant::now(),
             runtime,
-            clock: AtomicU64::new(0),
+            live: Default::default(),
             latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
             inv_latency_expiry: 1.0 / self.latency_expiry.as_nanos() as f64,
             latency_decay: self.latency_decay,
@@ -228,13 +227,9 @@ impl Builder {
             ordinary_codes: self.ejection.ordinary,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
             gate: self.strategy.gate_rule(),
-            gated_until: AtomicU64::new(0),
             probes: self.probes,
-            probes_sent: AtomicU64::new(0),
             backoff: self.backoff.clone(),
             discovery_wake: std::sync::OnceLock::new(),
-            ejected: AtomicUsize::new(0),
-            members: AtomicUsize::new(0),
             conns: self.conns,
             reports: crate::instance::load::ReportSettings::new(self.load_report_max_age, self.wrr),
             reports_fresh: Default::default(),

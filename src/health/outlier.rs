@@ -4,7 +4,6 @@
 //!
 //! Sources: [gRFC A50](https://github.com/grpc/proposal/blob/master/A50-xds-outlier-detection.md).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::instance::{Instance, State};
@@ -26,14 +25,9 @@ pub(crate) fn eject_check(health: &super::Health, inst: &Arc<Instance>, n: u32) 
 pub(crate) fn eject(health: &super::Health, inst: &Arc<Instance>, why: &'static str) -> bool {
     let cfg = &health.ejection;
     let policy = &inst.ctx;
-    let cap = cfg.cap(policy.members.load(Ordering::Relaxed));
+    let cap = cfg.cap(policy.live.members());
     // Reserve a slot under the cap first, so that concurrent ejections cannot exceed it.
-    let reserved = policy
-        .ejected
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
-            (e < cap).then_some(e + 1)
-        })
-        .is_ok();
+    let reserved = policy.live.reserve_ejection(cap);
     if !reserved {
         tracing::debug!(server.address = %inst.target.name, cap, "not ejected: ejection cap reached");
         crate::observe::ejection(&health.totals, inst, why, false);
@@ -42,7 +36,7 @@ pub(crate) fn eject(health: &super::Health, inst: &Arc<Instance>, why: &'static 
     if !inst.transition(State::Ready, State::Ejected)
         && !inst.transition(State::Connecting, State::Ejected)
     {
-        policy.ejected.fetch_sub(1, Ordering::AcqRel);
+        policy.live.ejection_over();
         return false;
     }
     let streak = inst.ejection.ejected();
@@ -90,17 +84,12 @@ pub(crate) fn resume_ejection(
         return false;
     }
     let cap = health.ejection.cap(members);
-    let reserved = policy
-        .ejected
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
-            (e < cap).then_some(e + 1)
-        })
-        .is_ok();
+    let reserved = policy.live.reserve_ejection(cap);
     if !reserved {
         return false;
     }
     if !inst.transition(State::Draining, State::Ejected) {
-        policy.ejected.fetch_sub(1, Ordering::AcqRel);
+        policy.live.ejection_over();
         return false;
     }
     let time = std::time::Duration::from_nanos(left);
@@ -123,7 +112,7 @@ fn readmit(inst: &Instance, id: u32) {
         return;
     }
     if inst.transition(State::Ejected, State::Ready) {
-        inst.ctx.ejected.fetch_sub(1, Ordering::AcqRel);
+        inst.ctx.live.ejection_over();
         inst.ejection.on_probation_again();
         inst.warm_up();
         tracing::info!(server.address = %inst.target.name, "instance readmitted on probation");

@@ -1,6 +1,6 @@
 //! What the instances of one channel share.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,9 +16,9 @@ pub(crate) struct Context {
     /// The runtime the channel was built in: its connections, timers and background tasks
     /// run there, whichever thread inserts an instance or drops a call.
     pub(crate) runtime: tokio::runtime::Handle,
-    /// A coarse clock for the pick, in nanoseconds since `epoch`: the time of the latest
-    /// latency sample of any instance. Reading it costs a load, not a clock call.
-    pub(crate) clock: AtomicU64,
+    /// The channel-wide values that move while it runs (the pick's clock, the gates' end, the
+    /// counts of members and ejections, probes sent), each written through its own method.
+    pub(crate) live: Live,
     /// A latency estimate older than this counts as unknown.
     pub(crate) latency_expiry_ns: u64,
     /// `1 / latency_expiry_ns`, so that the pick multiplies instead of dividing.
@@ -31,10 +31,6 @@ pub(crate) struct Context {
     pub(crate) slow_start_ns: u64,
     /// How long the tie-break gates a markedly slow instance for (`tie::GateRule`).
     pub(crate) gate: super::tie::GateRule,
-    /// Until when some instance may be gated (the latest gate's end, on the pick's clock):
-    /// after it, fewest then fastest weighs no call and scans the plain counts, as least
-    /// pending does.
-    pub(crate) gated_until: AtomicU64,
     /// Peak EWMA: the latency of an instance with no estimate yet.
     pub(crate) default_latency_ns: f64,
     /// The status codes the user named ordinary answers of the service
@@ -44,10 +40,6 @@ pub(crate) struct Context {
     pub(crate) backoff: Backoff,
     /// Wakes the discovery task, if there is one.
     pub(crate) discovery_wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
-    /// Instances ejected now.
-    pub(crate) ejected: AtomicUsize,
-    /// Instances in the set now (not draining).
-    pub(crate) members: AtomicUsize,
     /// Connections per instance.
     pub(crate) conns: super::conns::Limits,
     /// What the pick does with server-reported load.
@@ -58,8 +50,6 @@ pub(crate) struct Context {
     pub(crate) events: Arc<dyn Events>,
     /// Probes (`Builder::probes`), if the channel sends them.
     pub(crate) probes: Option<crate::probe::ProbeConfig>,
-    /// Probes sent so far.
-    pub(crate) probes_sent: AtomicU64,
 }
 
 impl Context {
@@ -76,6 +66,87 @@ impl Context {
     }
 }
 
+/// The channel-wide values that move while the channel runs: atomics, each written only
+/// through a method here, so that what may change them is in one place.
+#[derive(Debug, Default)]
+pub(crate) struct Live {
+    /// A coarse clock for the pick, in nanoseconds since the context's `epoch`: the time of
+    /// the latest latency sample or load report of any instance. Reading it costs a load, not
+    /// a clock call.
+    clock: AtomicU64,
+    /// Until when some instance may be gated (the latest gate's end, on the pick's clock):
+    /// after it, fewest then fastest weighs no call and scans the plain counts, as least
+    /// pending does.
+    gated_until: AtomicU64,
+    /// Instances ejected now.
+    ejected: AtomicUsize,
+    /// Instances in the set now (not draining).
+    members: AtomicUsize,
+    /// Probes sent so far.
+    probes_sent: AtomicU64,
+}
+
+impl Live {
+    /// The pick's coarse clock (see [`Live::advance_clock`]).
+    #[inline]
+    pub(crate) fn clock(&self) -> u64 {
+        self.clock.load(Ordering::Relaxed)
+    }
+
+    /// Moves the pick's clock on to `now_ns` (never back).
+    #[inline]
+    pub(crate) fn advance_clock(&self, now_ns: u64) {
+        self.clock.fetch_max(now_ns, Ordering::Relaxed);
+    }
+
+    /// Until when some instance may be gated, on the pick's clock.
+    #[inline]
+    pub(crate) fn gated_until(&self) -> u64 {
+        self.gated_until.load(Ordering::Relaxed)
+    }
+
+    /// Some instance is gated until `until` (the latest end is kept).
+    #[inline]
+    pub(crate) fn gate_until(&self, until: u64) {
+        self.gated_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Takes one of the ejections that `cap` allows at once; `false` when all are taken
+    /// (concurrent ejections cannot exceed it).
+    pub(crate) fn reserve_ejection(&self, cap: usize) -> bool {
+        self.ejected
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
+                (e < cap).then_some(e + 1)
+            })
+            .is_ok()
+    }
+
+    /// An ejection reserved with [`Live::reserve_ejection`] is over (or did not happen).
+    pub(crate) fn ejection_over(&self) {
+        self.ejected.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Instances in the set now (not draining).
+    pub(crate) fn members(&self) -> usize {
+        self.members.load(Ordering::Relaxed)
+    }
+
+    /// The set now has `n` members.
+    pub(crate) fn set_members(&self, n: usize) {
+        self.members.store(n, Ordering::Relaxed);
+    }
+
+    /// Probes sent so far.
+    pub(crate) fn probes_sent(&self) -> u64 {
+        self.probes_sent.load(Ordering::Relaxed)
+    }
+
+    /// One more probe sent.
+    pub(crate) fn probe_sent(&self) {
+        self.probes_sent.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 impl Context {
     /// A context with the builder's defaults and nothing observing, for tests of the layers
@@ -85,26 +156,22 @@ impl Context {
         Context {
             epoch: Instant::now(),
             runtime: tokio::runtime::Handle::current(),
-            clock: AtomicU64::new(0),
+            live: Live::default(),
             latency_expiry_ns: expiry.as_nanos() as u64,
             inv_latency_expiry: 1.0 / expiry.as_nanos() as f64,
             latency_decay: Duration::from_secs(1),
             methods: super::tie::Methods::new(),
             slow_start_ns: 0,
             gate: super::tie::GateRule::LEAST_PENDING,
-            gated_until: AtomicU64::new(0),
             default_latency_ns: 1_000_000.0,
             ordinary_codes: 0,
             backoff: Backoff::default(),
             discovery_wake: std::sync::OnceLock::new(),
-            ejected: AtomicUsize::new(0),
-            members: AtomicUsize::new(0),
             conns: Default::default(),
             reports: Default::default(),
             reports_fresh: Default::default(),
             events: Arc::new(Unobserved),
             probes: None,
-            probes_sent: AtomicU64::new(0),
         }
     }
 }

@@ -121,7 +121,7 @@ pub(crate) struct Reported {
     /// Weighted round robin's state (gRFC A58).
     pub(crate) wrr: EndpointWeight,
     /// The last report whole, for [`EndpointStats`](crate::EndpointStats).
-    pub(crate) last: ArcSwapOption<LoadReport>,
+    last: ArcSwapOption<LoadReport>,
     /// Signalled on every change of the instance's state, for its out-of-band reports.
     events: tokio::sync::watch::Sender<()>,
     /// How many times its connection was lost or re-added (states `Connecting` and `Failing`
@@ -159,6 +159,13 @@ impl Reported {
 
     pub(crate) fn reconnects(&self) -> u32 {
         self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// A report arrived at `now_ns`: weighted round robin's weight learns from it, and it is
+    /// the last one.
+    pub(crate) fn record(&self, report: LoadReport, now_ns: u64, settings: &ReportSettings) {
+        self.wrr.update(&report, now_ns, &settings.wrr);
+        self.last.store(Some(Arc::new(report)));
     }
 
     /// The last report, if any.

@@ -222,7 +222,7 @@ impl Instance {
         };
         self.drained_from.store(from as u8, Ordering::Release);
         if from == State::Ejected {
-            self.ctx.ejected.fetch_sub(1, Ordering::AcqRel);
+            self.ctx.live.ejection_over();
         }
         self.reported.state_changed(State::Draining);
         // Out of service: its weighted-round-robin weight must earn its blackout again.
@@ -257,7 +257,7 @@ impl Instance {
     pub(crate) fn warm_up(&self) {
         if self.ctx.slow_start_ns > 0 {
             let now = self.ctx.now_ns();
-            self.ctx.clock.fetch_max(now, Ordering::Relaxed);
+            self.ctx.live.advance_clock(now);
             self.warm_from.store(now.max(1), Ordering::Relaxed);
         }
     }
@@ -350,9 +350,9 @@ impl Instance {
             .tie
             .observe_gated(sample, reference, sent, now, rule, &ctx.methods.noise);
         if gated > 0 {
-            ctx.gated_until.fetch_max(gated, Ordering::Relaxed);
+            ctx.live.gate_until(gated);
         }
-        ctx.clock.fetch_max(now, Ordering::Relaxed);
+        ctx.live.advance_clock(now);
     }
 
     /// A failed answer to a call to `method` that took `elapsed`, taken at `at`: the tie-break

@@ -231,7 +231,7 @@ impl ChannelStats {
             discovery_lookups: load(&shared.lookups),
             discovery_failures: load(&shared.lookup_failures),
             discovery_error: error,
-            probes_sent: set.ctx.probes_sent.load(Ordering::Relaxed),
+            probes_sent: set.ctx.live.probes_sent(),
             unmatched_method_names: 0,
         }
     }

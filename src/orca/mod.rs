@@ -36,9 +36,6 @@
 //! [gRFC A51]: https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md
 //! [gRFC A58]: https://github.com/grpc/proposal/blob/master/A58-client-side-weighted-round-robin-lb-policy.md
 
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-
 #[cfg(feature = "orca")]
 mod handle;
 #[cfg(feature = "orca")]
@@ -118,7 +115,7 @@ fn take_report_slow(inst: &crate::instance::Instance, map: &mut http::HeaderMap)
     let policy = &inst.ctx;
     let now = policy.now_ns();
     // The pick's coarse clock moves on with every report.
-    policy.clock.fetch_max(now, Ordering::Relaxed);
+    policy.live.advance_clock(now);
     let own = inst.in_flight();
     tracing::trace!(server.address = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "load report");
     observe(inst, report, own, now);
@@ -158,8 +155,7 @@ fn keep(
         let others = (total.round() - own as f64).clamp(0.0, f64::from(u32::MAX)) as u64;
         fresh.note(others_now.set(others, now_ns, settings.max_age_ticks));
     }
-    reported.wrr.update(&report, now_ns, &settings.wrr);
-    reported.last.store(Some(Arc::new(report)));
+    reported.record(report, now_ns, settings);
 }
 
 #[cfg(test)]

@@ -219,9 +219,7 @@ async fn stream(
 fn take(inst: &Instance, report: LoadReport) {
     let policy = &inst.ctx;
     let now = policy.now_ns();
-    policy
-        .clock
-        .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    policy.live.advance_clock(now);
     let own = inst.in_flight();
     tracing::trace!(server.address = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "out-of-band load report");
     super::observe(inst, report, own, now);

@@ -123,7 +123,7 @@ fn pick_with(
     method: Method,
 ) -> Option<usize> {
     let policy = &picker.set.ctx;
-    let now = policy.clock.load(Ordering::Relaxed);
+    let now = policy.live.clock();
     // Calls in flight: this channel's, plus the other clients' as of a fresh load report.
     let tick = crate::instance::load::tick(now);
     let mut rng = Rng::thread();
@@ -186,8 +186,8 @@ fn fewest_first(
     let policy = &picker.set.ctx;
     let expensive = policy.methods.is_expensive(method);
     // While no instance is gated, fewest then fastest weighs no call: the plain scan.
-    let weighted = picker.strategy == Strategy::FewestThenFastest
-        && policy.gated_until.load(Ordering::Relaxed) > now;
+    let weighted =
+        picker.strategy == Strategy::FewestThenFastest && policy.live.gated_until() > now;
     // The common case, a first attempt without slow start: nothing to check but the
     // state, which the scan reads with the count (see `tight`).
     let quick = if !retry && slow == 0 {
@@ -320,7 +320,7 @@ fn recheck(i: &Instance, now: u64) {
         let usual = f64::from_bits(i.steady_ns.load(Ordering::Relaxed));
         let hold = (2.0 * usual).clamp(1e6, 1e10) as u64;
         let until = i.tie.recheck_sent(now, hold);
-        i.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
+        i.ctx.live.gate_until(until);
     }
 }
 
@@ -436,7 +436,7 @@ mod tests {
             inst.tie.answered_long_before(1);
         }
         ch.shared.ctx.methods.noise.settle_quiet();
-        ch.shared.ctx.clock.fetch_max(now, Ordering::Relaxed);
+        ch.shared.ctx.live.advance_clock(now);
         (ch, now)
     }
 
@@ -477,7 +477,7 @@ mod tests {
                     }
                     if gated {
                         let until = slow_answer(&pool.ctx, &snap[2], now);
-                        pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
+                        pool.ctx.live.gate_until(until);
                         assert!(until > now, "{case}: gated");
                     }
                     if reports {
@@ -519,8 +519,8 @@ mod tests {
             // `until`; then the clock reaches it (no instance gated any more).
             let until = slow_answer(&pool.ctx, &snap[0], now);
             assert!(until > now, "gated");
-            pool.ctx.gated_until.fetch_max(until, Ordering::Relaxed);
-            pool.ctx.clock.fetch_max(until, Ordering::Relaxed);
+            pool.ctx.live.gate_until(until);
+            pool.ctx.live.advance_clock(until);
             assert!(snap[0].tie.is_due_for_recheck(until));
             // Instance 1 has a call in flight: instance 0 wins either way.
             snap[1].standing.set_calls(1);

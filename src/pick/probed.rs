@@ -18,7 +18,6 @@
 //! Then, per call, `per_call` probes on average go to instances drawn at random that are
 //! usable, not in the pool, and not known to refuse probes, while the pool has room.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::Rng;
@@ -60,7 +59,7 @@ pub(crate) fn pick(
                     len += 1;
                 }
             }
-            None if record.probing.load(Ordering::Relaxed) => pooled += 1,
+            None if record.probing() => pooled += 1,
             None => {}
         }
     }
@@ -74,10 +73,7 @@ pub(crate) fn pick(
 pub(crate) fn pooled(snap: &[Arc<Instance>], config: &ProbeConfig, now_ns: u64) -> usize {
     let max_age = config.max_age.as_nanos() as u64;
     snap.iter()
-        .filter(|i| {
-            i.probe.probing.load(Ordering::Relaxed)
-                || i.probe.fresh(now_ns, max_age, config.reuse).is_some()
-        })
+        .filter(|i| i.probe.probing() || i.probe.fresh(now_ns, max_age, config.reuse).is_some())
         .count()
 }
 
@@ -133,7 +129,7 @@ pub(crate) fn send(snap: &[Arc<Instance>], config: &ProbeConfig, pooled: usize, 
         let inst = &snap[rng.below(snap.len())];
         let record = &inst.probe;
         if !inst.is_usable()
-            || record.unsupported.load(Ordering::Relaxed)
+            || record.unsupported()
             || record
                 .fresh(
                     inst.ctx.now_ns(),
@@ -141,15 +137,12 @@ pub(crate) fn send(snap: &[Arc<Instance>], config: &ProbeConfig, pooled: usize, 
                     config.reuse,
                 )
                 .is_some()
-            || record
-                .probing
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-                .is_err()
+            || !record.start_probe()
         {
             continue;
         }
         n -= 1;
-        inst.ctx.probes_sent.fetch_add(1, Ordering::Relaxed);
+        inst.ctx.live.probe_sent();
         spawn(inst, config.timeout);
     }
 }
@@ -165,7 +158,7 @@ fn spawn(inst: &Arc<Instance>, timeout: std::time::Duration) {
         match answer {
             Ok(a) => record.store(a, inst.ctx.now_ns()),
             Err(ProbeError::Unimplemented) => {
-                if !record.unsupported.swap(true, Ordering::Relaxed) {
+                if record.set_unsupported() {
                     tracing::info!(server.address = %inst.target.name, "instance does not answer probes (UNIMPLEMENTED): left to the strategy until it reconnects");
                 }
             }
@@ -173,7 +166,7 @@ fn spawn(inst: &Arc<Instance>, timeout: std::time::Duration) {
                 // Said once each time the instance falls silent (a timeout, UNAVAILABLE, an
                 // answer that does not decode): it is left to the strategy until a probe of it
                 // is answered.
-                if !record.silent.swap(true, Ordering::Relaxed) {
+                if record.set_silent() {
                     let why = match e {
                         ProbeError::Timeout => "no answer within the probe's timeout".to_owned(),
                         ProbeError::Other(status) => format!("{:?}: {}", status.code(), status.message()),
@@ -183,7 +176,7 @@ fn spawn(inst: &Arc<Instance>, timeout: std::time::Duration) {
                 }
             }
         }
-        record.probing.store(false, Ordering::Release);
+        record.probe_over();
     });
 }
 

@@ -164,11 +164,7 @@ impl Sim {
                 self.finish_next();
             }
             self.now = at;
-            self.picker
-                .set
-                .ctx
-                .clock
-                .fetch_max(at, std::sync::atomic::Ordering::Relaxed);
+            self.picker.set.ctx.live.advance_clock(at);
             self.start_with(UNARY, &mut took);
         }
         self.since(&before)

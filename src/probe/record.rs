@@ -16,12 +16,12 @@ pub(crate) struct Record {
     /// Calls picked by this answer.
     uses: AtomicU32,
     /// A probe is on its way.
-    pub(crate) probing: AtomicBool,
+    probing: AtomicBool,
     /// It answered UNIMPLEMENTED: not probed again until its connection is opened again.
-    pub(crate) unsupported: AtomicBool,
+    unsupported: AtomicBool,
     /// Its last probe got no answer (timed out, or failed): probed again, and meanwhile left
     /// to the strategy.
-    pub(crate) silent: AtomicBool,
+    silent: AtomicBool,
 }
 
 /// A fresh answer, as the pick compares it.
@@ -53,6 +53,40 @@ impl Record {
         self.uses.store(0, Ordering::Relaxed);
         self.at.store(now_ns.max(1), Ordering::Release);
         self.silent.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether a probe of the instance is on its way.
+    #[inline]
+    pub(crate) fn probing(&self) -> bool {
+        self.probing.load(Ordering::Relaxed)
+    }
+
+    /// Claims the instance's one probe on its way: `false` if one is already.
+    pub(crate) fn start_probe(&self) -> bool {
+        self.probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// The probe claimed with [`Record::start_probe`] is over (answered or not).
+    pub(crate) fn probe_over(&self) {
+        self.probing.store(false, Ordering::Release);
+    }
+
+    /// Whether the instance answered UNIMPLEMENTED.
+    #[inline]
+    pub(crate) fn unsupported(&self) -> bool {
+        self.unsupported.load(Ordering::Relaxed)
+    }
+
+    /// It answered UNIMPLEMENTED; `true` if that is news.
+    pub(crate) fn set_unsupported(&self) -> bool {
+        !self.unsupported.swap(true, Ordering::Relaxed)
+    }
+
+    /// Its probe got no answer; `true` if it had answered the one before (news).
+    pub(crate) fn set_silent(&self) -> bool {
+        !self.silent.swap(true, Ordering::Relaxed)
     }
 
     /// Whether the instance is left to the strategy: it does not answer probes (UNIMPLEMENTED,

@@ -102,7 +102,7 @@ impl Set {
     }
 
     fn publish(&self, next: Vec<Arc<Instance>>) {
-        self.ctx.members.store(next.len(), Ordering::Relaxed);
+        self.ctx.live.set_members(next.len());
         self.members.store(Arc::new(Members::new(next)));
     }
 
