@@ -133,9 +133,10 @@ pub fn dump(channel: &BalancedChannel) -> String {
         .iter()
         .map(|e| {
             format!(
-                "\n  {e} consecutive_failures={} latency={:?}",
+                "\n  {e} consecutive_failures={} latency={:?} slowness={:?}",
                 e.consecutive_failures(),
-                e.latency()
+                e.latency(),
+                e.slowness()
             )
         })
         .collect()
