@@ -1,35 +1,146 @@
-//! The decisions of a call: what the end of an attempt means for the call (its answer
-//! delivered, the attempt sent again unseen, a retry, a hedge, the call's end), and the plan's
-//! next attempt.
+//! A routed call ([`Routed`]): its attempts, polled, and what the end of each means for the
+//! call (its answer delivered, the attempt sent again unseen, a retry, a hedge, the call's
+//! end); the plan's next attempt is `next.rs`'s.
 //!
 //! Sources: [gRFC A6](https://github.com/grpc/proposal/blob/master/A6-client-retries.md).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use tokio::time::Sleep;
 use tonic::body::Body;
 use tonic::Code;
 use tower::BoxError;
 
 use super::attempt::{Attempt, Polled};
+use super::next::{self, Next};
 use super::outcome::{head_status, End};
-use super::plan::{Plan, MAX_REFUSED_WAITED, RECHECK};
+use super::plan::{Attempts, RetryState};
+use super::plan::{Plan, MAX_REFUSED_WAITED};
 use super::replay::Replay;
-use super::{CallResult, Phase, ResponseFuture};
+use super::CallResult;
 use crate::call::guard::GuardedBody;
 use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::instance::conns::UNCOUNTED;
 use crate::instance::events::AttemptKind;
 use crate::instance::Instance;
-use crate::pick::dispatch::{could_take, pick_now};
+use crate::observe::CallObs;
 use crate::pushback::Pushback;
 use crate::stats::ServedBy;
 
-impl ResponseFuture {
+/// A call routed to its first instance: its attempts, what it needs to make another, its
+/// deadline and its observation. The [`ResponseFuture`](super::ResponseFuture) drives it.
+pub(super) struct Routed {
+    attempts: Attempts,
+    /// What the call needs to make another attempt; `None` for a call that makes none
+    /// (transparent retry off, no policy).
+    again: Option<Box<RetryState>>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// The call's span and metrics (moved into the response body with the answer).
+    obs: CallObs,
+}
+
+impl Routed {
+    pub(super) fn new(
+        attempts: Attempts,
+        again: Option<Box<RetryState>>,
+        deadline: Option<Pin<Box<Sleep>>>,
+        obs: CallObs,
+    ) -> Routed {
+        Routed {
+            attempts,
+            again,
+            deadline,
+            obs,
+        }
+    }
+
+    /// A call with no attempt (yet): over before routing, or waiting to be routed.
+    pub(super) fn unrouted(deadline: Option<Pin<Box<Sleep>>>, obs: CallObs) -> Routed {
+        Routed::new(Attempts::none(), None, deadline, obs)
+    }
+
+    /// The call's span, if it is traced.
+    pub(super) fn span(&self) -> Option<&tracing::Span> {
+        self.obs.span()
+    }
+
+    /// Its attempts in flight.
+    pub(super) fn attempts(&self) -> usize {
+        self.attempts.len()
+    }
+
+    /// Whether the call's deadline has come (registering for it if not).
+    pub(super) fn deadline_came(&mut self, cx: &mut Context<'_>) -> bool {
+        self.deadline
+            .as_mut()
+            .is_some_and(|d| d.as_mut().poll(cx).is_ready())
+    }
+
+    /// What a call waiting to be routed keeps for its routing: its deadline and observation.
+    pub(super) fn take_for_routing(&mut self) -> (Option<Pin<Box<Sleep>>>, CallObs) {
+        (self.deadline.take(), std::mem::take(&mut self.obs))
+    }
+
+    fn replay(&self) -> Option<&Replay> {
+        self.again.as_deref().map(|a| &a.replay)
+    }
+
+    /// Polls the attempts and the plan's timer until the call has its answer or waits.
+    pub(super) fn drive(&mut self, cx: &mut Context<'_>) -> Poll<CallResult> {
+        loop {
+            let mut moved = false;
+            let mut i = 0;
+            while i < self.attempts.len() {
+                let replay = self.again.as_deref().map(|a| &a.replay);
+                match self.attempts.get_mut(i).poll(cx, replay) {
+                    Poll::Pending => i += 1,
+                    Poll::Ready(polled) => {
+                        if let Some(result) = self.ended(i, polled) {
+                            return Poll::Ready(result);
+                        }
+                        // Attempt `i` is another one now (or none): poll it too.
+                        moved = true;
+                    }
+                }
+            }
+            if let Some(again) = self.again.as_mut() {
+                if again
+                    .next
+                    .as_mut()
+                    .is_some_and(|n| n.fired(cx) || n.hedge_now || n.hedge_waits)
+                {
+                    match self.next_attempt(cx) {
+                        NextAttempt::Sent => moved = true,
+                        NextAttempt::Waits => {}
+                        NextAttempt::Over(result) => return Poll::Ready(result),
+                    }
+                }
+            }
+            // Wait-for-ready: an instance may be usable now.
+            let parked = self.again.as_mut().and_then(|a| a.parked.as_mut());
+            if parked.is_some_and(|p| p.ready(cx)) {
+                match self.resume(cx) {
+                    NextAttempt::Sent => moved = true,
+                    NextAttempt::Waits => {}
+                    NextAttempt::Over(result) => return Poll::Ready(result),
+                }
+            }
+            if self.attempts.is_empty() && !self.again.as_ref().is_some_and(|a| a.waiting()) {
+                return Poll::Ready(self.last_word());
+            }
+            if !moved {
+                return Poll::Pending;
+            }
+        }
+    }
+
     /// Attempt `i` ended: what that says, and what the call does next. `Some`: the call's
     /// answer.
     #[inline(always)]
-    pub(super) fn ended(&mut self, i: usize, polled: Polled) -> Option<CallResult> {
+    fn ended(&mut self, i: usize, polled: Polled) -> Option<CallResult> {
         match polled {
             Polled::Head(resp) => self.answered(i, resp),
             Polled::Failed(e) => {
@@ -295,194 +406,38 @@ impl ResponseFuture {
         true
     }
 
-    /// The plan's next attempt: a retry after its backoff, or a hedge.
-    pub(super) fn next_attempt(&mut self, cx: &mut Context<'_>) -> NextAttempt {
-        match self.again.as_ref().expect("a plan").plan {
-            Plan::Hedge => self.hedge(cx),
-            Plan::Retry => self.retry(),
-            Plan::Replay => NextAttempt::Waits,
-        }
-    }
-
-    /// The hedging policy's next attempt, if it can go now.
-    fn hedge(&mut self, cx: &mut Context<'_>) -> NextAttempt {
+    /// The plan's next attempt, its timer fired (or a hedge asked for at once): it joins the
+    /// attempts in flight, or the call waits, or it ends.
+    fn next_attempt(&mut self, cx: &mut Context<'_>) -> NextAttempt {
         let again = self.again.as_mut().expect("a plan");
-        let next = again.next.as_mut().expect("a hedged call's state");
-        let policy = next.hedging.clone().expect("a hedged call's policy");
-        next.hedge_now = false;
-        next.hedge_waits = false;
-        if next.stopped || next.made >= policy.max_attempts {
-            next.armed = false;
-            return NextAttempt::Waits;
-        }
-        // The attempts so far, before this hedge.
-        let previous = next.made;
-        let Some(time_left) = again.time_left() else {
-            return NextAttempt::Waits;
-        };
-        let busy = !self.attempts.is_empty();
-        if !could_take(&again.shared.picker, &again.tried) {
-            // Every usable instance has been tried: one may come back (readmitted, added)
-            // while the attempts in flight go on.
-            if busy {
-                again.arm(policy.delay.max(RECHECK));
-            }
-            return NextAttempt::Waits;
-        }
-        let Some((mut req, id)) = again.hedge_request(time_left, previous, busy, cx) else {
-            return NextAttempt::Waits;
-        };
-        if again.budget().is_some_and(|b| !b.withdraw()) {
-            tracing::debug!("retry budget spent: no further hedge");
-            crate::observe::budget_exhausted(&again.shared.totals);
-            again.stop();
-            return NextAttempt::Waits;
-        }
-        let (snap, picked) = pick_now(&again.shared.picker, &again.tried, again.method);
-        let Some(idx) = picked else {
-            // The set changed since the look above: the hedge did not go out.
-            if let Some(budget) = again.budget() {
-                budget.refund();
-            }
-            again.arm(policy.delay.max(RECHECK));
-            return NextAttempt::Waits;
-        };
-        let inst = snap[idx].clone();
-        again.tried(&inst);
-        again.arm(policy.delay);
-        let made = {
-            let next = again.next();
-            next.made += 1;
-            next.made
-        };
-        tracing::debug!(server.address = %inst.target.name, attempt = made, "hedged attempt sent");
-        let method = again.method;
-        let obs = self
-            .obs
-            .attempt(&again.shared.totals, &inst, AttemptKind::Hedge);
-        obs.count_sent(&mut req);
-        let watch = again.shared.replay;
-        let mut hedge = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
-        hedge.previous = previous;
-        self.attempts.push(hedge);
-        NextAttempt::Sent
-    }
-
-    /// The retry policy's next attempt, its backoff over.
-    fn retry(&mut self) -> NextAttempt {
-        let again = self.again.as_mut().expect("a plan");
-        // `made` counts this retry already.
-        let previous = again.next().made - 1;
-        // The budget's token, taken as the retry goes out (given back if it does not).
-        let shared = again.shared.clone();
-        let budget = shared
-            .budget
-            .as_ref()
-            .filter(|b| again.budgeted() || b.is_throttle());
-        if budget.is_some_and(|b| !b.take()) {
-            tracing::debug!("retry budget spent: not retrying");
-            crate::observe::budget_exhausted(&shared.totals);
-            return NextAttempt::Over(self.last_word());
-        }
-        let inst = again.retry_pick();
-        if inst.is_none() && again.wait_for_ready() && again.replay.replayable() {
-            // Wait-for-ready: the retry waits for a usable instance.
-            if let Some(budget) = budget {
-                budget.refund();
-            }
-            again.park(AttemptKind::Retry, previous);
-            return NextAttempt::Waits;
-        }
-        let sent = again.time_left().and_then(|time_left| {
-            let (req, id) = again.replay.request(time_left, previous)?;
-            Some((inst?, req, id))
-        });
-        let Some((inst, mut req, id)) = sent else {
-            // The set changed while the call waited: the caller gets the last answer as it was.
-            if let Some(budget) = budget {
-                budget.refund();
-            }
-            return NextAttempt::Over(self.last_word());
-        };
-        tracing::debug!(server.address = %inst.target.name, attempt = again.next().made, "call retried");
-        let method = again.method;
-        let watch = again.shared.replay;
-        let obs = self
-            .obs
-            .attempt(&again.shared.totals, &inst, AttemptKind::Retry);
-        obs.count_sent(&mut req);
-        let mut retry = Attempt::start(&inst, method, req, id, watch, UNCOUNTED, obs);
-        retry.previous = previous;
-        self.attempts.push(retry);
-        NextAttempt::Sent
+        let next = next::attempt(again, &mut self.attempts, &mut self.obs, cx);
+        self.take(next)
     }
 
     /// Wait-for-ready, or room on an instance that refused the call's stream: an instance may
-    /// take it now. The parked attempt goes to one (a retry through the retry policy), or the
-    /// call waits again.
-    pub(super) fn resume(&mut self, cx: &mut Context<'_>) -> NextAttempt {
+    /// take the parked attempt now.
+    fn resume(&mut self, cx: &mut Context<'_>) -> NextAttempt {
         let again = self.again.as_mut().expect("a plan");
-        let Some(parked) = again.parked.take() else {
-            return NextAttempt::Waits;
-        };
-        let made = match parked.kind {
-            AttemptKind::Retry => self.retry(),
-            _ => self.send_unseen(parked.previous),
-        };
-        let again = self.again.as_mut().expect("a plan");
-        if again.parked.as_ref().is_some_and(|p| !p.notified()) {
-            // An instance is usable, but the pick just found none (the set changed between the
-            // two looks): look again at the next poll.
-            cx.waker().wake_by_ref();
-        }
-        made
+        let next = next::resume(again, &mut self.attempts, &mut self.obs, cx);
+        self.take(next)
     }
 
-    /// Sends the parked call again, unseen by the caller, to a usable instance (the request
-    /// whole, with `previous` attempts before it); with none, a wait-for-ready call parks again
-    /// and any other is over.
-    fn send_unseen(&mut self, previous: u32) -> NextAttempt {
-        let again = self.again.as_mut().expect("a plan");
-        let Some(time_left) = again.time_left() else {
-            // The deadline ends the call.
-            again.park(AttemptKind::Transparent, previous);
-            return NextAttempt::Waits;
-        };
-        let (snap, picked) = pick_now(&again.shared.picker, &[], again.method);
-        let Some(idx) = picked else {
-            if !again.wait_for_ready() {
-                // Waited for room on an instance that left service meanwhile.
-                return NextAttempt::Over(self.last_word());
-            }
-            again.park(AttemptKind::Transparent, previous);
-            return NextAttempt::Waits;
-        };
-        let Some((mut req, id)) = again.replay.request(time_left, previous) else {
-            return NextAttempt::Over(self.last_word());
-        };
-        let inst = snap[idx].clone();
-        if again.plan == Plan::Hedge {
-            again.tried(&inst);
+    /// What the plan's next attempt came to, for the call.
+    fn take(&mut self, next: Next) -> NextAttempt {
+        match next {
+            Next::Sent => NextAttempt::Sent,
+            Next::Waits => NextAttempt::Waits,
+            Next::Ends => NextAttempt::Over(self.last_word()),
         }
-        tracing::debug!(server.address = %inst.target.name, "call sent again: an instance is usable (wait-for-ready)");
-        let obs = self
-            .obs
-            .attempt(&again.shared.totals, &inst, AttemptKind::Transparent);
-        obs.count_sent(&mut req);
-        let mut attempt = Attempt::start(&inst, again.method, req, id, true, UNCOUNTED, obs);
-        attempt.previous = previous;
-        self.attempts.push(attempt);
-        NextAttempt::Sent
     }
 
     /// The attempts are over and no other will be made: the last answer, as it was.
-    pub(super) fn last_word(&mut self) -> CallResult {
+    fn last_word(&mut self) -> CallResult {
         let last = self
             .again
             .as_mut()
             .and_then(|a| a.next.as_mut())
             .and_then(|n| n.last.take());
-        self.phase = Phase::Over(None);
         let result = last.unwrap_or_else(|| {
             Err(no_usable_instance("tonic-balancer: no instance left to send the call to").into())
         });
@@ -513,7 +468,6 @@ impl ResponseFuture {
         self.attempts.clear();
         self.obs.deliver(obs);
         let deadline = self.deadline.take();
-        self.phase = Phase::Over(None);
         let obs = std::mem::take(&mut self.obs);
         Ok(resp.map(|body| {
             let body = GuardedBody::new(body, guard, deadline, obs);
@@ -533,7 +487,6 @@ impl ResponseFuture {
             }
         }
         self.attempts.clear();
-        self.phase = Phase::Over(None);
         self.obs.finish(crate::observe::code_of(&*error));
         Err(error)
     }
@@ -565,7 +518,7 @@ impl ResponseFuture {
 
     /// The call's deadline passed before its answer: each attempt is over, with what that
     /// says of its instance.
-    pub(super) fn deadline_passed(&mut self) -> CallResult {
+    fn deadline_passed(&mut self) -> CallResult {
         let deadline_at = self.deadline_at();
         let replay = self.again.as_deref().map(|a| &a.replay);
         while !self.attempts.is_empty() {
@@ -591,8 +544,8 @@ fn timed_out(resp: &http::Response<Body>) -> bool {
     )
 }
 
-/// What the plan's next attempt came to.
-pub(super) enum NextAttempt {
+/// What the plan's next attempt came to, for the call.
+enum NextAttempt {
     /// An attempt was sent.
     Sent,
     /// None now: the call waits (for its timer, the attempts in flight, or the request).

@@ -27,6 +27,7 @@ mod attempt;
 mod decide;
 pub(crate) mod guard;
 mod limits;
+mod next;
 mod outcome;
 mod plan;
 mod ready;
@@ -42,7 +43,7 @@ use tokio::time::Sleep;
 use tonic::body::Body;
 
 use self::attempt::Attempt;
-use self::decide::NextAttempt;
+use self::decide::Routed;
 use self::plan::{Attempts, Plan, RetryState};
 use self::replay::Replay;
 use self::shared::Shared;
@@ -59,13 +60,7 @@ pub(crate) use crate::observe::CallResult;
 
 /// The future of one call through a [`BalancedChannel`](crate::BalancedChannel).
 pub struct ResponseFuture {
-    attempts: Attempts,
-    /// What the call needs to make another attempt; `None` for a call that makes none
-    /// (transparent retry off, no policy).
-    again: Option<Box<RetryState>>,
-    deadline: Option<Pin<Box<Sleep>>>,
-    /// The call's span and metrics (moved into the response body with the answer).
-    obs: CallObs,
+    call: Routed,
     phase: Phase,
 }
 
@@ -91,7 +86,7 @@ struct WaitingCall {
 impl std::fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("attempts", &self.attempts.len())
+            .field("attempts", &self.call.attempts())
             .finish_non_exhaustive()
     }
 }
@@ -130,65 +125,15 @@ impl ResponseFuture {
 
     fn over(status: tonic::Status, obs: CallObs) -> ResponseFuture {
         ResponseFuture {
-            attempts: Attempts::none(),
-            again: None,
-            deadline: None,
-            obs,
+            call: Routed::unrouted(None, obs),
             phase: Phase::Over(Some(status)),
         }
     }
 
-    fn replay(&self) -> Option<&Replay> {
-        self.again.as_deref().map(|a| &a.replay)
-    }
-
-    /// Polls the attempts and the plan's timer until the call has its answer or waits.
-    fn drive(&mut self, cx: &mut Context<'_>) -> Poll<CallResult> {
-        loop {
-            let mut moved = false;
-            let mut i = 0;
-            while i < self.attempts.len() {
-                let replay = self.again.as_deref().map(|a| &a.replay);
-                match self.attempts.get_mut(i).poll(cx, replay) {
-                    Poll::Pending => i += 1,
-                    Poll::Ready(polled) => {
-                        if let Some(result) = self.ended(i, polled) {
-                            return Poll::Ready(result);
-                        }
-                        // Attempt `i` is another one now (or none): poll it too.
-                        moved = true;
-                    }
-                }
-            }
-            if let Some(again) = self.again.as_mut() {
-                if again
-                    .next
-                    .as_mut()
-                    .is_some_and(|n| n.fired(cx) || n.hedge_now || n.hedge_waits)
-                {
-                    match self.next_attempt(cx) {
-                        NextAttempt::Sent => moved = true,
-                        NextAttempt::Waits => {}
-                        NextAttempt::Over(result) => return Poll::Ready(result),
-                    }
-                }
-            }
-            // Wait-for-ready: an instance may be usable now.
-            let parked = self.again.as_mut().and_then(|a| a.parked.as_mut());
-            if parked.is_some_and(|p| p.ready(cx)) {
-                match self.resume(cx) {
-                    NextAttempt::Sent => moved = true,
-                    NextAttempt::Waits => {}
-                    NextAttempt::Over(result) => return Poll::Ready(result),
-                }
-            }
-            if self.attempts.is_empty() && !self.again.as_ref().is_some_and(|a| a.waiting()) {
-                return Poll::Ready(self.last_word());
-            }
-            if !moved {
-                return Poll::Pending;
-            }
-        }
+    /// The call's result, once it has one: the future is over.
+    fn ended(&mut self, result: CallResult) -> Poll<CallResult> {
+        self.phase = Phase::Over(None);
+        Poll::Ready(result)
     }
 }
 
@@ -236,11 +181,9 @@ fn route_to(
         let mut req = req;
         let a = obs.attempt(&shared.totals, inst, AttemptKind::First);
         a.count_sent(&mut req);
+        let attempt = Attempt::start(inst, method, req, 0, false, UNCOUNTED, a);
         return ResponseFuture {
-            attempts: Attempts::one(Attempt::start(inst, method, req, 0, false, UNCOUNTED, a)),
-            again: None,
-            deadline,
-            obs,
+            call: Routed::new(Attempts::one(attempt), None, deadline, obs),
             phase: Phase::Running,
         };
     };
@@ -271,10 +214,7 @@ fn route_to(
         again.start_hedging(hedging, inst);
     }
     ResponseFuture {
-        attempts,
-        again: Some(again),
-        deadline,
-        obs,
+        call: Routed::new(attempts, Some(again), deadline, obs),
         phase: Phase::Running,
     }
 }
@@ -327,10 +267,7 @@ fn held(
     wait: Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> ResponseFuture {
     ResponseFuture {
-        attempts: Attempts::none(),
-        again: None,
-        deadline,
-        obs,
+        call: Routed::unrouted(deadline, obs),
         phase: Phase::Waiting(Box::new(WaitingCall {
             wait,
             req: Some(req),
@@ -344,7 +281,7 @@ impl Future for ResponseFuture {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let _in_span = this.obs.span().map(|s| s.clone().entered());
+        let _in_span = this.call.span().map(|s| s.clone().entered());
         match &mut this.phase {
             Phase::Running => {}
             Phase::Over(status) => {
@@ -355,25 +292,26 @@ impl Future for ResponseFuture {
             }
             Phase::Waiting(d) => {
                 let WaitingCall { wait, req, shared } = &mut **d;
-                if let Some(deadline) = this.deadline.as_mut() {
-                    if deadline.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(this.end_with(deadline_exceeded().into()));
-                    }
+                if this.call.deadline_came(cx) {
+                    let result = this.call.end_with(deadline_exceeded().into());
+                    return this.ended(result);
                 }
                 if wait.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
                 let (shared, req) = (shared.clone(), req.take().expect("routed once"));
-                let obs = std::mem::take(&mut this.obs);
-                *this = route(&shared, req, this.deadline.take(), obs);
+                let (deadline, obs) = this.call.take_for_routing();
+                *this = route(&shared, req, deadline, obs);
                 return Pin::new(this).poll(cx);
             }
         }
-        if let Some(deadline) = this.deadline.as_mut() {
-            if deadline.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(this.at_deadline(cx));
-            }
+        if this.call.deadline_came(cx) {
+            let result = this.call.at_deadline(cx);
+            return this.ended(result);
         }
-        this.drive(cx)
+        match this.call.drive(cx) {
+            Poll::Ready(result) => this.ended(result),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
