@@ -15,6 +15,8 @@ pub(crate) mod dispatch;
 #[cfg(test)]
 mod fastest_scenarios;
 pub(crate) mod least_pending;
+#[cfg(test)]
+mod many_clients_scenarios;
 pub(crate) mod probed;
 #[cfg(test)]
 mod scenarios;

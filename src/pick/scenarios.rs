@@ -18,7 +18,7 @@ use crate::target::Target;
 use crate::Strategy;
 
 const MS: Duration = Duration::from_millis(1);
-const UNARY: &str = "/fleet.Fleet/Unary";
+pub(super) const UNARY: &str = "/fleet.Fleet/Unary";
 const STREAM: &str = "/fleet.Fleet/ClientStream";
 
 /// A call on its way: it ends at `end` (nanoseconds on the virtual clock).
@@ -80,7 +80,7 @@ impl Sim {
 
     /// As [`start`](Self::start), `took` told the instance picked and its calls in flight then
     /// (this one not counted).
-    fn start_with(
+    pub(super) fn start_with(
         &mut self,
         method: &str,
         took: impl FnOnce(&mut Sim, usize, usize) -> Duration,
@@ -159,15 +159,20 @@ impl Sim {
         let gap = (1e9 / rate) as u64;
         let calls = (rate * secs) as u64;
         for _ in 0..calls {
-            let at = self.now + gap;
-            while self.pending.iter().any(|p| p.end <= at) {
-                self.finish_next();
-            }
-            self.now = at;
-            self.picker.set.ctx.live.advance_clock(at);
+            self.advance_to(self.now + gap);
             self.start_with(UNARY, &mut took);
         }
         self.since(&before)
+    }
+
+    /// The clock moves on to `at`: the answers that fall due meanwhile arrive in order, and the
+    /// pick's clock moves with it.
+    pub(super) fn advance_to(&mut self, at: u64) {
+        while self.pending.iter().any(|p| p.end <= at) {
+            self.finish_next();
+        }
+        self.now = at;
+        self.picker.set.ctx.live.advance_clock(at);
     }
 
     pub(super) fn since(&self, before: &[u64]) -> Vec<u64> {

@@ -88,6 +88,10 @@ pub(crate) const GATE_FACTOR: f64 = 4.0;
 pub(crate) const MAX_GATE: f64 = 10e9;
 /// ...or until the others have taken this many turns (doubled likewise), if that comes first.
 pub(crate) const GATE_TURNS: u64 = 32;
+/// The most turns an instance's first answer charges the turn its call was won at (see
+/// `TieBreak::learn`): half the longest stride, since a first answer is the least sure sign
+/// (a new connection, a cold server, a client busy at that moment).
+const FIRST_CHARGE_TURNS: u64 = 4;
 /// A failed answer counts in the tie-break as an answer this many times its method's reference
 /// (unless it was slower): a slow answer, past [`GATE_AT`], so that an instance that fails at
 /// once, whose calls end sooner than anyone's, does not win the ties as the idlest and fastest:
@@ -522,7 +526,20 @@ impl TieBreak {
         self.slowness.store((s as f32).to_bits(), Ordering::Relaxed);
         let weight = s.clamp(1.0, f64::from(MAX_WEIGHT)) * WEIGHT_ONE as f64;
         self.weight.store(weight as u32, Ordering::Relaxed);
+        let before = self.stride();
         self.store_stride(s);
+        // The first answer's stride charges the turn that call was won at, too (at most
+        // FIRST_CHARGE_TURNS more): that turn was won at one turn's stride, slowness unknown,
+        // and without this an instance is handed its second call as soon as the others have
+        // had one each, however slow its first answer was (with many clients starting
+        // together, every client's second call to a slow instance within the same second:
+        // docs/design.md, "Many clients starting together"). Later answers' strides apply from
+        // the next turn on, as the gates expect.
+        let after = self.stride();
+        if prev <= 0.0 && after > before {
+            let charge = (after - before).min(FIRST_CHARGE_TURNS * UNIT);
+            self.pass.fetch_add(charge, Ordering::Relaxed);
+        }
         prev
     }
 
