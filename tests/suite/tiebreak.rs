@@ -45,8 +45,12 @@ fn since(fleet: &Fleet, before: &[u64]) -> Vec<u64> {
 /// gets at least half its fair share.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cold_start_does_not_shut_an_instance_out() {
-    let fleet = Fleet::start(5, Behavior::Delay(10 * MS));
-    fleet.instances[0].cold_start(3, 100 * MS, 10 * MS);
+    let fleet = LocalFleet::start(5, Behavior::Delay(10 * MS)).await;
+    fleet.instances[0].set(Behavior::ColdStart {
+        calls: 3,
+        cold: 100 * MS,
+        warm: 10 * MS,
+    });
     let ch = least_pending(fleet.uris());
     let mut client = FleetClient::new(ch.clone());
     const CALLS: u64 = 150;
@@ -70,13 +74,14 @@ async fn a_cold_start_does_not_shut_an_instance_out() {
 /// same method.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expensive_method_does_not_make_an_instance_look_slow() {
-    let fleet = Fleet::start(
+    let fleet = LocalFleet::start(
         4,
         Behavior::MethodCost {
             other: 10 * MS,
             client_stream: 80 * MS,
         },
-    );
+    )
+    .await;
     let ch = least_pending(fleet.uris());
     let mut client = FleetClient::new(ch.clone());
     const CALLS: u64 = 200;
