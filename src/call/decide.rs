@@ -113,9 +113,9 @@ impl Routed {
                     .is_some_and(|n| n.fired(cx) || n.hedge_now || n.hedge_waits)
                 {
                     match self.next_attempt(cx) {
-                        NextAttempt::Sent => moved = true,
-                        NextAttempt::Waits => {}
-                        NextAttempt::Over(result) => return Poll::Ready(result),
+                        Next::Sent => moved = true,
+                        Next::Waits => {}
+                        Next::Ends => return Poll::Ready(self.last_word()),
                     }
                 }
             }
@@ -123,9 +123,9 @@ impl Routed {
             let parked = self.again.as_mut().and_then(|a| a.parked.as_mut());
             if parked.is_some_and(|p| p.ready(cx)) {
                 match self.resume(cx) {
-                    NextAttempt::Sent => moved = true,
-                    NextAttempt::Waits => {}
-                    NextAttempt::Over(result) => return Poll::Ready(result),
+                    Next::Sent => moved = true,
+                    Next::Waits => {}
+                    Next::Ends => return Poll::Ready(self.last_word()),
                 }
             }
             if self.attempts.is_empty() && !self.again.as_ref().is_some_and(|a| a.waiting()) {
@@ -407,28 +407,18 @@ impl Routed {
     }
 
     /// The plan's next attempt, its timer fired (or a hedge asked for at once): it joins the
-    /// attempts in flight, or the call waits, or it ends.
-    fn next_attempt(&mut self, cx: &mut Context<'_>) -> NextAttempt {
+    /// attempts in flight, or the call waits, or it ends ([`Next::Ends`]: with
+    /// [`last_word`](Self::last_word)).
+    fn next_attempt(&mut self, cx: &mut Context<'_>) -> Next {
         let again = self.again.as_mut().expect("a plan");
-        let next = next::attempt(again, &mut self.attempts, &mut self.obs, cx);
-        self.take(next)
+        next::attempt(again, &mut self.attempts, &mut self.obs, cx)
     }
 
     /// Wait-for-ready, or room on an instance that refused the call's stream: an instance may
     /// take the parked attempt now.
-    fn resume(&mut self, cx: &mut Context<'_>) -> NextAttempt {
+    fn resume(&mut self, cx: &mut Context<'_>) -> Next {
         let again = self.again.as_mut().expect("a plan");
-        let next = next::resume(again, &mut self.attempts, &mut self.obs, cx);
-        self.take(next)
-    }
-
-    /// What the plan's next attempt came to, for the call.
-    fn take(&mut self, next: Next) -> NextAttempt {
-        match next {
-            Next::Sent => NextAttempt::Sent,
-            Next::Waits => NextAttempt::Waits,
-            Next::Ends => NextAttempt::Over(self.last_word()),
-        }
+        next::resume(again, &mut self.attempts, &mut self.obs, cx)
     }
 
     /// The attempts are over and no other will be made: the last answer, as it was.
@@ -542,14 +532,4 @@ fn timed_out(resp: &http::Response<Body>) -> bool {
         head_status(resp),
         Some((Code::DeadlineExceeded | Code::Cancelled, _))
     )
-}
-
-/// What the plan's next attempt came to, for the call.
-enum NextAttempt {
-    /// An attempt was sent.
-    Sent,
-    /// None now: the call waits (for its timer, the attempts in flight, or the request).
-    Waits,
-    /// The call is over with this.
-    Over(CallResult),
 }

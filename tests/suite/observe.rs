@@ -443,30 +443,25 @@ async fn a_policy_that_names_no_call_is_said_once() {
     );
     assert_eq!(ch.stats().unmatched_method_names(), 1);
     // Named as the calls' paths are, the policy matches them.
-    let ch = BalancedChannel::builder()
-        .uris(fleet.uris())
-        .retry(RetryPolicy::new(["fleet.v1.Fleet/Unary"]))
-        .build()
-        .unwrap();
-    FleetClient::new(ch.clone())
-        .unary(fleet::req(1))
-        .await
-        .unwrap();
-    assert_eq!(ch.stats().unmatched_method_names(), 0);
+    let b = BalancedChannel::builder().retry(RetryPolicy::new(["fleet.v1.Fleet/Unary"]));
+    assert_eq!(unmatched_after_one_call(b, &fleet).await, 0);
     // A hedging policy's names alike: a misspelt service matches no call, the right one does.
-    let ch = BalancedChannel::builder()
-        .uris(fleet.uris())
-        .hedging(tonic_balancer::HedgingPolicy::new(
-            ["fleet.v1.Flete", "fleet.v1.Fleet"],
-            Duration::from_secs(1),
-        ))
-        .build()
-        .unwrap();
+    let b = BalancedChannel::builder().hedging(tonic_balancer::HedgingPolicy::new(
+        ["fleet.v1.Flete", "fleet.v1.Fleet"],
+        Duration::from_secs(1),
+    ));
+    assert_eq!(unmatched_after_one_call(b, &fleet).await, 1);
+}
+
+/// The names no call matched, of a channel built by `builder` over `fleet`, after one unary
+/// call.
+async fn unmatched_after_one_call(builder: tonic_balancer::Builder, fleet: &Fleet) -> u64 {
+    let ch = builder.uris(fleet.uris()).build().unwrap();
     FleetClient::new(ch.clone())
         .unary(fleet::req(1))
         .await
         .unwrap();
-    assert_eq!(ch.stats().unmatched_method_names(), 1);
+    ch.stats().unmatched_method_names()
 }
 
 /// Method names pinned for the metrics' labels that no call has (`Unary` alone, a service of

@@ -328,8 +328,9 @@ mod orca {
 
     /// Three instances whose probe answers carry the latency their servers measured (2 ms,
     /// from another client's calls) and one whose answers carry none: round robin with probes
-    /// gives it at least half its fair share of 400 calls ("no estimate" counts as the others'
-    /// median; ranked below every estimate, it got 15-17).
+    /// gives it at least half its fair share of 400 calls (an answer without an estimate leaves
+    /// the strategy's choice standing while it is cold; ranked below every estimate, it got none
+    /// in three runs).
     #[tokio::test]
     async fn an_instance_answering_without_an_estimate_keeps_its_share() {
         let fleet: Vec<(Instance, OrcaHandle)> = (0..3)
