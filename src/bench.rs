@@ -67,7 +67,7 @@ impl BenchPicker {
         let mut b = crate::BalancedChannel::builder().strategy(strategy);
         if strategy.keeps_weights() {
             b = b.weighted_round_robin(
-                crate::instance::wrr_weight::WrrConfig::default().blackout_period(Duration::ZERO),
+                crate::load::weight::WrrConfig::default().blackout_period(Duration::ZERO),
             );
         }
         for port in 1..=n {
@@ -121,14 +121,14 @@ impl BenchPicker {
         // answer gates at once, as where answers come rarely.
         let now = pool.ctx.now_ns() + 1_000_000_000;
         inst.tie.answered_long_before(1);
-        pool.ctx.methods.noise.settle_quiet();
-        let noise = &pool.ctx.methods.noise;
+        pool.ctx.load.methods.noise.settle_quiet();
+        let noise = &pool.ctx.load.methods.noise;
         let gated = inst
             .tie
-            .observe_gated(ns, 2e6, now, now, pool.ctx.gate, noise);
-        pool.ctx.live.gate_until(gated);
-        inst.set_latency(ns, now, true);
-        pool.ctx.live.advance_clock(now);
+            .observe_gated(ns, 2e6, now, now, pool.ctx.load.gate, noise);
+        pool.ctx.load.gate_until(gated);
+        inst.latency.set(ns, now, true);
+        pool.ctx.load.advance_clock(now);
         inst.set_state(if usable {
             crate::State::Ready
         } else {
@@ -151,7 +151,7 @@ impl BenchPicker {
         let snap = pool.snapshot();
         let now = pool.ctx.now_ns();
         let until = snap[i].others.set(others, now, u32::MAX / 2);
-        pool.ctx.reports_fresh.note(until);
+        pool.ctx.load.reports_fresh.note(until);
     }
 
     /// Removes the last instance while a call holds it (it drains) and takes it back at
@@ -182,10 +182,10 @@ impl BenchPicker {
     pub fn set_weights(&self, weights: &[f64]) {
         let pool = &self.channel.shared;
         let snap = pool.snapshot();
-        let cfg = pool.ctx.reports.wrr;
+        let cfg = pool.ctx.load.reports.wrr;
         let now = pool.ctx.now_ns();
         for (inst, &w) in snap.iter().zip(weights) {
-            let report = crate::instance::report::LoadReport {
+            let report = crate::load::report::LoadReport {
                 rps_fractional: w,
                 cpu_utilization: 1.0,
                 ..Default::default()
@@ -200,7 +200,7 @@ impl BenchPicker {
     pub fn pick(&self) -> Option<usize> {
         let pool = &self.channel.shared;
         let snap = pool.snapshot();
-        crate::pick::dispatch::pick(&pool.picker, &snap, &[], crate::instance::tie::Method::NONE)
+        crate::pick::dispatch::pick(&pool.picker, &snap, &[], crate::load::tie::Method::NONE)
     }
 
     /// Adds `delta` to instance `i`'s count, as a call's guard does.

@@ -141,6 +141,8 @@ mod pick;
 mod set;
 // One instance: its address, connections, calls in flight and state.
 mod instance;
+// What is learned of each instance's load: the tie-break, load reports, weights.
+mod load;
 // Health: the outcome classification, outlier ejection, A17 health checks.
 mod health;
 // What the channel does when an instance or the set changes.

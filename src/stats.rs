@@ -50,12 +50,12 @@ pub struct EndpointStats {
     ejections: u32,
     latency: Option<Duration>,
     slowness: Option<f64>,
-    load_report: Option<std::sync::Arc<crate::instance::report::LoadReport>>,
+    load_report: Option<std::sync::Arc<crate::load::report::LoadReport>>,
 }
 
 impl EndpointStats {
     pub(crate) fn of(i: &Instance) -> EndpointStats {
-        let lat = f64::from_bits(i.latency_ns.load(Ordering::Relaxed));
+        let lat = i.latency.last_ns();
         EndpointStats {
             uri: i.target.name.to_string(),
             state: i.state(),
@@ -141,7 +141,7 @@ impl EndpointStats {
     }
 
     /// The last load report it sent (ORCA, see [`orca`](crate::orca)), if any.
-    pub fn load_report(&self) -> Option<&crate::instance::report::LoadReport> {
+    pub fn load_report(&self) -> Option<&crate::load::report::LoadReport> {
         self.load_report.as_deref()
     }
 }

@@ -14,6 +14,8 @@ use crate::error::Error;
 use crate::health::HealthCheck;
 use crate::hooks::Hooks;
 use crate::instance::Context;
+use crate::load::reported::ReportSettings;
+use crate::load::ChannelLoad;
 use crate::retry::RetryPolicy;
 use crate::set::Set;
 use crate::target::Key;
@@ -215,24 +217,25 @@ impl Builder {
 
     /// The instances' shared context, from the settings.
     fn context(&self, runtime: tokio::runtime::Handle, hooks: Arc<Hooks>) -> Context {
+        let epoch = Instant::now();
+        let reports = ReportSettings::new(self.load_report_max_age, self.wrr);
         Context {
-            epoch: Instant::now(),
+            epoch,
             runtime,
             live: Default::default(),
-            latency_expiry_ns: self.latency_expiry.as_nanos() as u64,
-            inv_latency_expiry: 1.0 / self.latency_expiry.as_nanos() as f64,
-            latency_decay: self.latency_decay,
-            methods: crate::instance::tie::Methods::new(),
-            default_latency_ns: 1_000_000.0,
+            load: ChannelLoad::new(
+                epoch,
+                self.latency_expiry,
+                self.latency_decay,
+                self.strategy.gate_rule(),
+                reports,
+            ),
             ordinary_codes: self.ejection.ordinary,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
-            gate: self.strategy.gate_rule(),
             probes: self.probes,
             backoff: self.backoff.clone(),
             discovery_wake: std::sync::OnceLock::new(),
             conns: self.conns,
-            reports: crate::instance::load::ReportSettings::new(self.load_report_max_age, self.wrr),
-            reports_fresh: Default::default(),
             events: hooks,
         }
     }

@@ -234,7 +234,7 @@ impl Builder {
     }
 
     /// The settings of [`Strategy::WeightedRoundRobin`] (default: gRPC's, see
-    /// [`WrrConfig`](crate::instance::wrr_weight::WrrConfig)); also selects that strategy.
+    /// [`WrrConfig`](crate::load::weight::WrrConfig)); also selects that strategy.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), tonic_balancer::Error> {
@@ -249,10 +249,7 @@ impl Builder {
     /// assert_eq!(channel.strategy(), tonic_balancer::Strategy::WeightedRoundRobin);
     /// # Ok(()) }
     /// ```
-    pub fn weighted_round_robin(
-        mut self,
-        config: crate::instance::wrr_weight::WrrConfig,
-    ) -> Builder {
+    pub fn weighted_round_robin(mut self, config: crate::load::weight::WrrConfig) -> Builder {
         self.wrr = config;
         self.choose_strategy(Strategy::WeightedRoundRobin, "weighted_round_robin");
         self

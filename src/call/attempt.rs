@@ -13,8 +13,8 @@ use tower::BoxError;
 
 use super::replay::{AttemptId, Replay};
 use crate::call::guard::CallGuard;
-use crate::instance::tie::Method;
 use crate::instance::{Instance, State};
+use crate::load::tie::Method;
 use crate::observe::AttemptObs;
 
 /// An attempt in flight.

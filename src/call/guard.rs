@@ -9,7 +9,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
@@ -22,8 +21,8 @@ use tonic::body::Body;
 use crate::deadline;
 use crate::headers::grpc_status;
 use crate::instance::events::{classify_status, Outcome};
-use crate::instance::tie::Method;
 use crate::instance::Instance;
+use crate::load::tie::Method;
 use crate::observe::CallObs;
 
 /// A deadline counts against an instance that has not answered only if the call had been on
@@ -95,7 +94,10 @@ impl CallGuard {
     /// are read.
     #[inline]
     pub(crate) fn take_report(&self, map: &mut http::HeaderMap) {
-        crate::orca::take_report(&self.inst, map);
+        let inst = &*self.inst;
+        let own = inst.in_flight();
+        let name = &inst.target.name;
+        (inst.ctx.load).take_report(map, &inst.others, &inst.reported, own, name);
     }
 
     /// The latency sample of an answered call (its response head came `at`), by how it ended:
@@ -104,17 +106,21 @@ impl CallGuard {
     /// named ordinary) counts as it is, and so does an answer whose end says nothing against
     /// the instance (the caller dropped its stream, a CANCELLED the server passed on); an
     /// answer with another status, or a broken stream, counts for the tie-break as a failure
-    /// ([`Instance::failed_answer`]: a fixed slowness under its own short gates, whatever it
+    /// ([`ChannelLoad::failed`](crate::load::ChannelLoad::failed): a fixed slowness under its own short gates, whatever it
     /// took) and for the latency estimate only if slower than it.
     #[inline]
     fn sample_answer(&self, at: Instant, outcome: Outcome) {
         let took = at.saturating_duration_since(self.start);
+        let inst = &*self.inst;
+        let (load, tie, latency) = (&inst.ctx.load, &inst.tie, &inst.latency);
         match outcome {
-            Outcome::Answer(code) if self.inst.ctx.is_ordinary(code) => {
-                self.inst.sample_at(self.method, took, at)
+            Outcome::Answer(code) if inst.ctx.is_ordinary(code) => {
+                load.answered(tie, latency, self.method, took, at)
             }
-            Outcome::Neutral => self.inst.sample_at(self.method, took, at),
-            Outcome::Answer(_) | Outcome::Failure => self.inst.failed_answer(self.method, took, at),
+            Outcome::Neutral => load.answered(tie, latency, self.method, took, at),
+            Outcome::Answer(_) | Outcome::Failure => {
+                load.failed(tie, latency, self.method, took, at)
+            }
         }
     }
 
@@ -137,7 +143,7 @@ impl CallGuard {
         if self.answered {
             return None;
         }
-        let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
+        let usual = self.inst.latency.usual_ns();
         // Held until the deadline at most: past it the call was over whatever the instance
         // did, and a timer that fires late (a client short of CPU) says nothing of it.
         let now = Instant::now();
@@ -204,12 +210,12 @@ impl CallGuard {
         if held < DEADLINE_FLOOR {
             return;
         }
-        let usual = f64::from_bits(self.inst.steady_ns.load(Ordering::Relaxed));
+        let usual = self.inst.latency.usual_ns();
         let at_least = held.max(std::time::Duration::from_nanos(usual as u64));
-        let epoch = self.inst.ctx.epoch;
-        let sent = self.start.saturating_duration_since(epoch).as_nanos() as u64;
-        let now = Instant::now().saturating_duration_since(epoch).as_nanos() as u64;
-        self.inst.sample(self.method, at_least, sent, now);
+        let inst = &*self.inst;
+        let load = &inst.ctx.load;
+        let (sent, now) = (load.ns_at(self.start), load.ns_at(Instant::now()));
+        load.sample(&inst.tie, &inst.latency, self.method, at_least, sent, now);
     }
 
     /// Whether the call was routed while its instance had no connection known to work.

@@ -50,7 +50,7 @@ use self::shared::Shared;
 use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::instance::conns::UNCOUNTED;
 use crate::instance::events::AttemptKind;
-use crate::instance::tie::Method;
+use crate::load::tie::Method;
 use crate::observe::CallObs;
 use crate::pick::dispatch::{no_instance_message, pick_now};
 

@@ -2,12 +2,14 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+#[cfg(test)]
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
 use super::events::Events;
+use crate::load::ChannelLoad;
 
 /// What every instance of one channel shares: the clock, the runtime, the settings the
 /// instances and the pick read, and the channel-wide counters.
@@ -16,23 +18,14 @@ pub(crate) struct Context {
     /// The runtime the channel was built in: its connections, timers and background tasks
     /// run there, whichever thread inserts an instance or drops a call.
     pub(crate) runtime: tokio::runtime::Handle,
-    /// The channel-wide values that move while it runs (the pick's clock, the gates' end, the
-    /// counts of members and ejections, probes sent), each written through its own method.
+    /// The channel-wide counters that move while it runs (members, ejections, probes sent),
+    /// each written through its own method.
     pub(crate) live: Live,
-    /// A latency estimate older than this counts as unknown.
-    pub(crate) latency_expiry_ns: u64,
-    /// `1 / latency_expiry_ns`, so that the pick multiplies instead of dividing.
-    pub(crate) inv_latency_expiry: f64,
-    /// Time constant of the moving average of latency.
-    pub(crate) latency_decay: Duration,
-    /// The per-method references of the least-pending tie-break.
-    pub(crate) methods: super::tie::Methods,
+    /// What the instances learn in common: the tie-break's per-method references, the
+    /// estimates' settings, the pick's clock and gates' end.
+    pub(crate) load: ChannelLoad,
     /// Slow start window in nanoseconds (0: off).
     pub(crate) slow_start_ns: u64,
-    /// How long the tie-break gates a markedly slow instance for (`tie::GateRule`).
-    pub(crate) gate: super::tie::GateRule,
-    /// Peak EWMA: the latency of an instance with no estimate yet.
-    pub(crate) default_latency_ns: f64,
     /// The status codes the user named ordinary answers of the service
     /// ([`Ejection::ordinary_codes`](crate::Ejection::ordinary_codes)), one bit per code: such
     /// an answer is an answer like OK, to the latency estimates too.
@@ -42,10 +35,6 @@ pub(crate) struct Context {
     pub(crate) discovery_wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     /// Connections per instance.
     pub(crate) conns: super::conns::Limits,
-    /// What the pick does with server-reported load.
-    pub(crate) reports: super::load::ReportSettings,
-    /// Until when some instance's report of the other clients' calls is fresh.
-    pub(crate) reports_fresh: super::load::ReportsFresh,
     /// Where the instances and the set tell what happens to them (see [`Events`]).
     pub(crate) events: Arc<dyn Events>,
     /// Probes (`Builder::probes`), if the channel sends them.
@@ -70,14 +59,6 @@ impl Context {
 /// through a method here, so that what may change them is in one place.
 #[derive(Debug, Default)]
 pub(crate) struct Live {
-    /// A coarse clock for the pick, in nanoseconds since the context's `epoch`: the time of
-    /// the latest latency sample or load report of any instance. Reading it costs a load, not
-    /// a clock call.
-    clock: AtomicU64,
-    /// Until when some instance may be gated (the latest gate's end, on the pick's clock):
-    /// after it, fewest then fastest weighs no call and scans the plain counts, as least
-    /// pending does.
-    gated_until: AtomicU64,
     /// Instances ejected now.
     ejected: AtomicUsize,
     /// Instances in the set now (not draining).
@@ -87,30 +68,6 @@ pub(crate) struct Live {
 }
 
 impl Live {
-    /// The pick's coarse clock (see [`Live::advance_clock`]).
-    #[inline]
-    pub(crate) fn clock(&self) -> u64 {
-        self.clock.load(Ordering::Relaxed)
-    }
-
-    /// Moves the pick's clock on to `now_ns` (never back).
-    #[inline]
-    pub(crate) fn advance_clock(&self, now_ns: u64) {
-        self.clock.fetch_max(now_ns, Ordering::Relaxed);
-    }
-
-    /// Until when some instance may be gated, on the pick's clock.
-    #[inline]
-    pub(crate) fn gated_until(&self) -> u64 {
-        self.gated_until.load(Ordering::Relaxed)
-    }
-
-    /// Some instance is gated until `until` (the latest end is kept).
-    #[inline]
-    pub(crate) fn gate_until(&self, until: u64) {
-        self.gated_until.fetch_max(until, Ordering::Relaxed);
-    }
-
     /// Takes one of the ejections that `cap` allows at once; `false` when all are taken
     /// (concurrent ejections cannot exceed it).
     pub(crate) fn reserve_ejection(&self, cap: usize) -> bool {
@@ -153,23 +110,23 @@ impl Context {
     /// below the channel. Needs a tokio runtime.
     pub(crate) fn for_tests() -> Context {
         let expiry = Duration::from_secs(5);
+        let epoch = Instant::now();
         Context {
-            epoch: Instant::now(),
+            epoch,
             runtime: tokio::runtime::Handle::current(),
             live: Live::default(),
-            latency_expiry_ns: expiry.as_nanos() as u64,
-            inv_latency_expiry: 1.0 / expiry.as_nanos() as f64,
-            latency_decay: Duration::from_secs(1),
-            methods: super::tie::Methods::new(),
+            load: ChannelLoad::new(
+                epoch,
+                expiry,
+                Duration::from_secs(1),
+                crate::load::tie::GateRule::LEAST_PENDING,
+                Default::default(),
+            ),
             slow_start_ns: 0,
-            gate: super::tie::GateRule::LEAST_PENDING,
-            default_latency_ns: 1_000_000.0,
             ordinary_codes: 0,
             backoff: Backoff::default(),
             discovery_wake: std::sync::OnceLock::new(),
             conns: Default::default(),
-            reports: Default::default(),
-            reports_fresh: Default::default(),
             events: Arc::new(Unobserved),
             probes: None,
         }

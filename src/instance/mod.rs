@@ -6,7 +6,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tonic::transport::Channel;
 
@@ -15,20 +14,16 @@ pub(crate) mod conns;
 pub(crate) mod context;
 pub(crate) mod ejection;
 pub(crate) mod events;
-pub(crate) mod load;
-pub(crate) mod report;
 pub(crate) mod standing;
-pub(crate) mod tie;
-pub(crate) mod wrr_weight;
 
 pub use backoff::Backoff;
 pub(crate) use context::Context;
 
-use tokio::time::Instant;
-
+use crate::load::reported as load;
+use crate::load::tie::{self, TieBreak};
+use crate::load::Latency;
 use crate::target::Target;
 use standing::StateAndCount;
-use tie::{Method, TieBreak};
 
 /// The health of an instance, as the channel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -111,16 +106,8 @@ pub(crate) struct Instance {
     /// The calls on its own connection (`channel`), counted only when it may have more than one
     /// connection (see `crate::conns`).
     conn_in_flight: AtomicUsize,
-    /// Peak-sensitive moving average of the time to response headers, in nanoseconds
-    /// (`f64` bits; 0 before the first sample).
-    pub(crate) latency_ns: AtomicU64,
-    /// When the estimates were last updated, in nanoseconds since the channel's epoch.
-    latency_at: AtomicU64,
-    /// A spike-resistant moving average of the same samples, the instance's usual latency
-    /// for the deadline rule: a sample counts for at most 4× the estimate, so that one
-    /// scheduling hiccup does not move it much, while a consistently slow instance moves it
-    /// within a few calls.
-    pub(crate) steady_ns: AtomicU64,
+    /// Its latency estimates (Peak EWMA's, and its usual latency for the deadline rule).
+    pub(crate) latency: Latency,
     /// What it reported of its load (ORCA), as the pick reads it.
     pub(crate) reported: load::Reported,
     /// Its name (in logs, errors, `EndpointStats` and, shared rather than copied, the
@@ -186,10 +173,8 @@ impl Instance {
             breaks: AtomicU32::new(0),
             room_wanted: AtomicBool::new(false),
             tie: TieBreak::new(),
-            latency_ns: AtomicU64::new(0),
+            latency: Latency::new(now_ns),
             reported: load::Reported::default(),
-            latency_at: AtomicU64::new(now_ns),
-            steady_ns: AtomicU64::new(0),
             target,
             channel,
             ctx,
@@ -257,7 +242,7 @@ impl Instance {
     pub(crate) fn warm_up(&self) {
         if self.ctx.slow_start_ns > 0 {
             let now = self.ctx.now_ns();
-            self.ctx.live.advance_clock(now);
+            self.ctx.load.advance_clock(now);
             self.warm_from.store(now.max(1), Ordering::Relaxed);
         }
     }
@@ -322,66 +307,17 @@ impl Instance {
         self.ctx.events.back_in_service(self);
     }
 
-    /// One latency sample, taken at `at`: the answer to a call to `method` took `elapsed`.
-    #[inline]
-    pub(crate) fn sample_at(&self, method: Method, elapsed: Duration, at: Instant) {
-        let now = at.saturating_duration_since(self.ctx.epoch).as_nanos() as u64;
-        let sent = now.saturating_sub(elapsed.as_nanos() as u64);
-        self.sample(method, elapsed, sent, now);
-    }
-
-    /// A call to `method`, sent at `sent` (nanoseconds since the channel's epoch), taken at
-    /// `now`, counts as having taken `sample`: the latency estimates, the tie-break's record
-    /// and the pick's coarse clock move.
-    pub(crate) fn sample(&self, method: Method, sample: Duration, sent: u64, now: u64) {
-        let ctx = &self.ctx;
-        let sample = sample.as_nanos() as u64 as f64;
-        self.observe_latency(sample, now, ctx.latency_decay);
-        let reference = ctx.methods.reference(method, sample);
-        self.observe_tie(sample, reference, sent, now, ctx.gate);
-    }
-
-    /// The tie-break's record and the pick's coarse clock move with an answer that counts as
-    /// `sample` where its method's reference is `reference`; a gate it sets follows `rule`.
-    #[inline]
-    fn observe_tie(&self, sample: f64, reference: f64, sent: u64, now: u64, rule: tie::GateRule) {
-        let ctx = &self.ctx;
-        let gated = self
-            .tie
-            .observe_gated(sample, reference, sent, now, rule, &ctx.methods.noise);
-        if gated > 0 {
-            ctx.live.gate_until(gated);
-        }
-        ctx.live.advance_clock(now);
-    }
-
-    /// A failed answer to a call to `method` that took `elapsed`, taken at `at`: the tie-break
-    /// counts it as an answer [`tie::FAILED_AS`] times the method's reference (a slow answer,
-    /// gated as [`tie::GateRule::FAILED`] says), whatever it took: the failure is the evidence,
-    /// while its time on a busy client is the client's own noise (counted as is, a slow failure
-    /// was slowness confirmed under the default's long gates, and with errors that every
-    /// instance answers alike, three in ten, one instance of five drew 183 calls of 2,000
-    /// beside two spinning processes). The latency estimate takes it only if it is slower
-    /// (evidence of slowness for the strategies that weigh latency); the method's reference
-    /// does not move. Nothing is counted for a method no instance has answered yet.
-    pub(crate) fn failed_answer(&self, method: Method, elapsed: Duration, at: Instant) {
-        let now = at.saturating_duration_since(self.ctx.epoch).as_nanos() as u64;
-        let took = elapsed.as_nanos() as u64;
-        let usual = f64::from_bits(self.latency_ns.load(Ordering::Relaxed));
-        if usual > 0.0 && took as f64 > usual {
-            self.observe_latency(took as f64, now, self.ctx.latency_decay);
-        }
-        let reference = self.ctx.methods.current(method);
-        if reference > 0.0 {
-            let sent = now.saturating_sub(took);
-            self.observe_tie(
-                tie::FAILED_AS * reference,
-                reference,
-                sent,
-                now,
-                tie::GateRule::FAILED,
-            );
-        }
+    /// For the virtual clock's tests: a call to `method`, sent at `sent` (nanoseconds since
+    /// the channel's epoch), taken at `now`, counts as having taken `sample`.
+    #[cfg(test)]
+    pub(crate) fn sample(
+        &self,
+        method: tie::Method,
+        sample: std::time::Duration,
+        sent: u64,
+        now: u64,
+    ) {
+        (self.ctx.load).sample(&self.tie, &self.latency, method, sample, sent, now);
     }
 
     /// Its weight against the heaviest instance's, in (0, 1], as the membership gives it (an
@@ -433,16 +369,6 @@ impl Instance {
         }
     }
 
-    /// For fixtures (the benchmarks' fleet, tests): its latency estimate is `ns` as of `at`
-    /// (the channel's clock), and with `steady`, its usual latency too.
-    pub(crate) fn set_latency(&self, ns: f64, at: u64, steady: bool) {
-        self.latency_ns.store(ns.to_bits(), Ordering::Relaxed);
-        self.latency_at.store(at, Ordering::Relaxed);
-        if steady {
-            self.steady_ns.store(ns.to_bits(), Ordering::Relaxed);
-        }
-    }
-
     /// A response arrived: its connection works.
     #[inline]
     pub(crate) fn connected(&self) {
@@ -460,53 +386,6 @@ impl Instance {
             self.ctx.events.disconnected(self, error);
         }
     }
-
-    /// The latency estimate in nanoseconds (0: unknown), fading linearly to 0 over `expiry`
-    /// without a new sample: a spike, or an instance that was slow once, does not keep it out
-    /// of the ties for long, and it is tried again. Cheap enough for the pick: two loads, a
-    /// compare and a multiply.
-    #[inline]
-    pub(crate) fn latency(&self, now_ns: u64, expiry_ns: u64, inv_expiry: f64) -> f64 {
-        self.faded(&self.latency_ns, now_ns, expiry_ns, inv_expiry)
-    }
-
-    #[inline]
-    fn faded(&self, est: &AtomicU64, now_ns: u64, expiry_ns: u64, inv_expiry: f64) -> f64 {
-        let at = self.latency_at.load(Ordering::Relaxed);
-        let idle = now_ns.saturating_sub(at);
-        if idle >= expiry_ns {
-            return 0.0;
-        }
-        let est = f64::from_bits(est.load(Ordering::Relaxed));
-        est * (1.0 - idle as f64 * inv_expiry)
-    }
-
-    /// Folds one latency sample into the estimate: a sample above the estimate replaces it
-    /// (peak), a lower one pulls it down exponentially with time constant `decay`.
-    pub(crate) fn observe_latency(&self, sample_ns: f64, now_ns: u64, decay: Duration) {
-        let prev = f64::from_bits(self.latency_ns.load(Ordering::Relaxed));
-        let next = if prev == 0.0 || sample_ns > prev {
-            sample_ns
-        } else {
-            let at = self.latency_at.load(Ordering::Relaxed);
-            let elapsed = now_ns.saturating_sub(at) as f64;
-            // Weight of the new sample grows with the time since the last one, as in
-            // Finagle's PeakEwma (which uses 1 - e^(-t/decay); t / (t + decay) has the same
-            // shape for a fraction of the cost); at least 5% so that a busy instance still
-            // moves.
-            let w = (elapsed / (elapsed + decay.as_nanos() as u64 as f64)).max(0.05);
-            prev * (1.0 - w) + sample_ns * w
-        };
-        self.latency_ns.store(next.to_bits(), Ordering::Relaxed);
-        let steady = f64::from_bits(self.steady_ns.load(Ordering::Relaxed));
-        let steady = if steady == 0.0 {
-            sample_ns
-        } else {
-            steady + 0.5 * (sample_ns.min(4.0 * steady) - steady)
-        };
-        self.steady_ns.store(steady.to_bits(), Ordering::Relaxed);
-        self.latency_at.store(now_ns, Ordering::Relaxed);
-    }
 }
 
 /// An instance leaves for good: what watches it hears of it.
@@ -523,40 +402,5 @@ impl std::fmt::Debug for Instance {
             .field("state", &self.state())
             .field("in_flight", &self.in_flight())
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The latency estimate that Peak EWMA and power of two choices compare: a slower sample
-    /// replaces it at once, a faster one pulls it down with time, and without a new sample it
-    /// fades linearly to unknown (0) over the expiry, so that an instance that was slow once
-    /// is tried again.
-    #[tokio::test]
-    async fn the_latency_estimate_takes_peaks_and_fades_over_its_expiry() {
-        let ctx = Arc::new(Context::for_tests());
-        let target = Target::uri("http://127.0.0.1:1", Duration::from_secs(1)).unwrap();
-        let inst = Instance::new(target, ctx.clone(), None);
-        let (expiry, inv) = (ctx.latency_expiry_ns, ctx.inv_latency_expiry);
-        let t = 10_000_000_000;
-        let ms = 1e6;
-        inst.observe_latency(10.0 * ms, t, ctx.latency_decay);
-        assert_eq!(inst.latency(t, expiry, inv), 10.0 * ms);
-        inst.observe_latency(40.0 * ms, t, ctx.latency_decay);
-        assert_eq!(
-            inst.latency(t, expiry, inv),
-            40.0 * ms,
-            "a peak replaces it"
-        );
-        // A fast sample one decay (1 s) later moves it half way.
-        let t = t + 1_000_000_000;
-        inst.observe_latency(20.0 * ms, t, ctx.latency_decay);
-        assert_eq!(inst.latency(t, expiry, inv), 30.0 * ms);
-        // Half the expiry (5 s) without a sample: half of it; the whole expiry: unknown.
-        assert!((inst.latency(t + expiry / 2, expiry, inv) - 15.0 * ms).abs() < 1.0);
-        assert_eq!(inst.latency(t + expiry - 1, expiry, inv).round(), 0.0);
-        assert_eq!(inst.latency(t + expiry, expiry, inv), 0.0);
     }
 }

@@ -108,7 +108,7 @@ fn contributions(
                 let v = if s == state { 1.0 } else { 0.0 };
                 out.insert((INSTANCE_STATE, state_labels(&labels, s)), v);
             }
-            let ns = f64::from_bits(inst.latency_ns.load(Ordering::Relaxed));
+            let ns = inst.latency.last_ns();
             if ns > 0.0 {
                 out.insert((INSTANCE_LATENCY, labels.clone()), ns * 1e-9);
             }

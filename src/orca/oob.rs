@@ -42,14 +42,14 @@ pub(crate) struct ReportRequest {
 impl Encode for ReportRequest {
     fn encode_to(&self, out: &mut Vec<u8>) {
         if let Some(d) = self.interval {
-            super::wire::encode_request(d, out);
+            crate::load::wire::encode_request(d, out);
         }
     }
 }
 
 impl Decode for ReportRequest {
     fn decode_from(bytes: &[u8]) -> Result<Self, Status> {
-        super::wire::decode_request(bytes)
+        crate::load::wire::decode_request(bytes)
             .map(|interval| ReportRequest { interval })
             .map_err(|()| Status::invalid_argument("malformed OrcaLoadReportRequest"))
     }
@@ -57,7 +57,7 @@ impl Decode for ReportRequest {
 
 impl Encode for LoadReport {
     fn encode_to(&self, out: &mut Vec<u8>) {
-        super::wire::encode(self, out);
+        crate::load::wire::encode(self, out);
     }
 }
 
@@ -219,8 +219,7 @@ async fn stream(
 fn take(inst: &Instance, report: LoadReport) {
     let policy = &inst.ctx;
     let now = policy.now_ns();
-    policy.live.advance_clock(now);
     let own = inst.in_flight();
     tracing::trace!(server.address = %inst.target.name, own, in_flight = ?report.calls_in_flight(), "out-of-band load report");
-    super::observe(inst, report, own, now);
+    (policy.load).keep_report(&inst.others, &inst.reported, report, own, now);
 }

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Chosen, Load, Picker, Rng, Turn};
-use crate::instance::tie::Method;
 use crate::instance::Instance;
+use crate::load::tie::Method;
 use crate::set::{Members, Snapshot};
 use crate::Strategy;
 
@@ -123,9 +123,9 @@ fn pick_with(
     method: Method,
 ) -> Option<usize> {
     let policy = &picker.set.ctx;
-    let now = policy.live.clock();
+    let now = policy.load.clock();
     // Calls in flight: this channel's, plus the other clients' as of a fresh load report.
-    let tick = crate::instance::load::tick(now);
+    let tick = crate::load::reported::tick(now);
     let mut rng = Rng::thread();
     // An independent stream for the slow-start draws (the strategy's own draws use `rng`).
     let mut gate =
@@ -184,17 +184,17 @@ fn fewest_first(
     mut usable: impl FnMut(&Arc<Instance>) -> bool,
 ) -> Option<usize> {
     let policy = &picker.set.ctx;
-    let expensive = policy.methods.is_expensive(method);
+    let expensive = policy.load.methods.is_expensive(method);
     // While no instance is gated, fewest then fastest weighs no call: the plain scan.
     let weighted =
-        picker.strategy == Strategy::FewestThenFastest && policy.live.gated_until() > now;
+        picker.strategy == Strategy::FewestThenFastest && policy.load.gated_until() > now;
     // The common case, a first attempt without slow start: nothing to check but the
     // state, which the scan reads with the count (see `tight`).
     let quick = if !retry && slow == 0 {
         let turn = |i: &Arc<Instance>| i.tie.turn_for(expensive, now);
         // No instance has a fresh report (every `others` reads 0): the scan does not
         // read them.
-        let fresh = policy.reports_fresh.any(tick);
+        let fresh = policy.load.reports_fresh.any(tick);
         match (weighted, fresh) {
             (true, true) => tight::<true, true>(snap, rng, tick, now, turn),
             (true, false) => tight::<true, false>(snap, rng, tick, now, turn),
@@ -264,8 +264,8 @@ fn by_load(
     mut usable: impl FnMut(&Arc<Instance>) -> bool,
 ) -> Option<usize> {
     let policy = &picker.set.ctx;
-    let expiry = policy.latency_expiry_ns;
-    let inv_expiry = policy.inv_latency_expiry;
+    let expiry = policy.load.latency_expiry_ns;
+    let inv_expiry = policy.load.inv_latency_expiry;
     // Peak EWMA's latency already carries the other clients' load (their calls
     // queue with ours): it weighs this channel's own calls only (see
     // examples/shootout/many_clients.rs for what adding the reported ones did).
@@ -273,11 +273,11 @@ fn by_load(
     let mut load = |i: &Arc<Instance>| -> Option<Load> {
         usable(i).then(|| Load {
             in_flight: counted(i, tick, reports),
-            latency_ns: i.latency(now, expiry, inv_expiry),
+            latency_ns: i.latency.estimate(now, expiry, inv_expiry),
         })
     };
     match strategy {
-        Strategy::PeakEwma => super::peak_ewma(snap, rng, policy.default_latency_ns, load),
+        Strategy::PeakEwma => super::peak_ewma(snap, rng, policy.load.default_latency_ns, load),
         Strategy::PowerOfTwoChoices => super::power_of_two(snap, rng, load),
         Strategy::WeightedRoundRobin => {
             picker
@@ -303,7 +303,7 @@ fn counted(i: &Instance, tick: u64, reports: bool) -> usize {
 }
 
 /// The count [`Strategy::FewestThenFastest`] compares for `i` with `with_this` calls in flight
-/// counting this one: each weighs [`TieBreak::weight`](crate::instance::tie::TieBreak) (one, or the
+/// counting this one: each weighs [`TieBreak::weight`](crate::load::tie::TieBreak) (one, or the
 /// slowness of an instance gated for a slow answer), so that among equally fast instances the
 /// order is least pending's.
 #[inline(always)]
@@ -317,10 +317,10 @@ fn weighted_count(with_this: usize, i: &Instance, now: u64) -> usize {
 #[inline(always)]
 fn recheck(i: &Instance, now: u64) {
     if i.tie.is_due_for_recheck(now) {
-        let usual = f64::from_bits(i.steady_ns.load(Ordering::Relaxed));
+        let usual = i.latency.usual_ns();
         let hold = (2.0 * usual).clamp(1e6, 1e10) as u64;
         let until = i.tie.recheck_sent(now, hold);
-        i.ctx.live.gate_until(until);
+        i.ctx.load.gate_until(until);
     }
 }
 
@@ -435,8 +435,8 @@ mod tests {
         for inst in ch.shared.snapshot().iter() {
             inst.tie.answered_long_before(1);
         }
-        ch.shared.ctx.methods.noise.settle_quiet();
-        ch.shared.ctx.live.advance_clock(now);
+        ch.shared.ctx.load.methods.noise.settle_quiet();
+        ch.shared.ctx.load.advance_clock(now);
         (ch, now)
     }
 
@@ -448,7 +448,7 @@ mod tests {
         now: u64,
     ) -> u64 {
         inst.tie
-            .observe_gated(20e6, 2e6, now, now, ctx.gate, &ctx.methods.noise)
+            .observe_gated(20e6, 2e6, now, now, ctx.load.gate, &ctx.load.methods.noise)
     }
 
     /// The quick scan reads an instance's state with its count: one out of service never wins,
@@ -477,12 +477,14 @@ mod tests {
                     }
                     if gated {
                         let until = slow_answer(&pool.ctx, &snap[2], now);
-                        pool.ctx.live.gate_until(until);
+                        pool.ctx.load.gate_until(until);
                         assert!(until > now, "{case}: gated");
                     }
                     if reports {
-                        let until = snap[3].others.set(0, now, pool.ctx.reports.max_age_ticks);
-                        pool.ctx.reports_fresh.note(until);
+                        let until = snap[3]
+                            .others
+                            .set(0, now, pool.ctx.load.reports.max_age_ticks);
+                        pool.ctx.load.reports_fresh.note(until);
                     }
                     for _ in 0..20 {
                         let picked = pick(&pool.picker, &snap, &[], Method::NONE);
@@ -519,8 +521,8 @@ mod tests {
             // `until`; then the clock reaches it (no instance gated any more).
             let until = slow_answer(&pool.ctx, &snap[0], now);
             assert!(until > now, "gated");
-            pool.ctx.live.gate_until(until);
-            pool.ctx.live.advance_clock(until);
+            pool.ctx.load.gate_until(until);
+            pool.ctx.load.advance_clock(until);
             assert!(snap[0].tie.is_due_for_recheck(until));
             // Instance 1 has a call in flight: instance 0 wins either way.
             snap[1].standing.set_calls(1);
@@ -544,11 +546,13 @@ mod tests {
             let pool = &ch.shared;
             let snap = pool.snapshot();
             for (inst, ns) in snap.iter().zip([2e6f64, 4e6]) {
-                inst.set_latency(ns, now, false);
+                inst.latency.set(ns, now, false);
             }
-            let until = snap[0].others.set(10, now, pool.ctx.reports.max_age_ticks);
-            pool.ctx.reports_fresh.note(until);
-            let picked = pick(&pool.picker, &snap, &[], crate::instance::tie::Method::NONE);
+            let until = snap[0]
+                .others
+                .set(10, now, pool.ctx.load.reports.max_age_ticks);
+            pool.ctx.load.reports_fresh.note(until);
+            let picked = pick(&pool.picker, &snap, &[], crate::load::tie::Method::NONE);
             assert_eq!(picked, Some(want), "{strategy:?}");
         }
     }

@@ -82,12 +82,12 @@ async fn a_slower_instance_with_one_call_fewer_loses() {
         (Strategy::FewestThenFastest, 4, true),
     ] {
         let mut sim = sim(3, strategy);
-        sim.instances[0].ctx.methods.noise.settle_quiet();
+        sim.instances[0].ctx.load.methods.noise.settle_quiet();
         // Fast answers set the method's reference; then slow answers from instance 0: its
         // slowness estimate moves half way to each (one hiccup counts little).
         sim.calls(30, |_| FAST);
         while sim.call("/fleet.Fleet/Unary", |i| if i == 0 { SLOW } else { FAST }) != 0 {}
-        let unary = crate::instance::tie::Method::of("/fleet.Fleet/Unary");
+        let unary = crate::load::tie::Method::of("/fleet.Fleet/Unary");
         sim.instances[0].sample(unary, SLOW, sim.now - 100_000_000, sim.now);
         // Calls held on the others (they answer only after the pick below).
         for _ in 0..2 * held {
@@ -224,9 +224,9 @@ proptest! {
         let mut sim = sim(n, Strategy::FewestThenFastest);
         let mut gated = false;
         for (k, inst) in sim.instances.iter().enumerate() {
-            inst.sample(crate::instance::tie::Method::of("/fleet.Fleet/Unary"), FAST, sim.now - 10_000_000, sim.now);
+            inst.sample(crate::load::tie::Method::of("/fleet.Fleet/Unary"), FAST, sim.now - 10_000_000, sim.now);
             if slow[k] {
-                inst.sample(crate::instance::tie::Method::of("/fleet.Fleet/Unary"), SLOW, sim.now - 100_000_000, sim.now);
+                inst.sample(crate::load::tie::Method::of("/fleet.Fleet/Unary"), SLOW, sim.now - 100_000_000, sim.now);
                 gated = true;
             }
         }

@@ -8,14 +8,14 @@
 //! keeps the first minimum sends every call to the same instance. Here each instance keeps a *pass*
 //! (a virtual time, as in stride scheduling): among the tied candidates the one with the lowest
 //! pass wins, and its pass then advances by its *stride*. An instance as fast as the rest has a
-//! stride of [`UNIT`](crate::instance::tie::UNIT), so tied equals take turns, more evenly than a
+//! stride of [`UNIT`](crate::load::tie::UNIT), so tied equals take turns, more evenly than a
 //! random draw would spread them; one that answers slower has a longer stride, growing smoothly
 //! with how much slower it is, so it wins fewer ties but keeps winning some (its chance never drops
 //! to zero, and its estimate is re-checked within a bounded share of the calls). An instance that
 //! answered markedly slower than the rest is also *gated* for a while after that answer (a time
 //! proportional to how much slower it was, growing while its answers stay slow, capped): no tie
 //! goes to it before then. The strides, gates and estimates are computed when a call's answer
-//! arrives (see `crate::instance::tie`), not here: the pick only compares two numbers per
+//! arrives (see `crate::load::tie`), not here: the pick only compares two numbers per
 //! candidate.
 //!
 //! An instance that missed turns because it was busy (a long call kept it out of the ties)
@@ -30,7 +30,7 @@
 //! with many clients, a few more ties each is a burst on the newcomer.
 //!
 //! Calls to an expensive method (one many times costlier than the typical call) take turns of their
-//! own: the caller hands the pick each candidate's expensive pass instead (see `crate::instance::tie`).
+//! own: the caller hands the pick each candidate's expensive pass instead (see `crate::load::tie`).
 //!
 //! The scan is one pass over the counts (a tight loop over integers) that also notes where the
 //! tied candidates are; the tie-break then looks at all of them if there are at most
@@ -311,7 +311,7 @@ fn many_ties<T>(
 mod tests {
     use super::Rng;
     use super::*;
-    use crate::instance::tie::UNIT;
+    use crate::load::tie::UNIT;
     use crate::set::strides_for;
     use proptest::prelude::*;
 

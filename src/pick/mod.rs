@@ -26,7 +26,7 @@ pub(crate) mod wrr;
 
 use crate::set::Set;
 
-pub use crate::instance::tie::{Turn, CREDIT};
+pub use crate::load::tie::{Turn, CREDIT};
 pub use least_pending::least_pending;
 pub use simple::{peak_ewma, power_of_two, round_robin};
 pub use strategy::Strategy;

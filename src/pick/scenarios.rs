@@ -11,8 +11,8 @@ use std::time::Duration;
 use super::dispatch::pick_now;
 use super::Picker;
 use crate::instance::context::Context;
-use crate::instance::tie::{Method, GATE_AT, GATE_FACTOR, MAX_GATE};
 use crate::instance::Instance;
+use crate::load::tie::{Method, GATE_AT, GATE_FACTOR, MAX_GATE};
 use crate::set::Set;
 use crate::target::Target;
 use crate::Strategy;
@@ -54,7 +54,7 @@ impl Sim {
     /// With the settings of `ctx` and `strategy` (least pending or fewest then fastest).
     pub(super) fn with_strategy(n: usize, mut ctx: Context, strategy: Strategy) -> Sim {
         if strategy == Strategy::FewestThenFastest {
-            ctx.gate = crate::instance::tie::GateRule::FEWEST_THEN_FASTEST;
+            ctx.load.gate = crate::load::tie::GateRule::FEWEST_THEN_FASTEST;
         }
         let set = Set::new(Arc::new(ctx));
         for k in 0..n {
@@ -172,7 +172,7 @@ impl Sim {
             self.finish_next();
         }
         self.now = at;
-        self.picker.set.ctx.live.advance_clock(at);
+        self.picker.set.ctx.load.advance_clock(at);
     }
 
     pub(super) fn since(&self, before: &[u64]) -> Vec<u64> {

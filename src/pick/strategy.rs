@@ -65,10 +65,10 @@ impl Strategy {
     /// How long the tie-break gates an instance that answered markedly slower than the rest:
     /// the default waits for confirmation and gates for longer; the others (least pending's
     /// rule) gate at the first slow answer.
-    pub(crate) fn gate_rule(self) -> crate::instance::tie::GateRule {
+    pub(crate) fn gate_rule(self) -> crate::load::tie::GateRule {
         match self {
-            Strategy::FewestThenFastest => crate::instance::tie::GateRule::FEWEST_THEN_FASTEST,
-            _ => crate::instance::tie::GateRule::LEAST_PENDING,
+            Strategy::FewestThenFastest => crate::load::tie::GateRule::FEWEST_THEN_FASTEST,
+            _ => crate::load::tie::GateRule::LEAST_PENDING,
         }
     }
 

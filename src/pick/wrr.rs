@@ -2,7 +2,7 @@
 //! `weighted_round_robin`).
 //!
 //! Each instance's weight comes from its load reports
-//! ([`LoadReport`](crate::instance::report::LoadReport)):
+//! ([`LoadReport`](crate::load::report::LoadReport)):
 //!
 //! ```text
 //! utilization = application_utilization if > 0, else cpu_utilization
@@ -49,8 +49,8 @@ use arc_swap::ArcSwap;
 
 use super::Picker;
 use super::Rng;
-use crate::instance::wrr_weight::{WeightState, WrrConfig};
 use crate::instance::Instance;
+use crate::load::weight::{WeightState, WrrConfig};
 use crate::set::Members;
 
 /// Picks per instance in one precomputed cycle of the schedule.
@@ -288,8 +288,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::instance::report::LoadReport;
-    use crate::instance::wrr_weight::{weight_of, EndpointWeight};
+    use crate::load::report::LoadReport;
+    use crate::load::weight::{weight_of, EndpointWeight};
     use crate::pick::Rng;
     use proptest::prelude::*;
     use std::time::Duration;
@@ -371,7 +371,7 @@ mod tests {
     /// the instance left service and has not reported since.
     #[test]
     fn weight_states() {
-        use crate::instance::wrr_weight::WeightState::{NotYetUsable, Stale, Usable};
+        use crate::load::weight::WeightState::{NotYetUsable, Stale, Usable};
         let cfg = blackout_10s_expiry_180s();
         let s = 1_000_000_000u64;
         let e = EndpointWeight::default();

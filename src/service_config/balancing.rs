@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::json::ConfigNode;
 use crate::error::Error;
-use crate::instance::wrr_weight::WrrConfig;
+use crate::load::weight::WrrConfig;
 use crate::Strategy;
 
 /// The policies the channel knows, in the refusal of a list that names none of them.

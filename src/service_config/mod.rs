@@ -360,7 +360,7 @@ mod tests {
                 r#"{"loadBalancingConfig": [{"grpclb": {"x": 1}}, {"weighted_round_robin": {"enableOobLoadReport": true}}, {"round_robin": {}}]}"#
             ),
             Some(Balancing::Wrr {
-                config: crate::instance::wrr_weight::WrrConfig::default(),
+                config: crate::load::weight::WrrConfig::default(),
                 oob: Some(std::time::Duration::from_secs(10)),
             })
         );

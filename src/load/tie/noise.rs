@@ -33,7 +33,7 @@ impl Noise {
     /// The word as it is now: the share of slow answers and the answers counted (see
     /// [`observe`](Self::observe)).
     #[inline]
-    pub(super) fn word(&self) -> u64 {
+    pub(in crate::load) fn word(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 
@@ -41,7 +41,7 @@ impl Noise {
     /// word holds the share (`f32` bits, low half) and the answers counted, up to
     /// [`NOISE_WINDOW`].
     #[inline]
-    pub(super) fn observe(&self, word: u64, slow: bool) {
+    pub(in crate::load) fn observe(&self, word: u64, slow: bool) {
         let share = f32::from_bits(word as u32);
         let counted = (word >> 32) as u32;
         if !slow && share <= NOISE_FLOOR && counted >= NOISE_WINDOW {
@@ -66,7 +66,7 @@ impl Noise {
     /// Whether the average in `word` has counted [`NOISE_KNOWN`] answers: whether the channel
     /// knows how often answers are slow by chance.
     #[inline]
-    pub(super) fn is_known(word: u64) -> bool {
+    pub(in crate::load) fn is_known(word: u64) -> bool {
         (word >> 32) >= u64::from(NOISE_KNOWN)
     }
 
@@ -88,7 +88,7 @@ impl Noise {
     /// answers have counted), that chance gives less than once in a thousand (2 up to a share
     /// of 3.1%, 3 up to 10%, 4 up to 17.7%, 5 at 25%), at most [`MAX_CONFIRM`].
     #[cold]
-    pub(super) fn run_for(word: u64) -> u32 {
+    pub(in crate::load) fn run_for(word: u64) -> u32 {
         let share = f64::from(f32::from_bits(word as u32));
         // Until the channel has seen enough answers to know how often they are slow by
         // chance (its first ones are a new connection's, and its client may be busy), three.

@@ -91,7 +91,7 @@ pub(crate) const GATE_TURNS: u64 = 32;
 /// The most turns an instance's first answer charges the turn its call was won at (see
 /// `TieBreak::learn`): half the longest stride, since a first answer is the least sure sign
 /// (a new connection, a cold server, a client busy at that moment).
-const FIRST_CHARGE_TURNS: u64 = 4;
+pub(super) const FIRST_CHARGE_TURNS: u64 = 4;
 /// A failed answer counts in the tie-break as an answer this many times its method's reference
 /// (unless it was slower): a slow answer, past [`GATE_AT`], so that an instance that fails at
 /// once, whose calls end sooner than anyone's, does not win the ties as the idlest and fastest:
@@ -164,56 +164,48 @@ impl GateRule {
     };
 }
 
-/// A slow answer that comes more than this many times its method's reference after the
-/// instance's previous answer gates at once, without waiting for a second one: a client that
-/// sees an instance rarely (one of many clients, or a low rate) would get its confirmation after
-/// the slow spell is over (50 clients sharing 2,000 calls/s see each of 20 instances about
-/// twice a second; what waiting for two cost there: `docs/design.md`, the default's section).
-const SPARSE_REFS: f64 = 50.0;
 /// Slow answers in a row counted for the doubling.
-const MAX_STRIKES: u32 = 7;
-/// In [`TieBreak`]'s `strikes`: the gate set last was a failed answer's ([`GateRule::failure`]).
-const FAILURE_GATE: u32 = 1 << 8;
+pub(super) const MAX_STRIKES: u32 = 7;
 
 /// The tie-break's record of one instance. The pick reads `pass`, `stride`, `recheck_at` and
 /// `gate_pass`; the rest is written when an answer arrives.
 #[repr(C)]
 #[derive(Debug)]
 pub(crate) struct TieBreak {
-    pass: AtomicU64,
+    pub(super) pass: AtomicU64,
     /// The gate: until this time (nanoseconds since the channel's epoch)...
-    recheck_at: AtomicU64,
+    pub(super) recheck_at: AtomicU64,
     /// ...or until the others' passes reach this one, it wins no tie.
-    gate_pass: AtomicU64,
+    pub(super) gate_pass: AtomicU64,
     /// How far `pass` advances when the instance wins, in 1/65536 turns.
-    stride: AtomicU32,
+    pub(super) stride: AtomicU32,
     /// The slowness estimate (`f32` bits; 0 before the first sample).
-    slowness: AtomicU32,
+    pub(super) slowness: AtomicU32,
     /// What each call in flight on it weighs while it is gated, in [`WEIGHT_ONE`] units (its
     /// slowness, at most [`MAX_WEIGHT`]): computed with the slowness, so the pick reads an
     /// integer.
-    weight: AtomicU32,
+    pub(super) weight: AtomicU32,
     /// The pass of the ties for calls to expensive methods (see [`Methods::is_expensive`]): they take
     /// turns of their own, so that the calls that hold an instance longest are shared as evenly
     /// as the rest.
-    expensive_pass: AtomicU64,
+    pub(super) expensive_pass: AtomicU64,
     /// When the gate was last set: an answer to a call sent before then is no re-check.
-    gated_at: AtomicU64,
-    /// Slow answers in a row to re-checks, and [`FAILURE_GATE`] if the gate set last was a
+    pub(super) gated_at: AtomicU64,
+    /// Slow answers in a row to re-checks, and `FAILURE_GATE` (`learn.rs`) if the gate set last was a
     /// failed answer's.
-    strikes: AtomicU32,
+    pub(super) strikes: AtomicU32,
     /// Slow answers in a row, however sent (a gate that waits for confirmation counts them).
-    slow_run: AtomicU32,
+    pub(super) slow_run: AtomicU32,
     /// When the last slow answer came.
-    slow_at: AtomicU64,
+    pub(super) slow_at: AtomicU64,
     /// When the last answer came (any: a gate that waits for confirmation waits only where
     /// answers come often).
-    answered_at: AtomicU64,
+    pub(super) answered_at: AtomicU64,
     /// Its stride's multiple for a weight the membership gives it (an xDS endpoint's share),
     /// in 1/[`SCALE_ONE`]: the heaviest instance's is one, one of a third its weight three, so
     /// that it wins a third as many ties. Folded into `stride` when that is written, so the
     /// pick reads one number.
-    scale: AtomicU32,
+    pub(super) scale: AtomicU32,
 }
 
 /// A stride multiple of one (see `TieBreak::scale`).
@@ -254,7 +246,7 @@ impl TieBreak {
     }
 
     /// The stride for this slowness (0: none known yet) and the weight's multiple.
-    fn store_stride(&self, slowness: f64) {
+    pub(super) fn store_stride(&self, slowness: f64) {
         let turns = (slowness / KNEE).powi(2).clamp(1.0, MAX_TURNS);
         let scale = f64::from(self.scale.load(Ordering::Relaxed)) / f64::from(SCALE_ONE);
         self.stride
@@ -364,7 +356,7 @@ impl TieBreak {
     }
 
     #[inline]
-    fn stride(&self) -> u64 {
+    pub(super) fn stride(&self) -> u64 {
         u64::from(self.stride.load(Ordering::Relaxed))
     }
 
@@ -395,201 +387,5 @@ impl TieBreak {
     pub(crate) fn slowness(&self) -> Option<f64> {
         let s = f32::from_bits(self.slowness.load(Ordering::Relaxed));
         (s > 0.0).then_some(f64::from(s))
-    }
-
-    /// As [`observe_gated`](Self::observe_gated) with least pending's gates.
-    #[cfg(test)]
-    pub(crate) fn observe(&self, sample_ns: f64, reference_ns: f64, sent_ns: u64, now_ns: u64) {
-        self.observe_gated(
-            sample_ns,
-            reference_ns,
-            sent_ns,
-            now_ns,
-            GateRule::LEAST_PENDING,
-            &Noise::default(),
-        );
-    }
-
-    /// One answer to a call sent at `sent_ns`: it took `sample_ns`, where the method's
-    /// reference is `reference_ns`, at `now_ns` on the channel's clock. A gate it sets lasts as
-    /// `rule` says. Returns when the gate it set ends (0: it set none).
-    pub(crate) fn observe_gated(
-        &self,
-        sample_ns: f64,
-        reference_ns: f64,
-        sent_ns: u64,
-        now_ns: u64,
-        rule: GateRule,
-        noise: &Noise,
-    ) -> u64 {
-        if !(reference_ns > 0.0 && sample_ns.is_finite()) {
-            return 0;
-        }
-        // How many slow answers in a row it takes is judged before this answer counts.
-        let before = noise.word();
-        if rule.confirm && self.slow_run.load(Ordering::Relaxed) == 0 {
-            noise.observe(before, sample_ns > GATE_AT * reference_ns);
-        }
-        let prev = self.learn(sample_ns / reference_ns);
-        let excess = sample_ns - GATE_AT * reference_ns;
-        // The instance's first answer says nothing of how often answers come (and is often a
-        // warm-up's: a new connection, a cold server). Every answer counts for how often they
-        // come, whatever its rule (a failed answer's too: an instance gated by failures is
-        // answering often, and its next slow answer is no rare one).
-        let last = self.answered_at.swap(now_ns, Ordering::Relaxed);
-        let sparse = rule.confirm
-            && last != 0
-            && now_ns.saturating_sub(last) as f64 > SPARSE_REFS * reference_ns;
-        if excess > 0.0 {
-            let gated_at = self.gated_at.load(Ordering::Relaxed);
-            let strikes = self.strikes_so_far(rule);
-            if strikes.is_none() {
-                // An answer, slow but not failed, ends a run of failed re-checks (the failure's
-                // gate stays one: the answers slow by chance after it are no re-checks).
-                self.strikes.store(FAILURE_GATE, Ordering::Relaxed);
-            }
-            let (strikes, floor) = if rule.confirm {
-                let confirm = Noise::run_for(before);
-                let Some(gate) =
-                    self.confirmed(now_ns, sent_ns, reference_ns, rule, confirm, sparse)
-                else {
-                    return 0;
-                };
-                gate
-            } else {
-                // A strike: slow again when re-checked after a gate (answers to calls that
-                // were already on their way when the gate was set add none).
-                let strikes = match strikes {
-                    Some(_) if prev < GATE_AT => 0,
-                    Some(n) if sent_ns >= gated_at => (n + 1).min(rule.max_strikes),
-                    Some(n) => n,
-                    None => 0,
-                };
-                (strikes, rule.min_refs * reference_ns)
-            };
-            let mark = if rule.failure { FAILURE_GATE } else { 0 };
-            self.strikes.store(strikes | mark, Ordering::Relaxed);
-            // A lighter instance (a weight the membership gives it) answers fewer calls, so it
-            // is gated less often: its gates are as much longer as its turns are, so that every
-            // instance loses the same share of its calls to gates (the heaviest's gates, three
-            // times as many for 3:1, shortened nothing; its share was diluted towards equal).
-            let scale = self.scale.load(Ordering::Relaxed);
-            let stretch = f64::from(scale) / f64::from(SCALE_ONE);
-            let gate = ((rule.factor * excess).max(floor) * f64::from(1u32 << strikes) * stretch)
-                .min(MAX_GATE);
-            let turns = (GATE_TURNS << strikes) * UNIT * u64::from(scale) / u64::from(SCALE_ONE);
-            let pass = self.pass.load(Ordering::Relaxed);
-            self.gate_pass
-                .store(pass.saturating_add(turns), Ordering::Relaxed);
-            if rule.confirm && !Noise::is_known(before) {
-                // Before the channel knows how often its answers are slow by chance (its first
-                // answers: new connections, a client that may be busy), a gate keeps the
-                // instance out of the ties but does not weigh its calls: an instance with fewer
-                // calls in flight never loses on such evidence (docs/design.md, the default's
-                // section, has what it cost).
-                self.weight.store(WEIGHT_ONE as u32, Ordering::Relaxed);
-            }
-            let until = now_ns.saturating_add(gate as u64);
-            self.recheck_at.store(until, Ordering::Relaxed);
-            self.gated_at.store(now_ns, Ordering::Relaxed);
-            until
-        } else {
-            self.slow_run.store(0, Ordering::Relaxed);
-            self.recheck_at.store(0, Ordering::Relaxed);
-            self.strikes.store(0, Ordering::Relaxed);
-            0
-        }
-    }
-}
-
-impl TieBreak {
-    /// The slow re-checks in a row so far, as an answer under `rule` counts them; `None` if
-    /// this answer can be no slow re-check: an answer that did not fail, after a failed
-    /// answer's gate (a failure's gate is no slowness, and an answer slow by chance after it
-    /// is no slow re-check: under the default's rule it would gate for 200 references at once,
-    /// shutting out for a second an instance that answers NOT_FOUND as often as the rest).
-    fn strikes_so_far(&self, rule: GateRule) -> Option<u32> {
-        let word = self.strikes.load(Ordering::Relaxed);
-        (word & FAILURE_GATE == 0 || rule.failure).then_some(word & !FAILURE_GATE)
-    }
-
-    /// The slowness estimate moves with an answer `x` times the method's reference (see the
-    /// module docs), and the stride and the weight of a gated instance's calls with it.
-    /// Returns the estimate before.
-    fn learn(&self, x: f64) -> f64 {
-        let prev = f64::from(f32::from_bits(self.slowness.load(Ordering::Relaxed)));
-        let s = if prev <= 0.0 || x < 0.5 * prev {
-            x
-        } else {
-            prev + 0.5 * (x.min(4.0 * prev) - prev)
-        };
-        self.slowness.store((s as f32).to_bits(), Ordering::Relaxed);
-        let weight = s.clamp(1.0, f64::from(MAX_WEIGHT)) * WEIGHT_ONE as f64;
-        self.weight.store(weight as u32, Ordering::Relaxed);
-        let before = self.stride();
-        self.store_stride(s);
-        // The first answer's stride charges the turn that call was won at, too (at most
-        // FIRST_CHARGE_TURNS more): that turn was won at one turn's stride, slowness unknown,
-        // and without this an instance is handed its second call as soon as the others have
-        // had one each, however slow its first answer was (with many clients starting
-        // together, every client's second call to a slow instance within the same second:
-        // docs/design.md, "Many clients starting together"). Later answers' strides apply from
-        // the next turn on, as the gates expect.
-        let after = self.stride();
-        if prev <= 0.0 && after > before {
-            let charge = (after - before).min(FIRST_CHARGE_TURNS * UNIT);
-            self.pass.fetch_add(charge, Ordering::Relaxed);
-        }
-        prev
-    }
-
-    /// A slow answer, under a rule that waits for confirmation: `None` if it sets no gate yet,
-    /// else the gate's strikes and floor.
-    ///
-    /// One slow answer from an instance whose previous answer was fast is most often the tail
-    /// every instance has (a pause, an expensive request): where answers come often, it sets no
-    /// gate. `confirm` in a row (see [`Noise::run_for`]: two on a quiet client), within
-    /// the longest gate, set a gate as long as the excess says; the long minimum waits for one
-    /// more in a row or a slow re-check. Where answers come rarely (see [`SPARSE_REFS`]), one
-    /// fewer sets the long gate at once. See
-    /// `pick::fastest_scenarios::equal_instances_with_a_tail` for what a gate at every slow
-    /// answer cost, and `a_client_that_stalls_gates_no_instance` for what a fixed two did on a
-    /// busy client.
-    fn confirmed(
-        &self,
-        now_ns: u64,
-        sent_ns: u64,
-        reference_ns: f64,
-        rule: GateRule,
-        confirm: u32,
-        sparse: bool,
-    ) -> Option<(u32, f64)> {
-        let last = self.slow_at.swap(now_ns, Ordering::Relaxed);
-        let run = if last != 0 && now_ns.saturating_sub(last) <= MAX_GATE as u64 {
-            self.slow_run.load(Ordering::Relaxed).saturating_add(1)
-        } else {
-            1
-        };
-        self.slow_run.store(run, Ordering::Relaxed);
-        if run < confirm - u32::from(sparse) {
-            return None;
-        }
-        let strikes = match self.strikes_so_far(rule) {
-            Some(_) if self.recheck_at.load(Ordering::Relaxed) == 0 => 0,
-            Some(n) if sent_ns >= self.gated_at.load(Ordering::Relaxed) => {
-                (n + 1).min(rule.max_strikes)
-            }
-            Some(n) => n,
-            None => 0,
-        };
-        let long = strikes > 0 || run > confirm || sparse;
-        Some((
-            strikes,
-            if long {
-                rule.min_refs * reference_ns
-            } else {
-                0.0
-            },
-        ))
     }
 }

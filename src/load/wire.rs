@@ -22,9 +22,23 @@
 
 use std::collections::BTreeMap;
 
-use super::LoadReport;
+use super::report::LoadReport;
 
 use crate::protowire::{put_double, put_varint, varint_len, Reader, FIXED64, LEN, VARINT};
+
+impl LoadReport {
+    /// Decodes a serialised report; `None` if it is malformed. Unknown fields are skipped.
+    pub fn decode(bytes: &[u8]) -> Option<LoadReport> {
+        decode(bytes)
+    }
+
+    /// Serialises the report (protobuf wire format; fields at their default are left out).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        encode(self, &mut out);
+        out
+    }
+}
 
 /// One `map<string, double>` entry: key 1, value 2.
 fn map_entry(buf: &[u8], into: &mut BTreeMap<String, f64>) -> Option<()> {
@@ -44,7 +58,7 @@ fn map_entry(buf: &[u8], into: &mut BTreeMap<String, f64>) -> Option<()> {
 }
 
 /// Decodes a serialised `OrcaLoadReport`; `None` if it is malformed.
-pub(super) fn decode(buf: &[u8]) -> Option<LoadReport> {
+pub(crate) fn decode(buf: &[u8]) -> Option<LoadReport> {
     let mut r = Reader::new(buf);
     let mut report = LoadReport::default();
     while !r.is_empty() {
@@ -101,7 +115,7 @@ fn put_map(out: &mut Vec<u8>, field: u32, map: &BTreeMap<String, f64>) {
 }
 
 /// Encodes a report in field order, leaving out fields at their default.
-pub(super) fn encode(report: &LoadReport, out: &mut Vec<u8>) {
+pub(crate) fn encode(report: &LoadReport, out: &mut Vec<u8>) {
     put_double(out, 1, report.cpu_utilization);
     put_double(out, 2, report.mem_utilization);
     put_map(out, 4, &report.request_cost);
@@ -115,7 +129,7 @@ pub(super) fn encode(report: &LoadReport, out: &mut Vec<u8>) {
 /// Encodes an `xds.service.orca.v3.OrcaLoadReportRequest`: field 1 `report_interval` (a
 /// `google.protobuf.Duration`: 1 `seconds` int64, 2 `nanos` int32), field 2
 /// `request_cost_names` (repeated string, which this crate never sends).
-pub(super) fn encode_request(interval: std::time::Duration, out: &mut Vec<u8>) {
+pub(crate) fn encode_request(interval: std::time::Duration, out: &mut Vec<u8>) {
     let mut d = Vec::with_capacity(16);
     if interval.as_secs() != 0 {
         put_varint(&mut d, 1 << 3 | u64::from(VARINT));
@@ -134,7 +148,7 @@ pub(super) fn encode_request(interval: std::time::Duration, out: &mut Vec<u8>) {
 /// or negative (the server's minimum applies then); `Err` if the message is malformed. The
 /// cost names are skipped: the server reports utilization only, as gRFC A51 says of
 /// out-of-band reports.
-pub(super) fn decode_request(buf: &[u8]) -> Result<Option<std::time::Duration>, ()> {
+pub(crate) fn decode_request(buf: &[u8]) -> Result<Option<std::time::Duration>, ()> {
     let mut r = Reader::new(buf);
     let mut interval = None;
     while !r.is_empty() {

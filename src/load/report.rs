@@ -1,10 +1,13 @@
-//! An ORCA load report as an instance sent it ([`LoadReport`], gRFC A51): what `load.rs` keeps
-//! of it for the pick and `wrr_weight.rs` weighs, both reading this one type.
+//! An ORCA load report as an instance sent it ([`LoadReport`], gRFC A51): what `reported.rs` keeps
+//! of it for the pick and `weight.rs` weighs, both reading this one type.
 //!
 //! Sources:
 //! [gRFC A51](https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md).
 
 use std::collections::BTreeMap;
+
+/// The trailer that carries a per-call load report (gRFC A51).
+pub const TRAILER: &str = "endpoint-load-metrics-bin";
 
 /// The named metric (in [`LoadReport::named_metrics`]) that holds the calls the instance has in
 /// flight, for every client, when the report was made.

@@ -1,7 +1,7 @@
 //! What an instance reported of its load (ORCA, gRFC A51), kept as the pick reads it: atomics
 //! only. The reports ([`LoadReport`], in `report.rs`) are read and taken in by
 //! [`crate::orca`]; the pick reads what is kept here ([`OthersInFlight`] for least pending;
-//! weighted round robin's weight is in [`super::wrr_weight`]).
+//! weighted round robin's weight is in [`super::weight`]).
 //!
 //! Sources:
 //! [gRFC A51](https://github.com/grpc/proposal/blob/master/A51-custom-backend-metrics.md).
@@ -13,7 +13,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 
 use super::report::LoadReport;
-use super::wrr_weight::{EndpointWeight, WrrConfig};
+use super::weight::{EndpointWeight, WrrConfig};
 
 /// The clock of the in-flight estimate: nanoseconds >> 20 (about a millisecond), plus one so
 /// that 0 means "no report".
@@ -171,5 +171,47 @@ impl Reported {
     /// The last report, if any.
     pub(crate) fn last(&self) -> Option<Arc<LoadReport>> {
         self.last.load_full()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-flight estimate uses only fresh reports: a report at most the age old counts,
+    /// an older one does not, and a report from the future (the coarse clock lags) counts.
+    #[test]
+    fn others_only_while_fresh() {
+        let s = ReportSettings::new(Duration::from_millis(100), WrrConfig::default());
+        let r = OthersInFlight::default();
+        let at = 5_000_000_000u64;
+        assert_eq!(r.get(tick(at)), 0);
+        r.set(7, at, s.max_age_ticks);
+        assert_eq!(r.get(tick(at)), 7);
+        assert_eq!(r.get(tick(at + 90_000_000)), 7);
+        assert_eq!(r.get(tick(at + 200_000_000)), 0);
+        // The pick's clock may lag the report's.
+        assert_eq!(r.get(tick(at - 50_000_000)), 7);
+        let off = ReportSettings::new(Duration::ZERO, WrrConfig::default());
+        r.set(7, at, off.max_age_ticks);
+        assert_eq!(r.get(tick(at)), 0);
+        // Long past: stale, an hour or 30 or 60 days later (a 32-bit tick wrapped after 26
+        // days and made a count from long ago fresh again for as long).
+        r.set(7, at, s.max_age_ticks);
+        for later in [3_600u64, 30 * 86_400, 60 * 86_400] {
+            assert_eq!(
+                r.get(tick(at + later * 1_000_000_000)),
+                0,
+                "{later} s later"
+            );
+        }
+        // The longest age stays fresh however far the pick's clock lags.
+        let longest = ReportSettings::new(Duration::MAX, WrrConfig::default());
+        r.set(7, at, longest.max_age_ticks);
+        assert_eq!(r.get(tick(at - 1_000_000_000)), 7);
+        assert_eq!(r.get(tick(at + 86_400_000_000_000)), 7);
+        // A count past 24 bits is kept as the most it can hold.
+        r.set(u64::MAX, at, s.max_age_ticks);
+        assert_eq!(r.get(tick(at)), (1 << COUNT_BITS) - 1);
     }
 }
