@@ -58,6 +58,31 @@ pub(crate) fn passed(deadline: &tokio::time::Sleep) -> bool {
     deadline.is_elapsed() || deadline.deadline() <= tokio::time::Instant::now()
 }
 
+/// A deadline counts against an instance that has not answered only if the call had been on
+/// it at least this long...
+pub(crate) const FLOOR: Duration = Duration::from_millis(10);
+/// ...and at least this many times its usual latency: a deadline short next to what the
+/// instance usually takes is the caller's choice, not a sign of trouble.
+pub(crate) const LATENCY_FACTOR: f64 = 4.0;
+
+/// Whether a call sent to an instance at `start` that has not answered, where the instance's
+/// usual latency is `usual_ns` (0: unknown), was held long enough, by `deadline` (now, if the
+/// channel knows no deadline), for the silence to say something of the instance: at least
+/// [`FLOOR`] and [`LATENCY_FACTOR`] times its usual latency.
+pub(crate) fn held_long_enough(
+    start: tokio::time::Instant,
+    usual_ns: f64,
+    deadline: Option<tokio::time::Instant>,
+) -> bool {
+    // Held until the deadline at most: past it the call was over whatever the instance
+    // did, and a timer that fires late (a client short of CPU) says nothing of it.
+    let now = tokio::time::Instant::now();
+    let until = deadline.map_or(now, |d| d.min(now));
+    let held = until.saturating_duration_since(start);
+    let enough = FLOOR.as_secs_f64().max(usual_ns * 1e-9 * LATENCY_FACTOR);
+    held.as_secs_f64() >= enough
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse;

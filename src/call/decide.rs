@@ -14,14 +14,15 @@ use tonic::body::Body;
 use tonic::Code;
 use tower::BoxError;
 
+use super::attempt::head_status;
 use super::attempt::{Attempt, Polled};
 use super::next::{self, Next};
-use super::outcome::{head_status, End};
+use super::outcome::End;
 use super::plan::{Attempts, RetryState};
 use super::plan::{Plan, MAX_REFUSED_WAITED};
 use super::replay::Replay;
 use super::CallResult;
-use crate::call::guard::GuardedBody;
+use crate::call::attempt::GuardedBody;
 use crate::error::{deadline_exceeded, no_usable_instance};
 use crate::instance::conns::UNCOUNTED;
 use crate::instance::events::AttemptKind;

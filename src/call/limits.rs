@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::body::Body;
 
-use super::guard::GuardedBody;
+use super::attempt::GuardedBody;
 use crate::instance::events::Outcome;
 
 /// Where a stream of gRPC messages stands, however it is cut into frames.

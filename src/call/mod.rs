@@ -23,9 +23,8 @@
 //! what a call needs for further attempts; in [`decide`], what each end of an attempt means
 //! for the call, and the next attempt.
 
-mod attempt;
+pub(crate) mod attempt;
 mod decide;
-pub(crate) mod guard;
 mod limits;
 mod next;
 mod outcome;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use tonic::Code;
 use tower::BoxError;
 
-use crate::call::guard::CallGuard;
+use crate::call::attempt::CallGuard;
 use crate::error::{sources, unavailable};
 use crate::instance::events::{classify_code, Outcome};
 
@@ -262,34 +262,4 @@ pub(crate) fn not_processed(addr: &str, e: BoxError) -> tonic::Status {
         crate::error::chain(&*e)
     );
     unavailable(addr, reason, Some(Arc::from(e)))
-}
-
-/// The status that a response head carries on its own, and what it says of the instance: the
-/// `grpc-status` of a trailers-only response; for an answer that is not gRPC's (an HTTP error
-/// from a proxy, no `grpc-status`), the code gRPC maps its HTTP status to, and a failure of the
-/// instance. `None` for a response whose status comes in its trailers.
-#[inline]
-pub(crate) fn head_status(resp: &http::Response<tonic::body::Body>) -> Option<(Code, Outcome)> {
-    let ended = http_body::Body::is_end_stream(resp.body());
-    if resp.status() == http::StatusCode::OK && !ended {
-        return None;
-    }
-    Some(match crate::headers::grpc_status(resp.headers()) {
-        Some(code) => (code, classify_code(code)),
-        None if resp.status() == http::StatusCode::OK => (Code::Unknown, Outcome::Failure),
-        None => (from_http_status(resp.status()), Outcome::Failure),
-    })
-}
-
-/// gRPC's mapping of an HTTP status to a code, for responses without `grpc-status`
-/// (`doc/http-grpc-status-mapping.md` of grpc/grpc).
-fn from_http_status(status: http::StatusCode) -> Code {
-    match status.as_u16() {
-        400 => Code::Internal,
-        401 => Code::Unauthenticated,
-        403 => Code::PermissionDenied,
-        404 => Code::Unimplemented,
-        429 | 502 | 503 | 504 => Code::Unavailable,
-        _ => Code::Unknown,
-    }
 }

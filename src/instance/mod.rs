@@ -1,5 +1,7 @@
-//! One instance: its address, its tonic `Channel`, and the counters the pick and the health
-//! logic read without a lock.
+//! One instance: its address, its tonic `Channel`, its state and calls in flight, and the
+//! records of the parts that watch it, embedded by value so that the pick reads them without a
+//! lock: what is learned of its load (`crate::load`), its outlier-ejection record
+//! (`ejection.rs`, `crate::health`'s), its latest probe answer (`crate::probe`).
 //!
 //! Sources:
 //! [gRFC A58](https://github.com/grpc/proposal/blob/master/A58-client-side-weighted-round-robin-lb-policy.md).
@@ -100,7 +102,7 @@ pub(crate) struct Instance {
     /// call to end wakes [`room`](Self::room). In the padding after `breaks`, on the line the
     /// guard's `-1` writes anyway.
     room_wanted: AtomicBool,
-    /// The least-pending tie-break's record (see `tie.rs`); what the pick reads of it ends
+    /// The least-pending tie-break's record (see `crate::load::tie`); what the pick reads of it ends
     /// the first cache line.
     pub(crate) tie: TieBreak,
     /// The calls on its own connection (`channel`), counted only when it may have more than one
@@ -142,7 +144,7 @@ pub(crate) struct Instance {
 }
 
 /// Where the turns of the instances in service among `set` are (the median pass, see
-/// `tiebreak::Level`): an instance that joins or comes back starts there. Those out of service
+/// `load::tie::Level`): an instance that joins or comes back starts there. Those out of service
 /// are left out (their passes stopped where they left); `None` when none is in service.
 pub(crate) fn level_in_service<'a>(
     set: impl Iterator<Item = &'a Arc<Instance>>,

@@ -1,6 +1,6 @@
 //! What an instance reported of its load (ORCA, gRFC A51), kept as the pick reads it: atomics
 //! only. The reports ([`LoadReport`], in `report.rs`) are read and taken in by
-//! [`crate::orca`]; the pick reads what is kept here ([`OthersInFlight`] for least pending;
+//! `learn.rs`; the pick reads what is kept here ([`OthersInFlight`] for least pending;
 //! weighted round robin's weight is in [`super::weight`]).
 //!
 //! Sources:

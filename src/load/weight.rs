@@ -1,6 +1,6 @@
 //! Weighted round robin's weight of one instance (gRFC A58): the weight its load reports give
 //! it, and when that weight counts (the blackout after a run of reports begins, the expiry
-//! after the last one). [`crate::orca`] hands each report in; the schedule (`crate::pick::wrr`)
+//! after the last one). Each report comes in through `reported.rs` (from `learn.rs`); the schedule (`crate::pick::wrr`)
 //! reads the weights. Kept in the instance, atomics only, written only through
 //! [`EndpointWeight`]'s methods.
 //!
