@@ -290,38 +290,54 @@ impl TieBreak {
                 };
                 (strikes, rule.min_refs * reference_ns)
             };
-            let mark = if rule.failure { FAILURE_GATE } else { 0 };
-            self.strikes.store(strikes | mark, Ordering::Relaxed);
-            // A lighter instance (a weight the membership gives it) answers fewer calls, so it
-            // is gated less often: its gates are as much longer as its turns are, so that every
-            // instance loses the same share of its calls to gates (the heaviest's gates, three
-            // times as many for 3:1, shortened nothing; its share was diluted towards equal).
-            let scale = self.scale.load(Ordering::Relaxed);
-            let stretch = f64::from(scale) / f64::from(SCALE_ONE);
-            let gate = ((rule.factor * excess).max(floor) * f64::from(1u32 << strikes) * stretch)
-                .min(MAX_GATE);
-            let turns = (GATE_TURNS << strikes) * UNIT * u64::from(scale) / u64::from(SCALE_ONE);
-            let pass = self.pass.load(Ordering::Relaxed);
-            self.gate_pass
-                .store(pass.saturating_add(turns), Ordering::Relaxed);
-            if rule.confirm && !Noise::is_known(before) {
-                // Before the channel knows how often its answers are slow by chance (its first
-                // answers: new connections, a client that may be busy), a gate keeps the
-                // instance out of the ties but does not weigh its calls: an instance with fewer
-                // calls in flight never loses on such evidence (docs/design.md, the default's
-                // section, has what it cost).
-                self.weight.store(WEIGHT_ONE as u32, Ordering::Relaxed);
-            }
-            let until = now_ns.saturating_add(gate as u64);
-            self.recheck_at.store(until, Ordering::Relaxed);
-            self.gated_at.store(now_ns, Ordering::Relaxed);
-            until
+            self.close(excess, floor, strikes, rule, before, now_ns)
         } else {
             self.slow_run.store(0, Ordering::Relaxed);
             self.recheck_at.store(0, Ordering::Relaxed);
             self.strikes.store(0, Ordering::Relaxed);
             0
         }
+    }
+
+    /// Closes the instance to the ties after an answer `excess` over [`GATE_AT`] times its
+    /// method's reference: for `rule`'s time (at least `floor`), doubled `strikes` times, and
+    /// for as many of the others' turns; `before`: the channel's noise word before the answer.
+    /// Returns when the gate ends.
+    fn close(
+        &self,
+        excess: f64,
+        floor: f64,
+        strikes: u32,
+        rule: GateRule,
+        before: u64,
+        now_ns: u64,
+    ) -> u64 {
+        let mark = if rule.failure { FAILURE_GATE } else { 0 };
+        self.strikes.store(strikes | mark, Ordering::Relaxed);
+        // A lighter instance (a weight the membership gives it) answers fewer calls, so it
+        // is gated less often: its gates are as much longer as its turns are, so that every
+        // instance loses the same share of its calls to gates (the heaviest's gates, three
+        // times as many for 3:1, shortened nothing; its share was diluted towards equal).
+        let scale = self.scale.load(Ordering::Relaxed);
+        let stretch = f64::from(scale) / f64::from(SCALE_ONE);
+        let gate = ((rule.factor * excess).max(floor) * f64::from(1u32 << strikes) * stretch)
+            .min(MAX_GATE);
+        let turns = (GATE_TURNS << strikes) * UNIT * u64::from(scale) / u64::from(SCALE_ONE);
+        let pass = self.pass.load(Ordering::Relaxed);
+        self.gate_pass
+            .store(pass.saturating_add(turns), Ordering::Relaxed);
+        if rule.confirm && !Noise::is_known(before) {
+            // Before the channel knows how often its answers are slow by chance (its first
+            // answers: new connections, a client that may be busy), a gate keeps the
+            // instance out of the ties but does not weigh its calls: an instance with fewer
+            // calls in flight never loses on such evidence (docs/design.md, the default's
+            // section, has what it cost).
+            self.weight.store(WEIGHT_ONE as u32, Ordering::Relaxed);
+        }
+        let until = now_ns.saturating_add(gate as u64);
+        self.recheck_at.store(until, Ordering::Relaxed);
+        self.gated_at.store(now_ns, Ordering::Relaxed);
+        until
     }
 
     /// The slow re-checks in a row so far, as an answer under `rule` counts them; `None` if
