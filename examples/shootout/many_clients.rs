@@ -12,6 +12,12 @@
 //! - `overload`: they are overloaded throughout: 5 ms + 20 ms per other call in flight (all
 //!   clients' calls), as in the single-client shootout's `overload` scenario.
 //!
+//! and a third case of its own shape, `queue` (issue 40's): 18 instances answer after a fixed
+//! 5 ms whatever their load, and two (i0, i10) serve one call at a time, 12.5 ms each, each
+//! call waiting for those before it (`Behavior::Queue`): only slightly slower when idle, much
+//! slower when several clients pick them at once. Measured from the start, without a warm-up
+//! (a herd, if any, is the clients' first calls), 4 s per contender.
+//!
 //! Each instance reports as utilization its rate times its current mean service time (its base
 //! plus its per-call time times its mean calls in flight, sampled every 10 ms) over 4 workers,
 //! as a CPU gauge would see it.
@@ -33,8 +39,9 @@
 //!
 //! - `oracle` (least pending only, a contender beyond the usual ones): no reports, but every
 //!   client takes a misbehaving instance out of its set: in `antagonist`, at the first instant
-//!   of its slowdown, putting it back after; in `overload`, before the run. What knowing at
-//!   once which instances are slow, and nothing of the others' calls in flight, can do at best.
+//!   of its slowdown, putting it back after; in `overload` and `queue`, before the run. What
+//!   knowing at once which instances are slow, and nothing of the others' calls in flight, can
+//!   do at best.
 //! - `tower p2c, servers' own counts` (a contender beyond the usual ones): 50 clients, each
 //!   its own tower p2c whose load for an instance is the instance's own count of its calls in
 //!   flight (every client's), read in-process at the instant of the pick: what two probes per
@@ -110,6 +117,10 @@ const MEASURED: Duration = Duration::from_secs(5);
 const DEADLINE: Duration = Duration::from_secs(1);
 /// The misbehaving instances (antagonised, or overloaded).
 const SLOWED: [usize; 4] = [0, 5, 10, 15];
+/// The queue case's queues, their service time, and how long it is measured (from the start).
+const QUEUES: [usize; 2] = [0, 10];
+const QUEUE_SERVICE: Duration = Duration::from_micros(12_500);
+const QUEUE_MEASURED: Duration = Duration::from_secs(4);
 const EPISODE: Duration = Duration::from_secs(2);
 const BASE: Duration = Duration::from_millis(5);
 const PER_CALL: Duration = Duration::from_millis(2);
@@ -133,19 +144,46 @@ enum Case {
     Antagonist,
     /// The 4 instances take 5 ms + 20 ms per other call in flight, throughout.
     Overload,
+    /// 18 instances answer in 5 ms whatever their load, 2 serve one call at a time (12.5 ms).
+    Queue,
 }
 
-const CASES: [Case; 2] = [Case::Antagonist, Case::Overload];
+const CASES: [Case; 3] = [Case::Antagonist, Case::Overload, Case::Queue];
 
 impl Case {
     fn key(self) -> &'static str {
         match self {
             Case::Antagonist => "antagonist",
             Case::Overload => "overload",
+            Case::Queue => "queue",
         }
     }
 
-    /// The cases to run: `MANY_CLIENTS_CASE` (`antagonist` or `overload`), else both.
+    /// The instances that misbehave (for `to slowed`).
+    fn misbehaving(self) -> &'static [usize] {
+        match self {
+            Case::Queue => &QUEUES,
+            _ => &SLOWED,
+        }
+    }
+
+    /// The warm-up before the measured window: none for `queue`, whose point is the start.
+    fn warmup(self) -> Duration {
+        match self {
+            Case::Queue => Duration::ZERO,
+            _ => WARMUP,
+        }
+    }
+
+    fn measured(self) -> Duration {
+        match self {
+            Case::Queue => QUEUE_MEASURED,
+            _ => MEASURED,
+        }
+    }
+
+    /// The cases to run: `MANY_CLIENTS_CASE` (`antagonist`, `overload`, `queue`, or several
+    /// with commas), else every one.
     fn chosen() -> Vec<Case> {
         match std::env::var("MANY_CLIENTS_CASE") {
             Ok(v) if !v.is_empty() && v != "both" && v != "all" => {
@@ -154,7 +192,7 @@ impl Case {
                     .filter(|c| v.split(',').any(|k| k.trim() == c.key()))
                     .collect();
                 if cases.is_empty() {
-                    eprintln!("MANY_CLIENTS_CASE={v:?}: not antagonist or overload");
+                    eprintln!("MANY_CLIENTS_CASE={v:?}: not antagonist, overload or queue");
                     std::process::exit(2);
                 }
                 cases
@@ -166,11 +204,16 @@ impl Case {
     /// What misbehaves, for the table's heading.
     fn describe(self) -> String {
         match self {
-            Case::Antagonist => "i0, i5, i10, i15 3x slower (15 ms + 6 ms per other call in flight) for 2 s each at random moments".to_owned(),
+            Case::Antagonist => "each 5 ms + 2 ms per other call in flight; i0, i5, i10, i15 3x slower (15 ms + 6 ms per other call in flight) for 2 s each at random moments".to_owned(),
             Case::Overload => format!(
-                "i0, i5, i10, i15 overloaded throughout ({} ms + {} ms per other call in flight, all clients' calls)",
+                "each 5 ms + 2 ms per other call in flight; i0, i5, i10, i15 overloaded throughout ({} ms + {} ms per other call in flight, all clients' calls)",
                 BASE.as_millis(),
                 OVERLOAD_PER_CALL.as_millis()
+            ),
+            Case::Queue => format!(
+                "i0, i10 serve one call at a time ({} ms each, a queue), the other 18 answer in {} ms whatever their load",
+                QUEUE_SERVICE.as_secs_f64() * 1e3,
+                BASE.as_millis()
             ),
         }
     }
@@ -182,7 +225,7 @@ impl Case {
                 (SLOWED.len() as f64 * EPISODE.as_secs_f64())
                     / (INSTANCES as f64 * MEASURED.as_secs_f64())
             }
-            Case::Overload => SLOWED.len() as f64 / INSTANCES as f64,
+            Case::Overload | Case::Queue => self.misbehaving().len() as f64 / INSTANCES as f64,
         }
     }
 }
@@ -580,11 +623,22 @@ impl Servers {
         self.per_call_us[i].store(per_call.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// Instance `i` serves one call at a time, `service` each, from now on (a fresh queue).
+    fn queue(&self, i: usize, service: Duration) {
+        self.instances[i].set(Behavior::Queue(service));
+        self.base_us[i].store(service.as_micros() as u64, Ordering::Relaxed);
+        self.per_call_us[i].store(0, Ordering::Relaxed);
+    }
+
     /// Every instance as the case has them outside of an episode.
     fn reset(&self, case: Case) {
         for i in 0..INSTANCES {
-            let overload = case == Case::Overload && SLOWED.contains(&i);
-            self.set(i, if overload { overloaded() } else { normal() });
+            match case {
+                Case::Queue if QUEUES.contains(&i) => self.queue(i, QUEUE_SERVICE),
+                Case::Queue => self.set(i, (BASE, Duration::ZERO)),
+                Case::Overload if SLOWED.contains(&i) => self.set(i, overloaded()),
+                _ => self.set(i, normal()),
+            }
         }
     }
 
@@ -730,7 +784,9 @@ impl Call {
             Case::Antagonist => episodes.iter().any(|&(i, from)| {
                 self.by == Some(i) && self.at >= from && self.at < from + EPISODE
             }),
-            Case::Overload => self.by.is_some_and(|i| SLOWED.contains(&i)),
+            Case::Overload | Case::Queue => {
+                self.by.is_some_and(|i| case.misbehaving().contains(&i))
+            }
         }
     }
 }
@@ -762,18 +818,19 @@ async fn run_one(
     servers.per_call_reports(contender.reports == Reports::PerCall);
     let (boxed, channels) = contender.clients(&uris, &servers).await;
     let oracle = contender.reports == Reports::Oracle;
-    if oracle && case == Case::Overload {
+    if oracle && matches!(case, Case::Overload | Case::Queue) {
         for c in &channels {
-            for &i in &SLOWED {
+            for &i in case.misbehaving() {
                 c.remove(&uris[i]).expect("a valid URI");
             }
         }
     }
     let clients: Vec<FleetClient<Svc>> = boxed.into_iter().map(FleetClient::new).collect();
-    let warm = (RATE * WARMUP.as_secs_f64()) as usize;
-    let total = warm + (RATE * MEASURED.as_secs_f64()) as usize;
+    let (warmup, measured) = (case.warmup(), case.measured());
+    let warm = (RATE * warmup.as_secs_f64()) as usize;
+    let total = warm + (RATE * measured.as_secs_f64()) as usize;
     let start = Instant::now() + Duration::from_millis(20);
-    let measured_from = start + WARMUP;
+    let measured_from = start + warmup;
     // The antagonist, on the measured window's clock.
     let antagonist = {
         let servers = servers.clone();
@@ -822,14 +879,14 @@ async fn run_one(
             tokio::time::sleep_until(measured_from.into()).await;
             let (t0, cpu0, probes0) = (Instant::now(), thread_cpu(), probes_sent(&channels));
             let served0 = served();
-            tokio::time::sleep_until((measured_from + MEASURED).into()).await;
+            tokio::time::sleep_until((measured_from + measured).into()).await;
             let (t1, cpu1, probes1) = (Instant::now(), thread_cpu(), probes_sent(&channels));
             let served1 = served();
             let calls = RATE * (t1 - t0).as_secs_f64();
             let cpu = cpu_between(&cpu0, &cpu1);
             let us = |side| cpu.get(side).copied().unwrap_or(0) as f64 * 1e-3 / calls;
             let reached: Vec<u64> = served1.iter().zip(&served0).map(|(b, a)| b - a).collect();
-            let to_slowed: u64 = SLOWED.iter().map(|&i| reached[i]).sum();
+            let to_slowed: u64 = case.misbehaving().iter().map(|&i| reached[i]).sum();
             Window {
                 client_us: us("client"),
                 server_us: us("server"),
@@ -938,7 +995,7 @@ fn summary(calls: &[Call], window: Window, case: Case) -> Summary {
         to_slowed: match case {
             Case::Antagonist => slowed / n,
             // Failed calls included: the share that reached them.
-            Case::Overload => window.reached_slowed,
+            Case::Overload | Case::Queue => window.reached_slowed,
         },
         p99_elsewhere: quantiles(elsewhere)[1],
         window,
@@ -994,11 +1051,11 @@ fn run_case(
     let contenders = all_contenders();
     println!();
     println!(
-        "{KEY} ({}): {CLIENTS} clients (independent balancers), {RATE:.0} calls/s in all, open loop, {INSTANCES} instances of 5 ms + 2 ms per other call in flight; {}; {:.1} s measured (+{:.1} s warm-up) per contender, {rounds} round(s), deadline 1 s; latency in ms from the scheduled start, 'fail' = the percentile falls on failed calls",
+        "{KEY} ({}): {CLIENTS} clients (independent balancers), {RATE:.0} calls/s in all, open loop, {INSTANCES} instances, {}; {:.1} s measured (+{:.1} s warm-up) per contender, {rounds} round(s), deadline 1 s; latency in ms from the scheduled start, 'fail' = the percentile falls on failed calls",
         case.key(),
         case.describe(),
-        MEASURED.as_secs_f64(),
-        WARMUP.as_secs_f64()
+        case.measured().as_secs_f64(),
+        case.warmup().as_secs_f64()
     );
     match case {
         Case::Antagonist => {
@@ -1012,8 +1069,13 @@ fn run_case(
                 case.fair_share() * 100.0
             );
         }
-        Case::Overload => println!(
-            "'to slowed': calls that reached i0, i5, i10, i15, failed ones included (server-side counts over the measured window; fair share {:.0}%); 'p99 elsewhere': of the calls answered by the others",
+        Case::Overload | Case::Queue => println!(
+            "'to slowed': calls that reached {}, failed ones included (server-side counts over the measured window; fair share {:.0}%); 'p99 elsewhere': of the calls answered by the others",
+            case.misbehaving()
+                .iter()
+                .map(|i| format!("i{i}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             case.fair_share() * 100.0
         ),
     }

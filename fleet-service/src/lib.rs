@@ -102,6 +102,9 @@ pub enum Behavior {
         stall: Duration,
         base: Duration,
     },
+    /// Serves one call at a time, this long each, in the order they came: each call waits for
+    /// those before it (a queue; see the fleet's `Script::queue`).
+    Queue(Duration),
     /// Unary and streaming-input calls answer at once; a server-streaming call sends its
     /// replies, then stays open (a long-lived stream) until the test releases it
     /// ([`Instance::release`]) or the client goes away.
@@ -410,6 +413,7 @@ impl Shared {
                 (Script::new().fail(*code, failed()), false)
             }
             Behavior::Hang => (Script::new().hang(), false),
+            Behavior::Queue(service) => (Script::new().queue(*service), false),
             Behavior::Overload { base, per_call } => (
                 Script::new().delay(*base).per_call_in_flight(*per_call),
                 false,

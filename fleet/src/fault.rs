@@ -38,7 +38,7 @@
 //!
 //! - [`Script::limit`]: a call beyond the limit is answered at once with its status;
 //! - otherwise the waits add up ([`Script::delay`], [`Script::per_call_in_flight`],
-//!   [`Script::stall`], [`Script::cold`]), then [`Script::hold`] (until [`Faults::release`])
+//!   [`Script::stall`], [`Script::cold`], [`Script::queue`]), then [`Script::hold`] (until [`Faults::release`])
 //!   or [`Script::hang`] (for ever), then the status of [`Script::fail`] (if
 //!   [`Script::one_in`] and [`Script::chance`] pick this call), all at the script's [`Point`]
 //!   of the call.
@@ -163,6 +163,7 @@ pub struct Script {
     per_call_in_flight: Duration,
     stall: Option<(f64, Duration)>,
     cold: Option<(u64, Duration)>,
+    queue: Option<Duration>,
     fail: Option<(Code, String)>,
     trailers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
     one_in: Option<NonZeroU64>,
@@ -214,6 +215,16 @@ impl Script {
     /// script is set, take `d` more.
     pub fn cold(mut self, calls: u64, d: Duration) -> Script {
         self.cold = Some((calls, d));
+        self
+    }
+
+    /// A server that serves one call at a time, `service` each, in the order they came: each
+    /// call waits for the calls before it in the script's scope, then `service` more (an
+    /// M/D/1 queue's server: idle, a call takes `service`; with `k` calls ahead, `(k + 1) ×
+    /// service`, less what the first of them has done). A call the client gives up on keeps its
+    /// place, as work a server has queued does. Counted from when the script is set.
+    pub fn queue(mut self, service: Duration) -> Script {
+        self.queue = Some(service);
         self
     }
 
@@ -333,6 +344,7 @@ impl Script {
             && self.per_call_in_flight.is_zero()
             && self.stall.is_none()
             && self.cold.is_none()
+            && self.queue.is_none()
             && self.fail.is_none()
             && !self.hang
             && !self.hold
@@ -349,6 +361,11 @@ struct Armed {
     cold_left: AtomicU64,
     /// Calls seen (not refused by the limit), for `one_in`.
     seen: AtomicU64,
+    /// When it was set: the queue's times are counted from here.
+    since: tokio::time::Instant,
+    /// When the queue's server is free of the calls it has taken, in nanoseconds since
+    /// `since`.
+    free_at: AtomicU64,
 }
 
 impl Armed {
@@ -359,7 +376,23 @@ impl Armed {
             scope,
             cold_left: AtomicU64::new(cold_left),
             seen: AtomicU64::new(0),
+            since: tokio::time::Instant::now(),
+            free_at: AtomicU64::new(0),
         })
+    }
+
+    /// A call comes to the queue now: how long it waits for the calls before it and its own
+    /// `service`. Each call takes the server from when it is free (or now, if it is idle).
+    fn queue_wait(&self, service: Duration) -> Duration {
+        let now = self.since.elapsed().as_nanos() as u64;
+        let service = service.as_nanos() as u64;
+        let took = self
+            .free_at
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |free| {
+                Some(free.max(now).saturating_add(service))
+            })
+            .expect("always Some");
+        Duration::from_nanos(took.max(now).saturating_add(service) - now)
     }
 }
 
@@ -985,6 +1018,9 @@ where
             if self.shared.draw() < p {
                 plan.wait = plan.wait.saturating_add(d);
             }
+        }
+        if let Some(service) = script.queue {
+            plan.wait = plan.wait.saturating_add(armed.queue_wait(service));
         }
         if let Some((_, d)) = script.cold {
             let cold = armed

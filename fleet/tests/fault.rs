@@ -366,6 +366,52 @@ async fn cold_slows_the_first_calls_then_not() {
     assert!(unary_ok(&mut f.client, 7).await < SECOND);
 }
 
+#[tokio::test(start_paused = true)]
+async fn queue_serves_one_call_at_a_time_in_turn() {
+    let faults = Faults::new();
+    let mut f = start(&faults).await;
+    faults.set(Script::new().queue(100 * MS));
+    let alone = unary_ok(&mut f.client, 0).await;
+    assert!(
+        alone >= 100 * MS && alone < 150 * MS,
+        "took {alone:?} alone"
+    );
+
+    // Three at once: each waits for those before it.
+    let start = Instant::now();
+    let calls: Vec<_> = (1..4)
+        .map(|id| {
+            let mut client = f.client.clone();
+            tokio::spawn(async move {
+                unary_ok(&mut client, id).await;
+                start.elapsed()
+            })
+        })
+        .collect();
+    let mut ends = Vec::new();
+    for call in calls {
+        ends.push(call.await.unwrap());
+    }
+    ends.sort();
+    // The k-th to end waited for the k - 1 before it. (Over real sockets the paused clock may
+    // move on to the next timer while an answer is on its way: an end can be late by one
+    // service time, never early.)
+    for (k, end) in ends.iter().enumerate() {
+        let due = 100 * MS * (k as u32 + 1);
+        assert!(
+            *end >= due && *end < due + 150 * MS,
+            "three calls at once ended after {ends:?}"
+        );
+    }
+
+    // The queue emptied: alone again.
+    let again = unary_ok(&mut f.client, 4).await;
+    assert!(
+        again >= 100 * MS && again < 150 * MS,
+        "took {again:?} alone again"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The statuses
 // ---------------------------------------------------------------------------------------------
