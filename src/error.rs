@@ -65,6 +65,14 @@ pub enum Error {
     /// A call's deadline (its `grpc-timeout`) passed before the call was over. (Status
     /// DEADLINE_EXCEEDED.)
     DeadlineExceeded,
+    /// A call the balancing refused to send, as its discovery asked: an xDS endpoint
+    /// assignment's `drop_overloads` drew it, or its cluster's `max_requests` calls were in
+    /// flight (gRFCs A27, A32). The call was not sent. (Status UNAVAILABLE.)
+    #[non_exhaustive]
+    Dropped {
+        /// Why: the category that dropped it, or the cap that was reached.
+        reason: String,
+    },
     /// The connection to an instance failed under a call (it could not be opened, broke, or
     /// was closed before the call was written), and the call could not be sent elsewhere.
     /// (Status UNAVAILABLE.)
@@ -101,6 +109,7 @@ impl PartialEq for Error {
                 a == c && b == d
             }
             (NoUsableInstance { reason: a }, NoUsableInstance { reason: b }) => a == b,
+            (Dropped { reason: a }, Dropped { reason: b }) => a == b,
             (
                 Unavailable {
                     uri: a, reason: b, ..
@@ -132,9 +141,9 @@ impl fmt::Display for Error {
             Error::InvalidSetting { name, reason } => {
                 write!(f, "invalid setting `{name}`: {reason}")
             }
-            Error::NoUsableInstance { reason } | Error::Unavailable { reason, .. } => {
-                f.write_str(reason)
-            }
+            Error::NoUsableInstance { reason }
+            | Error::Unavailable { reason, .. }
+            | Error::Dropped { reason } => f.write_str(reason),
             Error::DeadlineExceeded => {
                 f.write_str("deadline exceeded: the call's grpc-timeout ran out")
             }

@@ -112,6 +112,9 @@ impl Builder {
         );
         pool.methods = methods;
         pool.max_replay_body = self.max_replay_body;
+        if self.xds_target() {
+            pool.admission = Some(Default::default());
+        }
         let pool = Arc::new(pool);
         let _ = hooks.shared.set(Arc::downgrade(&pool));
         #[cfg(feature = "metrics")]
@@ -233,6 +236,9 @@ impl Builder {
             ordinary_codes: self.ejection.ordinary,
             slow_start_ns: self.slow_start.map_or(0, |d| d.as_nanos() as u64),
             probes: self.probes,
+            attempts: self
+                .xds_target()
+                .then(|| std::sync::atomic::AtomicU32::new(0)),
             backoff: self.backoff.clone(),
             discovery_wake: std::sync::OnceLock::new(),
             conns: self.conns,

@@ -13,6 +13,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -245,6 +246,9 @@ impl CallGuard {
     #[inline]
     pub(crate) fn new(inst: Arc<Instance>, method: Method) -> CallGuard {
         inst.standing.enter();
+        if let Some(n) = &inst.ctx.attempts {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
         let breaks_at = inst.call_started();
         let connecting = inst.state() == crate::instance::State::Connecting;
         CallGuard {
@@ -345,6 +349,9 @@ impl Drop for CallGuard {
     #[inline]
     fn drop(&mut self) {
         self.inst.standing.leave();
+        if let Some(n) = &self.inst.ctx.attempts {
+            n.fetch_sub(1, Ordering::Relaxed);
+        }
         // A call whose stream this instance refused may wait for room: there is some now.
         self.inst.room_made();
         if self.held.conn != crate::instance::conns::UNCOUNTED {

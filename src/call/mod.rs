@@ -23,7 +23,8 @@
 //! what a call needs for further attempts; in [`decide`], what each end of an attempt means
 //! for the call, and the next attempt.
 
-pub(crate) mod attempt;
+pub(crate) mod admission;
+mod attempt;
 mod decide;
 mod limits;
 mod next;
@@ -143,6 +144,13 @@ fn route(
     deadline: Option<Pin<Box<Sleep>>>,
     obs: CallObs,
 ) -> ResponseFuture {
+    if let Some(admission) = &shared.admission {
+        if let Err(status) = admit(shared, admission) {
+            let mut obs = obs;
+            obs.refused(&shared.totals);
+            return ResponseFuture::over(status, CallObs::default());
+        }
+    }
     let method = Method::of(req.uri().path());
     let (snap, picked) = pick_now(&shared.picker, &[], method);
     // Discovery's first answer may have been published between that pick and the read of
@@ -154,6 +162,18 @@ fn route(
         _ => (snap, picked),
     };
     route_to(shared, req, deadline, obs, method, (snap, picked))
+}
+
+/// Whether the discovery lets a new call in (see `admission`).
+fn admit(shared: &Shared, admission: &admission::Admission) -> Result<(), tonic::Status> {
+    let in_flight = shared
+        .ctx
+        .attempts
+        .as_ref()
+        .map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed));
+    admission.admit(in_flight).inspect_err(|status| {
+        tracing::debug!(reason = %status.message(), "call dropped");
+    })
 }
 
 /// Routes one call to `method` to the instance the pick chose (`picked` of `snap`), if any.

@@ -24,6 +24,9 @@ pub(crate) struct Shared {
     pub(crate) max_replay_body: usize,
     /// The channel's totals and metrics' labels.
     pub(crate) totals: Arc<crate::observe::Totals>,
+    /// What the discovery says of letting calls in (an xDS channel's drops and
+    /// `max_requests`); `None`: every call goes.
+    pub(crate) admission: Option<super::admission::Admission>,
     /// Notified when an instance may have become usable: one came into service, or a
     /// membership change was published (wait-for-ready calls wait on it, see `call::ready`).
     pub(crate) usable: Arc<tokio::sync::Notify>,
@@ -43,6 +46,7 @@ impl Shared {
             methods: MethodPolicies::default(),
             max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
             totals,
+            admission: None,
             usable: Arc::new(tokio::sync::Notify::new()),
         }
     }

@@ -1,6 +1,6 @@
 //! What the instances of one channel share.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 #[cfg(test)]
 use std::time::Duration;
@@ -37,6 +37,10 @@ pub(crate) struct Context {
     pub(crate) conns: super::conns::Limits,
     /// Where the instances and the set tell what happens to them (see [`Events`]).
     pub(crate) events: Arc<dyn Events>,
+    /// The channel's attempts in flight, each counted from its pick to its end, where a cap
+    /// applies to them (an xDS cluster's `max_requests`, see `call::admission`); `None`: not
+    /// counted.
+    pub(crate) attempts: Option<AtomicU32>,
     /// Probes (`Builder::probes`), if the channel sends them.
     pub(crate) probes: Option<crate::probe::ProbeConfig>,
 }
@@ -128,6 +132,7 @@ impl Context {
             discovery_wake: std::sync::OnceLock::new(),
             conns: Default::default(),
             events: Arc::new(Unobserved),
+            attempts: None,
             probes: None,
         }
     }

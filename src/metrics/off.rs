@@ -42,4 +42,4 @@ pub(crate) fn xds_server_failure(_: &str) {}
 pub(crate) fn xds_updates(_: &str, _: &str, _: u64, _: u64) {}
 #[cfg(feature = "xds")]
 #[inline(always)]
-pub(crate) fn xds_resources(_: &str, _: &'static str, _: usize) {}
+pub(crate) fn xds_resources(_: &str, _: &'static str, _: f64) {}

@@ -46,14 +46,15 @@ pub(crate) fn xds_updates(server: &str, resource_type: &str, valid: u64, invalid
     count(XDS_UPDATES_INVALID, invalid);
 }
 
-/// The resources of `resource_type` the client holds in `state` (`requested`,
-/// `does_not_exist`, `acked`, `nacked`).
-pub(crate) fn xds_resources(resource_type: &str, state: &'static str, n: usize) {
+/// `delta` more (or fewer) resources of `resource_type` held in `state` (`requested`,
+/// `does_not_exist`, `acked`, `nacked`) by the process's xDS clients: each client adds what
+/// changed of its own, so that the gauge is their sum.
+pub(crate) fn xds_resources(resource_type: &str, state: &'static str, delta: f64) {
     let l = vec![
         Label::new(LABEL_TARGET, SHARED),
         Label::new(LABEL_XDS_AUTHORITY, "#old"),
         Label::new(LABEL_XDS_CACHE_STATE, state),
         Label::new(LABEL_XDS_RESOURCE_TYPE, resource_type.to_owned()),
     ];
-    metrics::gauge!(XDS_RESOURCES, l).set(n as f64);
+    metrics::gauge!(XDS_RESOURCES, l).increment(delta);
 }

@@ -21,11 +21,12 @@
 //! - CDS: clusters of type EDS (with `ads` or `self` config sources); the load-balancing
 //!   policy is checked (`lb_policy` ROUND_ROBIN or LEAST_REQUEST, or A52's list with
 //!   round_robin, least_request, client_side_weighted_round_robin, wrr_locality of those) and
-//!   a cluster without a supported one is NACKed; outlier detection and `max_requests` are
-//!   read and checked;
+//!   a cluster without a supported one is NACKed; outlier detection is read and checked;
+//!   `max_requests` (A32) caps the channel's calls in flight;
 //! - EDS: the localities by priority; the endpoints HEALTHY or UNKNOWN of the most preferred
 //!   priority that has any are the channel's instances; DRAINING, UNHEALTHY and the rest take
-//!   no new call (those leaving drain: their calls finish).
+//!   no new call (those leaving drain: their calls finish); `drop_overloads` drop their share
+//!   of the calls.
 //!
 //! ACKs and NACKs carry the version and nonce; a NACK keeps the last good resources and says
 //! why in `error_detail`. A Listener or Cluster deleted, a resource not received within 15 s,
@@ -35,10 +36,10 @@
 //!
 //! **Not yet** (each logged where it applies, never silently): per-method routes and A28's
 //! weighted clusters (the channel sends every call through the first route that takes all
-//! calls, and through the heaviest of weighted clusters), locality and endpoint weights in
-//! the pick, the cluster's policy, outlier detection and `max_requests` applied to the channel
-//! (the builder's settings apply), connectivity-based priority failover, drop_overloads, TLS
-//! to the control plane, federation (A47), A78's metrics.
+//! calls, and through the heaviest of weighted clusters), the cluster's policy and outlier
+//! detection applied to the channel (the builder's settings apply), TLS to the control plane,
+//! federation (A47). Locality and endpoint weights weigh the tie-break's turns, not yet
+//! robustly on a busy client (`docs/xds.md`).
 //!
 //! Sources: [gRFC A27](https://github.com/grpc/proposal/blob/master/A27-xds-global-load-balancing.md),
 //! [gRFC A28](https://github.com/grpc/proposal/blob/master/A28-xds-traffic-splitting-and-routing.md),

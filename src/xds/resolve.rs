@@ -25,10 +25,18 @@ enum Resolution {
     /// A step is pending: nothing to change.
     Pending,
     /// The usable endpoints of each priority that has any, most preferred first, with their
-    /// priority's number.
-    Endpoints(Vec<(usize, Vec<(SocketAddr, f64)>)>),
+    /// priority's number; and what lets calls in.
+    Endpoints(Vec<(usize, Vec<(SocketAddr, f64)>)>, Admit),
     /// A step failed: the set empties, calls fail with this reason.
     Failed(String),
+}
+
+/// What the cluster and its endpoints say of letting calls in: the cluster's name and
+/// `max_requests`, the assignment's drops (category, per million).
+struct Admit {
+    cluster: String,
+    max_requests: u32,
+    drops: Vec<(String, u32)>,
 }
 
 /// The watches a channel holds beyond its Listener: each one replaced when the step before
@@ -63,9 +71,12 @@ pub(crate) async fn run(
         let Some(p) = pool.upgrade() else { return };
         match outcome {
             Resolution::Pending => {}
-            Resolution::Endpoints(by_priority) => {
+            Resolution::Endpoints(by_priority, admit) => {
                 answered = true;
                 priorities = by_priority;
+                if let Some(a) = &p.admission {
+                    a.set(&admit.cluster, &admit.drops, admit.max_requests);
+                }
             }
             Resolution::Failed(why) => {
                 answered = true;
@@ -257,7 +268,12 @@ fn follow_steps(
     let Resource::Endpoints(eds) = &*eds else {
         unreachable!("an endpoints watch")
     };
-    Ok(Resolution::Endpoints(eds.usable_by_priority()))
+    let admit = Admit {
+        cluster: cluster_name,
+        max_requests: cluster.max_requests,
+        drops: eds.drops.clone(),
+    };
+    Ok(Resolution::Endpoints(eds.usable_by_priority(), admit))
 }
 
 /// The set becomes these endpoints, in one swap.

@@ -137,6 +137,10 @@ struct TypeState {
     entries: HashMap<String, WatchedName>,
     /// The names the current stream was last sent.
     sent: Vec<String>,
+    /// What this client adds to the process's gauge of resources by state (A78's
+    /// `grpc.xds_client.resources`: requested, does not exist, acked, nacked), which every
+    /// client of the process adds to.
+    pub(super) reported: [usize; 4],
 }
 
 /// The client's state, shared by its stream task and its watches.
@@ -181,6 +185,24 @@ impl Drop for AdsClient {
     fn drop(&mut self) {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.changed.notify_one();
+    }
+}
+
+/// The client is gone: what it added to the process's gauge of resources by state is taken
+/// back.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let types = match self.types.get_mut() {
+            Ok(types) => types,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        for (kind, t) in ResourceType::ALL.into_iter().zip(types.iter()) {
+            for (state, n) in stream::RESOURCE_STATES.into_iter().zip(t.reported) {
+                if n > 0 {
+                    crate::metrics::xds_resources(kind.type_name(), state, -(n as f64));
+                }
+            }
+        }
     }
 }
 

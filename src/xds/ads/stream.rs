@@ -337,8 +337,10 @@ fn take_resources(
     (valid, errors)
 }
 
-/// A78's gauge of the resources of a type the client holds, by state.
-fn report_resources(kind: ResourceType, t: &TypeState) {
+/// A78's gauge of the resources of a type the client holds, by state: what changed since this
+/// client last reported is added to the process's gauge (other clients, of other control
+/// planes, add theirs).
+fn report_resources(kind: ResourceType, t: &mut TypeState) {
     let mut counts = [0usize; 4];
     for e in t.entries.values() {
         let i = match *e.tx.borrow() {
@@ -349,13 +351,17 @@ fn report_resources(kind: ResourceType, t: &TypeState) {
         };
         counts[i] += 1;
     }
-    for (state, n) in ["requested", "does_not_exist", "acked", "nacked"]
-        .into_iter()
-        .zip(counts)
-    {
-        crate::metrics::xds_resources(kind.type_name(), state, n);
+    for (i, state) in RESOURCE_STATES.into_iter().enumerate() {
+        let delta = counts[i] as f64 - t.reported[i] as f64;
+        if delta != 0.0 {
+            crate::metrics::xds_resources(kind.type_name(), state, delta);
+        }
     }
+    t.reported = counts;
 }
+
+/// The states of A78's resources gauge, in `TypeState::reported`'s order.
+pub(super) const RESOURCE_STATES: [&str; 4] = ["requested", "does_not_exist", "acked", "nacked"];
 
 /// A resource's name, read without validating the rest: field 1 of each of the four types.
 fn resource_name(bytes: &[u8]) -> Option<String> {
