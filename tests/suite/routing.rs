@@ -249,10 +249,7 @@ async fn an_instance_of_unknown_latency_ties_with_known_ones() {
     wait_until("i1's call is over", LIMIT, || total_in_flight(&ch) == 0).await;
     let (e0, e1, e2) = (stats(i0), stats(i1), stats(i2));
     assert_eq!(e1.latency(), None, "{e1:?}");
-    assert!(
-        e0.latency().unwrap() >= Duration::from_secs(1),
-        "{e0:?}"
-    );
+    assert!(e0.latency().unwrap() >= Duration::from_secs(1), "{e0:?}");
     assert!(
         e2.latency().unwrap() * 3 < e0.latency().unwrap(),
         "i2 not markedly faster than i0: {e0:?} {e2:?}"

@@ -37,10 +37,15 @@ fn snapshot(version: &str, localities: Vec<Locality>) -> Snapshot {
     let endpoints = localities
         .into_iter()
         .fold(ClusterEndpoints::new("svc"), ClusterEndpoints::locality);
+    snapshot_of(version, Cluster::eds("svc"), endpoints)
+}
+
+/// A snapshot of listener `svc`, routed to this cluster and its endpoints.
+fn snapshot_of(version: &str, cluster: Cluster, endpoints: ClusterEndpoints) -> Snapshot {
     Snapshot::new(version)
         .listener_rds("svc", "route-svc")
         .route("route-svc", "svc")
-        .cluster(Cluster::eds("svc"))
+        .cluster(cluster)
         .endpoints(endpoints)
 }
 
@@ -184,11 +189,11 @@ async fn an_invalid_cluster_is_nacked_and_the_last_good_one_kept() {
     cp.set(&snapshot("1", vec![locality(&a[..1], Health::Healthy)]));
     let ch = channel(&cp, "nack");
     until(&ch, &cp, "i0", 10, only(&["i0"])).await;
-    let bad = Snapshot::new("2")
-        .listener_rds("svc", "route-svc")
-        .route("route-svc", "svc")
-        .cluster(Cluster::eds("svc").policy(Policy::ring_hash(None, None)))
-        .endpoints(ClusterEndpoints::new("svc").locality(locality(&a[..1], Health::Healthy)));
+    let bad = snapshot_of(
+        "2",
+        Cluster::eds("svc").policy(Policy::ring_hash(None, None)),
+        ClusterEndpoints::new("svc").locality(locality(&a[..1], Health::Healthy)),
+    );
     cp.set(&bad);
     let start = Instant::now();
     while !cp
@@ -607,13 +612,7 @@ async fn drop_overloads_drop_their_share_of_the_calls() {
     let endpoints = ClusterEndpoints::new("svc")
         .locality(locality(&a, Health::Healthy))
         .drop_overload("throttle", 250_000);
-    cp.set(
-        &Snapshot::new("2")
-            .listener_rds("svc", "route-svc")
-            .route("route-svc", "svc")
-            .cluster(Cluster::eds("svc"))
-            .endpoints(endpoints),
-    );
+    cp.set(&snapshot_of("2", Cluster::eds("svc"), endpoints));
     let mut client = FleetClient::new(ch.clone());
     let start = Instant::now();
     let dropped = |s: &tonic::Status| {
@@ -655,14 +654,11 @@ async fn max_requests_caps_the_calls_in_flight() {
     };
     let fleet = Fleet::start(2, Behavior::Ok);
     let a = addrs(&fleet);
-    let capped = |version: &str, max: u32| {
-        Snapshot::new(version)
-            .listener_rds("svc", "route-svc")
-            .route("route-svc", "svc")
-            .cluster(Cluster::eds("svc").max_requests(max))
-            .endpoints(ClusterEndpoints::new("svc").locality(locality(&a, Health::Healthy)))
-    };
-    cp.set(&capped("1", 3));
+    cp.set(&snapshot_of(
+        "1",
+        Cluster::eds("svc").max_requests(3),
+        ClusterEndpoints::new("svc").locality(locality(&a, Health::Healthy)),
+    ));
     let ch = channel(&cp, "capped");
     until(&ch, &cp, "both", 40, only(&["i0", "i1"])).await;
     for i in &fleet.instances {
