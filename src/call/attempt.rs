@@ -287,7 +287,7 @@ impl CallGuard {
     #[inline]
     pub(crate) fn take_report(&self, map: &mut http::HeaderMap) {
         let inst = &*self.inst;
-        let own = inst.in_flight();
+        let own = || inst.in_flight();
         let name = &inst.target.name;
         (inst.ctx.load).take_report(map, &inst.others, &inst.reported, own, name);
     }

@@ -109,7 +109,7 @@ impl ChannelLoad {
     /// Reads the load report in a response's trailers (or trailers-only head) `map`, if there
     /// is one, and keeps what the pick needs of it in `others` and `reported`; `own`: this
     /// channel's calls in flight on the instance (`name`), the one that carried the report
-    /// included, as the server counted them. The one place where per-call load reports are
+    /// included, as the server counted them (read only when there is a report). The one place where per-call load reports are
     /// taken.
     #[inline]
     pub(crate) fn take_report(
@@ -117,12 +117,12 @@ impl ChannelLoad {
         map: &mut http::HeaderMap,
         others: &OthersInFlight,
         reported: &Reported,
-        own: usize,
+        own: impl FnOnce() -> usize,
         name: &str,
     ) {
         // Most responses have none: one lookup, and the rest out of line.
         if map.contains_key(&TRAILER_NAME) {
-            self.take_report_slow(map, others, reported, own, name);
+            self.take_report_slow(map, others, reported, own(), name);
         }
     }
 
