@@ -125,7 +125,7 @@ impl BenchPicker {
         let noise = &pool.ctx.load.methods.noise;
         let gated = inst
             .tie
-            .observe_gated(ns, 2e6, now, now, pool.ctx.load.gate, noise);
+            .observe_gated(ns, 2e6, now, now, pool.ctx.load.gate(), noise);
         pool.ctx.load.gate_until(gated);
         inst.latency.set(ns, now, true);
         pool.ctx.load.advance_clock(now);

@@ -27,7 +27,7 @@ pub struct BalancedChannel {
 impl std::fmt::Debug for BalancedChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BalancedChannel")
-            .field("strategy", &self.shared.picker.strategy)
+            .field("strategy", &self.shared.picker.strategy.get())
             .field("instances", &self.shared.snapshot().len())
             .finish()
     }
@@ -179,9 +179,10 @@ impl BalancedChannel {
             .collect()
     }
 
-    /// The strategy this channel routes with.
+    /// The strategy this channel routes with now: the builder's, or on an xDS channel the
+    /// cluster's policy where the builder chose none (see the `xds` module).
     pub fn strategy(&self) -> Strategy {
-        self.shared.picker.strategy
+        self.shared.picker.strategy.get()
     }
 
     /// Adds an instance while calls flow; its connection opens on its first call. An instance

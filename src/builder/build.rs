@@ -88,12 +88,9 @@ impl Builder {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::NoRuntime);
         };
-        let (discovery, push) = self.discovery_sources()?;
         let totals = Arc::new(crate::observe::Totals::default());
-        let health = crate::health::Health {
-            ejection: self.ejection.clone(),
-            totals: totals.clone(),
-        };
+        let health = crate::health::Health::new(self.ejection.clone(), totals.clone());
+        let (discovery, push) = self.discovery_sources(&health)?;
         let hooks = Arc::new(Hooks {
             shared: std::sync::OnceLock::new(),
             #[cfg(feature = "health-check")]
@@ -146,12 +143,14 @@ impl Builder {
     /// The tasks every channel runs as its settings say: the interval rules of outlier
     /// ejection, the metrics' observers, weighted round robin's weights.
     fn start_tasks(&self, pool: &Arc<Shared>, health: crate::health::Health) {
-        if let Some(every) = self.ejection.interval {
-            pool.spawn(interval_rules_task(Arc::downgrade(pool), health, every));
+        // A control plane may turn the rules on or change their interval, and the strategy.
+        let xds = self.xds_target();
+        if self.ejection.interval.is_some() || xds {
+            pool.spawn(interval_rules_task(Arc::downgrade(pool), health));
         }
         // The metrics first: weighted round robin's first schedule update is recorded.
         crate::metrics::spawn(pool, &pool.totals.metrics);
-        if self.strategy.keeps_weights() {
+        if self.strategy.keeps_weights() || xds {
             pool.spawn(crate::pick::wrr::task(Arc::downgrade(pool), self.wrr));
         }
         let pinned = !crate::metrics::unmatched_methods(&pool.totals.metrics).is_empty();
@@ -163,7 +162,11 @@ impl Builder {
     /// Where the membership comes from, if not only from the builder's list: a source the
     /// channel asks (DNS, a [`Resolve`](crate::discover::Resolve)), or a stream of changes
     /// pushed to it (taken from the builder: a stream cannot be cloned).
-    fn discovery_sources(&self) -> Result<(Option<DnsOrCustom>, Option<PushTask>), Error> {
+    #[cfg_attr(not(feature = "xds"), allow(unused_variables))]
+    fn discovery_sources(
+        &self,
+        health: &crate::health::Health,
+    ) -> Result<(Option<DnsOrCustom>, Option<PushTask>), Error> {
         Ok(match self.discovery.clone() {
             None => (None, None),
             Some(DiscoverySource::Push(task)) => {
@@ -177,7 +180,7 @@ impl Builder {
             }
             Some(DiscoverySource::Custom(r)) => (Some((r, "http", None)), None),
             #[cfg(feature = "xds")]
-            Some(DiscoverySource::Xds { target }) => (None, Some(self.xds_task(&target)?)),
+            Some(DiscoverySource::Xds { target }) => (None, Some(self.xds_task(&target, health)?)),
             Some(DiscoverySource::Dns {
                 target,
                 #[cfg(feature = "hickory-dns")]
@@ -196,7 +199,7 @@ impl Builder {
     /// The task that follows an xDS target: its name checked, the bootstrap read (from the
     /// environment unless given), the process's ADS client of that control plane shared.
     #[cfg(feature = "xds")]
-    fn xds_task(&self, target: &str) -> Result<PushTask, Error> {
+    fn xds_task(&self, target: &str, health: &crate::health::Health) -> Result<PushTask, Error> {
         let name = crate::xds::target_name(target)?;
         let bootstrap = match &self.xds_bootstrap {
             Some(b) => b.clone(),
@@ -206,6 +209,13 @@ impl Builder {
         let template = self.template.clone().unwrap_or_else(|| {
             Arc::new(|uri: http::Uri| Endpoint::from(uri).connect_timeout(DEFAULT_CONNECT_TIMEOUT))
         });
+        let policy = crate::xds::policy::ClusterPolicy::new(
+            self.strategy,
+            self.strategy_by,
+            self.ejection.clone(),
+            self.ejection_set,
+            health.clone(),
+        );
         Ok(Box::new(move |pool, first_within| {
             let client = crate::xds::ads::client(&bootstrap);
             Box::pin(crate::xds::resolve::run(
@@ -214,6 +224,7 @@ impl Builder {
                 name,
                 template,
                 first_within,
+                policy,
             ))
         }))
     }
@@ -423,14 +434,21 @@ impl Builder {
 }
 
 /// Runs the interval rules of outlier ejection (see `health::sweep`) every `every`.
-async fn interval_rules_task(pool: Weak<Shared>, health: crate::health::Health, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+async fn interval_rules_task(pool: Weak<Shared>, health: crate::health::Health) {
     loop {
-        tick.tick().await;
+        // Rules off (no interval): wait for rules that have one.
+        let every = health.rules().interval;
+        let changed = tokio::select! {
+            _ = tokio::time::sleep_until(crate::time::after(every.unwrap_or(Duration::MAX))) => false,
+            _ = health.rules_changed() => true,
+        };
         let Some(pool) = pool.upgrade() else { return };
-        crate::health::sweep(&health, &pool.snapshot());
+        if changed {
+            // New rules judge the calls made under them: a new interval starts.
+            crate::health::restart_windows(&pool.snapshot());
+        } else {
+            crate::health::sweep(&health, &pool.snapshot());
+        }
     }
 }
 

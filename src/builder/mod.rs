@@ -75,6 +75,9 @@ pub struct Builder {
     interval_set: bool,
     backoff: Backoff,
     ejection: Ejection,
+    /// Whether `ejection` was set: an xDS cluster's outlier detection applies only where it
+    /// was not.
+    ejection_set: bool,
     transparent_retry: bool,
     retry: Vec<RetryPolicy>,
     hedging: Vec<crate::HedgingPolicy>,
@@ -180,6 +183,7 @@ impl Builder {
             interval_set: false,
             backoff: Backoff::default(),
             ejection: Ejection::default(),
+            ejection_set: false,
             transparent_retry: true,
             retry: Vec::new(),
             hedging: Vec::new(),

@@ -40,9 +40,12 @@ impl Builder {
         self
     }
 
-    /// Outlier ejection (see [`Ejection`] for the defaults).
+    /// Outlier ejection (see [`Ejection`] for the defaults). On an xDS channel, set here it
+    /// is kept whatever the cluster's outlier detection says; not set, the cluster's applies
+    /// (see the `xds` module).
     pub fn ejection(mut self, ejection: Ejection) -> Builder {
         self.ejection = ejection;
+        self.ejection_set = true;
         self
     }
 

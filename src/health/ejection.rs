@@ -65,6 +65,9 @@ use crate::instance::events::is_server_fault;
 #[must_use = "settings do nothing until given to the builder"]
 pub struct Ejection {
     pub(crate) consecutive_failures: u32,
+    /// The chance, in percent, that failures in a row eject (100 here; an xDS cluster's
+    /// `enforcing_consecutive_5xx` sets it, as Envoy reads it).
+    pub(crate) consecutive_enforcement: u32,
     pub(crate) base_time: Duration,
     pub(crate) max_time: Duration,
     pub(crate) max_ejected_percent: u32,
@@ -86,6 +89,7 @@ impl Default for Ejection {
     fn default() -> Self {
         Ejection {
             consecutive_failures: 5,
+            consecutive_enforcement: 100,
             base_time: Duration::from_secs(30),
             max_time: Duration::from_secs(300),
             max_ejected_percent: 50,
@@ -249,12 +253,13 @@ impl Ejection {
         self
     }
 
-    /// What an answer with `code` counts as (see [`Class`]).
+    /// What an answer with `code` counts as (see [`Class`]), where the codes whose bits
+    /// `ordinary` has set are ordinary answers.
     #[inline]
-    pub(crate) fn class(&self, code: Code) -> Class {
+    pub(crate) fn class_of(ordinary: u32, code: Code) -> Class {
         if code == Code::Ok {
             Class::Success
-        } else if self.ordinary & code_bit(code) != 0 {
+        } else if ordinary & code_bit(code) != 0 {
             Class::Ordinary
         } else if is_server_fault(code) {
             Class::Fault
@@ -343,23 +348,41 @@ mod tests {
     fn answers_are_classed_as_grpc_and_envoy_class_them() {
         let e = Ejection::default();
         for code in [Code::Unknown, Code::Internal, Code::DataLoss] {
-            assert_eq!(e.class(code), Class::Fault, "{code:?}");
+            assert_eq!(
+                Ejection::class_of(e.ordinary, code),
+                Class::Fault,
+                "{code:?}"
+            );
         }
         for code in [Code::Unavailable, Code::ResourceExhausted] {
-            assert_eq!(e.class(code), Class::Fault, "{code:?}");
+            assert_eq!(
+                Ejection::class_of(e.ordinary, code),
+                Class::Fault,
+                "{code:?}"
+            );
         }
         for code in [
             Code::NotFound,
             Code::InvalidArgument,
             Code::FailedPrecondition,
         ] {
-            assert_eq!(e.class(code), Class::AppError, "{code:?}");
+            assert_eq!(
+                Ejection::class_of(e.ordinary, code),
+                Class::AppError,
+                "{code:?}"
+            );
         }
-        assert_eq!(e.class(Code::Ok), Class::Success);
+        assert_eq!(Ejection::class_of(e.ordinary, Code::Ok), Class::Success);
         let e = e.ordinary_codes([Code::Internal, Code::NotFound]);
-        assert_eq!(e.class(Code::Internal), Class::Ordinary);
-        assert_eq!(e.class(Code::NotFound), Class::Ordinary);
-        assert_eq!(e.class(Code::Unknown), Class::Fault);
+        assert_eq!(
+            Ejection::class_of(e.ordinary, Code::Internal),
+            Class::Ordinary
+        );
+        assert_eq!(
+            Ejection::class_of(e.ordinary, Code::NotFound),
+            Class::Ordinary
+        );
+        assert_eq!(Ejection::class_of(e.ordinary, Code::Unknown), Class::Fault);
         let named_ok = Ejection::default().ordinary_codes([Code::Ok]).validate();
         assert!(
             matches!(&named_ok, Err(crate::Error::InvalidSetting { reason, .. }) if reason.contains("ordinary_codes")),

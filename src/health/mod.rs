@@ -42,7 +42,7 @@ pub use crate::instance::Backoff;
 pub use check::HealthCheck;
 use ejection::Class;
 pub use ejection::Ejection;
-pub(crate) use sweep::sweep;
+pub(crate) use sweep::{restart_windows, sweep};
 
 use std::sync::{Arc, Weak};
 
@@ -51,14 +51,50 @@ use crate::metrics::Labels;
 use crate::observe::Totals;
 
 /// What health needs of its channel: the ejection settings, and the totals and metrics it
-/// counts ejections and connection attempts in.
+/// counts ejections and connection attempts in. Clones share the settings.
 #[derive(Debug, Clone)]
 pub(crate) struct Health {
-    pub(crate) ejection: Ejection,
+    /// The ejection rules now: the builder's, or those of an xDS cluster's outlier detection
+    /// (gRFC A50) where the builder set none. Read when a call fails and at each interval,
+    /// never on a call that succeeds.
+    rules: Arc<arc_swap::ArcSwap<Ejection>>,
+    /// Wakes the interval rules' task when the rules change.
+    changed: Arc<tokio::sync::Notify>,
+    /// The codes the user named ordinary answers (one bit per code): the service's, whatever
+    /// the rules.
+    ordinary: u32,
     pub(crate) totals: Arc<Totals>,
 }
 
 impl Health {
+    pub(crate) fn new(ejection: Ejection, totals: Arc<Totals>) -> Health {
+        Health {
+            ordinary: ejection.ordinary,
+            rules: Arc::new(arc_swap::ArcSwap::from_pointee(ejection)),
+            changed: Default::default(),
+            totals,
+        }
+    }
+
+    /// The ejection rules now.
+    pub(crate) fn rules(&self) -> Arc<Ejection> {
+        self.rules.load_full()
+    }
+
+    /// From now on, `rules` (checked by the caller), with the user's ordinary codes; the
+    /// interval rules start a new interval.
+    #[cfg_attr(not(feature = "xds"), allow(dead_code))]
+    pub(crate) fn set_rules(&self, mut rules: Ejection) {
+        rules.ordinary = self.ordinary;
+        self.rules.store(Arc::new(rules));
+        self.changed.notify_one();
+    }
+
+    /// Resolves at the next change of the rules.
+    pub(crate) async fn rules_changed(&self) {
+        self.changed.notified().await
+    }
+
     fn labels(&self) -> &Labels {
         &self.totals.metrics
     }
@@ -71,7 +107,7 @@ pub(crate) fn record(health: &Health, inst: &Arc<Instance>, outcome: Outcome) {
     let class = match outcome {
         Outcome::Neutral => return,
         Outcome::Failure => Class::Fault,
-        Outcome::Answer(code) => health.ejection.class(code),
+        Outcome::Answer(code) => Ejection::class_of(health.ordinary, code),
     };
     let record = &inst.ejection;
     record.ended(

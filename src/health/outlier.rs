@@ -11,7 +11,16 @@ use crate::instance::{Instance, State};
 /// After a failure: eject `inst` if it failed `n` times in a row, or once on probation.
 pub(crate) fn eject_check(health: &super::Health, inst: &Arc<Instance>, n: u32) {
     let on_probation = inst.ejection.on_probation();
-    if n >= health.ejection.consecutive_failures || on_probation {
+    let rules = health.rules();
+    // Envoy's `enforcing_consecutive_5xx`: an outlier so found is ejected with this chance,
+    // drawn once, as the run reaches the threshold (Envoy's `Outlier::DetectorImpl`); at
+    // 100%, each further failure tries again (an ejection the cap refused).
+    let enforced = || {
+        rules.consecutive_enforcement >= 100
+            || (n == rules.consecutive_failures
+                && crate::rng::random_unit() * 100.0 < f64::from(rules.consecutive_enforcement))
+    };
+    if on_probation || (n >= rules.consecutive_failures && enforced()) {
         let why = if on_probation {
             "failed on probation"
         } else {
@@ -23,7 +32,7 @@ pub(crate) fn eject_check(health: &super::Health, inst: &Arc<Instance>, n: u32) 
 
 /// Ejects `inst` if the cap allows it; spawns the timer that readmits it.
 pub(crate) fn eject(health: &super::Health, inst: &Arc<Instance>, why: &'static str) -> bool {
-    let cfg = &health.ejection;
+    let cfg = health.rules();
     let policy = &inst.ctx;
     let cap = cfg.cap(policy.live.members());
     // Reserve a slot under the cap first, so that concurrent ejections cannot exceed it.
@@ -83,7 +92,7 @@ pub(crate) fn resume_ejection(
     if left == 0 {
         return false;
     }
-    let cap = health.ejection.cap(members);
+    let cap = health.rules().cap(members);
     let reserved = policy.live.reserve_ejection(cap);
     if !reserved {
         return false;
@@ -130,10 +139,8 @@ mod tests {
         let uris = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
         let ch = crate::BalancedChannel::from_static(uris).unwrap();
         let inst = ch.shared.snapshot()[0].clone();
-        let health = super::super::Health {
-            ejection: super::super::Ejection::default(),
-            totals: Default::default(),
-        };
+        let health =
+            super::super::Health::new(super::super::Ejection::default(), Default::default());
         assert!(eject(&health, &inst, "test"));
         let first = inst.ejection.ejection_id();
         // Removed, and taken back once its time is over: on probation, then ejected again.
@@ -169,10 +176,10 @@ mod tests {
         let ch = crate::BalancedChannel::from_static(URIS).unwrap();
         let inst = ch.shared.snapshot()[0].clone();
         let base = std::time::Duration::from_secs(30);
-        let health = super::super::Health {
-            ejection: super::super::Ejection::default().base_time(base),
-            totals: Default::default(),
-        };
+        let health = super::super::Health::new(
+            super::super::Ejection::default().base_time(base),
+            Default::default(),
+        );
         (ch, inst, health, base)
     }
 

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use super::Health;
+use super::{Ejection, Health};
 use crate::instance::{Instance, State};
 
 /// Why an instance was found an outlier by an interval rule (the metrics map these words to
@@ -33,6 +33,7 @@ struct Window<'a> {
 /// One round of the interval rules over `instances` (the set): ejects the outliers, and resets
 /// every instance's counts for the next interval.
 pub(crate) fn sweep(health: &Health, instances: &[Arc<Instance>]) {
+    let cfg = health.rules();
     let windows: Vec<Window<'_>> = instances
         .iter()
         .map(|inst| {
@@ -48,16 +49,15 @@ pub(crate) fn sweep(health: &Health, instances: &[Arc<Instance>]) {
         .iter()
         .fold((0, 0), |(c, f), w| (c + w.calls, f + w.failed));
     let mut found: Vec<(&Arc<Instance>, &'static str)> = Vec::new();
-    for w in success_rate(health, &windows, total) {
+    for w in success_rate(&cfg, &windows, total) {
         found.push((w.inst, LOW_SUCCESS_RATE));
     }
-    for w in failure_percentage(health, &windows, total) {
+    for w in failure_percentage(&cfg, &windows, total) {
         if !found.iter().any(|(i, _)| Arc::ptr_eq(i, w.inst)) {
             found.push((w.inst, HIGH_FAILURE_PERCENTAGE));
         }
     }
     for (inst, why) in found {
-        let cfg = &health.ejection;
         let enforcement = if why == LOW_SUCCESS_RATE {
             cfg.success_rate_enforcement
         } else {
@@ -73,15 +73,22 @@ pub(crate) fn sweep(health: &Health, instances: &[Arc<Instance>]) {
     }
 }
 
+/// A new interval starts now, its calls to be judged by new rules: the calls counted so far
+/// are forgotten.
+pub(crate) fn restart_windows(instances: &[Arc<Instance>]) {
+    for inst in instances {
+        inst.ejection.take_window();
+    }
+}
+
 /// A50's success-rate rule: among the instances in service with enough calls (if there are
 /// enough of them), those whose success rate is more than the stdev factor's standard
 /// deviations below the mean, and below the threshold, and whose failures are beyond chance.
 fn success_rate<'a, 'b>(
-    health: &Health,
+    cfg: &Ejection,
     windows: &'b [Window<'a>],
     (calls, failed): (u64, u64),
 ) -> Vec<&'b Window<'a>> {
-    let cfg = &health.ejection;
     let judged: Vec<(&Window<'a>, f64)> = windows
         .iter()
         .filter(|w| w.calls >= cfg.success_rate_min_calls.max(1) && w.inst.state() == State::Ready)
@@ -112,11 +119,10 @@ fn success_rate<'a, 'b>(
 /// A50's failure-percentage rule: with enough instances in the set, those in service with
 /// enough calls whose failures reach the threshold, and are beyond chance.
 fn failure_percentage<'a, 'b>(
-    health: &Health,
+    cfg: &Ejection,
     windows: &'b [Window<'a>],
     (calls, failed): (u64, u64),
 ) -> Vec<&'b Window<'a>> {
-    let cfg = &health.ejection;
     if windows.len() < cfg.failure_percentage_min_hosts as usize {
         return Vec::new();
     }

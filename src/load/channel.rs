@@ -2,7 +2,7 @@
 //! tie-break, the settings of the estimates, the freshness of load reports, and the pick's
 //! coarse clock and gates' end. What an answer does to them is in `learn.rs`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -28,8 +28,9 @@ pub(crate) struct ChannelLoad {
     pub(crate) default_latency_ns: f64,
     /// The per-method references of the least-pending tie-break.
     pub(crate) methods: Methods,
-    /// How long the tie-break gates a markedly slow instance for.
-    pub(crate) gate: GateRule,
+    /// How long the tie-break gates a markedly slow instance for: the default strategy's rule
+    /// (gates wait for confirmation) if set, else least pending's (see [`ChannelLoad::gate`]).
+    confirm_gates: AtomicBool,
     /// What the pick does with server-reported load.
     pub(crate) reports: ReportSettings,
     /// Until when some instance's report of the other clients' calls is fresh.
@@ -62,12 +63,33 @@ impl ChannelLoad {
             latency_decay,
             default_latency_ns: DEFAULT_LATENCY_NS,
             methods: Methods::new(),
-            gate,
+            confirm_gates: AtomicBool::new(gate.confirm),
             reports,
             reports_fresh: Default::default(),
             clock: AtomicU64::new(0),
             gated_until: AtomicU64::new(0),
         }
+    }
+
+    /// How long the tie-break gates a markedly slow instance for: one of the strategies' two
+    /// rules, [`GateRule::FEWEST_THEN_FASTEST`] or [`GateRule::LEAST_PENDING`].
+    #[inline]
+    pub(crate) fn gate(&self) -> GateRule {
+        if self.confirm_gates.load(Ordering::Relaxed) {
+            GateRule::FEWEST_THEN_FASTEST
+        } else {
+            GateRule::LEAST_PENDING
+        }
+    }
+
+    /// From now on, `rule` (a strategy's: see [`ChannelLoad::gate`]).
+    #[cfg_attr(not(feature = "xds"), allow(dead_code))]
+    pub(crate) fn set_gate(&self, rule: GateRule) {
+        debug_assert!(
+            rule == GateRule::FEWEST_THEN_FASTEST || rule == GateRule::LEAST_PENDING,
+            "{rule:?} is no strategy's rule"
+        );
+        self.confirm_gates.store(rule.confirm, Ordering::Relaxed);
     }
 
     /// Nanoseconds since the channel's epoch at `at`.

@@ -53,7 +53,7 @@ impl ChannelLoad {
         let sample = sample.as_nanos() as u64 as f64;
         latency.observe(sample, now, self.latency_decay);
         let reference = self.methods.reference(method, sample);
-        self.observe_tie(tie, sample, reference, sent, now, self.gate);
+        self.observe_tie(tie, sample, reference, sent, now, self.gate());
     }
 
     /// A failed answer to a call to `method` that took `elapsed`, taken at `at`: the tie-break

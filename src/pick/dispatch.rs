@@ -145,13 +145,19 @@ fn pick_with(
         }
         true
     };
-    let picked = match picker.strategy {
+    let strategy = picker.strategy.get();
+    let picked = match strategy {
         Strategy::FewestThenFastest | Strategy::LeastPending => fewest_first(
             picker,
             snap,
             !tried.is_empty(),
             method,
-            When { now, tick, slow },
+            When {
+                now,
+                tick,
+                slow,
+                strategy,
+            },
             &mut rng,
             usable,
         ),
@@ -162,12 +168,14 @@ fn pick_with(
 }
 
 /// What a pick reads of the time: the channel's clock, the load reports' tick (see
-/// `instance::load::tick`), and slow start's window (0: none).
+/// `instance::load::tick`), and slow start's window (0: none); and the strategy, as read once
+/// for the pick.
 #[derive(Debug, Clone, Copy)]
 struct When {
     now: u64,
     tick: u64,
     slow: u64,
+    strategy: Strategy,
 }
 
 /// [`Strategy::FewestThenFastest`] and [`Strategy::LeastPending`]: the fewest calls in flight
@@ -179,15 +187,19 @@ fn fewest_first(
     snap: &Members,
     retry: bool,
     method: Method,
-    When { now, tick, slow }: When,
+    When {
+        now,
+        tick,
+        slow,
+        strategy,
+    }: When,
     rng: &mut Rng,
     mut usable: impl FnMut(&Arc<Instance>) -> bool,
 ) -> Option<usize> {
     let policy = &picker.set.ctx;
     let expensive = policy.load.methods.is_expensive(method);
     // While no instance is gated, fewest then fastest weighs no call: the plain scan.
-    let weighted =
-        picker.strategy == Strategy::FewestThenFastest && policy.load.gated_until() > now;
+    let weighted = strategy == Strategy::FewestThenFastest && policy.load.gated_until() > now;
     // The common case, a first attempt without slow start: nothing to check but the
     // state, which the scan reads with the count (see `tight`).
     let quick = if !retry && slow == 0 {
@@ -206,7 +218,7 @@ fn fewest_first(
     };
     match quick {
         Some(c) => {
-            if picker.strategy == Strategy::FewestThenFastest {
+            if strategy == Strategy::FewestThenFastest {
                 recheck(&snap[c.index], now);
             }
             Some(took_turn(snap, c, expensive))
@@ -232,7 +244,7 @@ fn fewest_first(
         .map(|c| {
             // As the quick scan's choice: the call is its re-check if its gate is
             // over (whether or not another instance is gated now).
-            if picker.strategy == Strategy::FewestThenFastest {
+            if strategy == Strategy::FewestThenFastest {
                 recheck(&snap[c.index], now);
             }
             // Slow start again: a tie won costs a warming instance 1/ramp turns, so
@@ -447,8 +459,14 @@ mod tests {
         inst: &crate::instance::Instance,
         now: u64,
     ) -> u64 {
-        inst.tie
-            .observe_gated(20e6, 2e6, now, now, ctx.load.gate, &ctx.load.methods.noise)
+        inst.tie.observe_gated(
+            20e6,
+            2e6,
+            now,
+            now,
+            ctx.load.gate(),
+            &ctx.load.methods.noise,
+        )
     }
 
     /// The quick scan reads an instance's state with its count: one out of service never wins,

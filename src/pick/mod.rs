@@ -57,7 +57,8 @@ pub use crate::rng::Rng;
 /// The pick of one channel: the set it picks from, and its strategy with the strategy's state.
 pub(crate) struct Picker {
     pub(crate) set: Set,
-    pub(crate) strategy: crate::Strategy,
+    /// The strategy now (a control plane may change it, see [`Picker::set_strategy`]).
+    pub(crate) strategy: strategy::Current,
     /// Round robin's counter.
     pub(crate) rr: std::sync::atomic::AtomicUsize,
     /// Weighted round robin's schedule (used with that strategy only).
@@ -68,10 +69,19 @@ impl Picker {
     pub(crate) fn new(set: Set, strategy: crate::Strategy) -> Picker {
         Picker {
             set,
-            strategy,
+            strategy: strategy::Current::new(strategy),
             rr: Default::default(),
             wrr: Default::default(),
         }
+    }
+
+    /// From now on the pick runs `strategy`, and answers teach the tie-break as it asks
+    /// (see [`Strategy::gate_rule`]). What the previous strategy learned stays: the latency
+    /// estimates, the turns and the load reports are the instances', whoever reads them.
+    #[cfg_attr(not(feature = "xds"), allow(dead_code))]
+    pub(crate) fn set_strategy(&self, strategy: crate::Strategy) {
+        self.set.ctx.load.set_gate(strategy.gate_rule());
+        self.strategy.set(strategy);
     }
 
     /// The set as it is now.

@@ -52,9 +52,10 @@ impl Sim {
     }
 
     /// With the settings of `ctx` and `strategy` (least pending or fewest then fastest).
-    pub(super) fn with_strategy(n: usize, mut ctx: Context, strategy: Strategy) -> Sim {
+    pub(super) fn with_strategy(n: usize, ctx: Context, strategy: Strategy) -> Sim {
         if strategy == Strategy::FewestThenFastest {
-            ctx.load.gate = crate::load::tie::GateRule::FEWEST_THEN_FASTEST;
+            ctx.load
+                .set_gate(crate::load::tie::GateRule::FEWEST_THEN_FASTEST);
         }
         let set = Set::new(Arc::new(ctx));
         for k in 0..n {

@@ -280,6 +280,11 @@ where
         tick.tick().await;
         let Some(owner) = owner.upgrade() else { return };
         let picker = (*owner).as_ref();
+        // A channel whose strategy a control plane may change keeps the task, idle while
+        // another strategy picks.
+        if picker.strategy.get() != crate::Strategy::WeightedRoundRobin {
+            continue;
+        }
         let members = picker.snapshot();
         picker.wrr.rebuild(&members, picker.set.ctx.now_ns(), &cfg);
     }

@@ -10,8 +10,10 @@
 //! [gRFC A32](https://github.com/grpc/proposal/blob/master/A32-xds-circuit-breaking.md).
 
 use super::listener::config_source_is_ads;
-use super::wire::{any, duration_ms, fields, wrapped, Invalid};
+use super::wire::{any, duration_ms, fields, wrapped, Invalid, Value};
+use crate::health::Ejection;
 use crate::pick::Strategy;
+use std::time::Duration;
 
 const EDS: u64 = 3;
 const POLICY: &str = "type.googleapis.com/envoy.extensions.load_balancing_policies.";
@@ -21,21 +23,87 @@ const POLICY: &str = "type.googleapis.com/envoy.extensions.load_balancing_polici
 pub(crate) struct Cluster {
     /// The EDS resource to ask for: `eds_cluster_config.service_name`, else the cluster's name.
     pub(crate) eds_name: String,
-    pub(crate) strategy: Strategy,
-    pub(crate) outlier: Option<Outlier>,
+    /// The policy the cluster asks for, mapped to a strategy; `None`: it says nothing (no A52
+    /// list, and the `lb_policy` enum at its default, ROUND_ROBIN; see `xds::policy`).
+    pub(crate) strategy: Option<Strategy>,
+    pub(crate) outlier: Option<Box<Outlier>>,
     /// A32: the most calls in flight to the cluster (default 1024).
     pub(crate) max_requests: u32,
 }
 
-/// A50's outlier detection, as far as this client maps it onto its ejection: consecutive
-/// failures, the ejection time and its cap, the most instances out at once.
+/// A50's outlier detection, with Envoy's failures-in-a-row rule (`consecutive_5xx`), which
+/// A50 leaves out and this channel has: each field as sent (`None`: unset, its default
+/// applies; see [`Outlier::ejection`]).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct Outlier {
+    pub(crate) consecutive_5xx: Option<u64>,
+    pub(crate) enforcing_consecutive_5xx: Option<u64>,
     pub(crate) interval_ms: Option<u64>,
     pub(crate) base_ejection_ms: Option<u64>,
     pub(crate) max_ejection_ms: Option<u64>,
     pub(crate) max_ejection_percent: Option<u64>,
-    pub(crate) consecutive_5xx: Option<u64>,
+    pub(crate) enforcing_success_rate: Option<u64>,
+    pub(crate) success_rate_minimum_hosts: Option<u64>,
+    pub(crate) success_rate_request_volume: Option<u64>,
+    pub(crate) success_rate_stdev_factor: Option<u64>,
+    pub(crate) failure_percentage_threshold: Option<u64>,
+    pub(crate) enforcing_failure_percentage: Option<u64>,
+    pub(crate) failure_percentage_minimum_hosts: Option<u64>,
+    pub(crate) failure_percentage_request_volume: Option<u64>,
+}
+
+impl Outlier {
+    /// The channel's ejection rules for this outlier detection, with A50's defaults for what
+    /// it leaves unset (Envoy's for `consecutive_5xx`: 5, enforced every time):
+    /// - the interval rules every `interval` (10 s; 0: the interval rules are off);
+    /// - ejections of `base_ejection_time` (30 s; at least 1 ms here), doubling, at most
+    ///   `max_ejection_time` (300 s) or the base time if longer, as A50 caps them;
+    /// - at most `max_ejection_percent` (10%) of the instances out;
+    /// - the success-rate rule unless `enforcing_success_rate` is 0 (A50: on, 100%), with its
+    ///   `stdev_factor` in thousandths (1900), minimum hosts (5) and request volume (100);
+    /// - the failure-percentage rule only if `enforcing_failure_percentage` is above 0 (A50:
+    ///   off), with its threshold (85%), minimum hosts (5) and request volume (50);
+    /// - failures in a row: `consecutive_5xx` (5; 0 turns the rule off) with the chance
+    ///   `enforcing_consecutive_5xx` (100%).
+    ///
+    /// The channel's own guards stay: an instance is an outlier of the interval rules only if
+    /// its failures are beyond chance, and the success-rate rule also asks a rate below 95%
+    /// (see [`Ejection`]).
+    pub(crate) fn ejection(&self) -> Ejection {
+        let ms = |v: u64| Duration::from_millis(v);
+        let pct = |v: Option<u64>, default: u32| v.map_or(default, |v| v.min(100) as u32);
+        let count = |v: Option<u64>, default: u64| v.unwrap_or(default);
+        let base = ms(self.base_ejection_ms.unwrap_or(30_000).max(1));
+        let max = ms(self.max_ejection_ms.unwrap_or(300_000)).max(base);
+        let consecutive = count(self.consecutive_5xx, 5);
+        let mut e = Ejection::default()
+            .interval(match self.interval_ms.unwrap_or(10_000) {
+                0 => None,
+                v => Some(ms(v)),
+            })
+            .base_time(base)
+            .max_time(max)
+            .max_ejected_percent(pct(self.max_ejection_percent, 10))
+            .success_rate_enforcement_percent(pct(self.enforcing_success_rate, 100))
+            .success_rate_min_hosts(
+                count(self.success_rate_minimum_hosts, 5).min(u64::from(u32::MAX)) as u32,
+            )
+            .success_rate_min_calls(count(self.success_rate_request_volume, 100))
+            .success_rate_stdev_factor(count(self.success_rate_stdev_factor, 1900) as f64 / 1000.0)
+            .failure_percentage_threshold(pct(self.failure_percentage_threshold, 85))
+            .failure_percentage_enforcement_percent(pct(self.enforcing_failure_percentage, 0))
+            .failure_percentage_min_hosts(
+                count(self.failure_percentage_minimum_hosts, 5).min(u64::from(u32::MAX)) as u32,
+            )
+            .failure_percentage_min_calls(count(self.failure_percentage_request_volume, 50))
+            .consecutive_failures(consecutive.clamp(1, u64::from(u32::MAX)) as u32);
+        e.consecutive_enforcement = if consecutive == 0 {
+            0
+        } else {
+            pct(self.enforcing_consecutive_5xx, 100)
+        };
+        e
+    }
 }
 
 impl Cluster {
@@ -55,7 +123,11 @@ impl Cluster {
                 (3, v) => eds = Some(eds_config(v.message("eds_cluster_config")?)?),
                 (6, v) => lb_policy = v.varint("lb_policy")?,
                 (41, v) => policies = Some(v.message("load_balancing_policy")?),
-                (19, v) => outlier = Some(outlier_detection(v.message("outlier_detection")?)?),
+                (19, v) => {
+                    outlier = Some(Box::new(outlier_detection(
+                        v.message("outlier_detection")?,
+                    )?))
+                }
                 (10, v) => max_requests = circuit_breakers(v.message("circuit_breakers")?)?,
                 _ => {}
             }
@@ -77,10 +149,11 @@ impl Cluster {
             _ => name.clone(),
         };
         let strategy = match policies {
-            Some(list) => policy_list(list, 0).map_err(|e| fail(e.0))?,
+            Some(list) => Some(policy_list(list, 0).map_err(|e| fail(e.0))?),
+            // ROUND_ROBIN is the enum's default: what a cluster that says nothing sends.
             None => match lb_policy {
-                0 => Strategy::RoundRobin,
-                1 => Strategy::LeastPending,
+                0 => None,
+                1 => Some(Strategy::LeastPending),
                 other => return Err(fail(format!("lb_policy {other} is not supported"))),
             },
         };
@@ -151,13 +224,25 @@ fn policy_list(buf: &[u8], depth: u32) -> Result<Strategy, Invalid> {
     )))
 }
 
+/// A50's validation: percentages at most 100 (else the cluster is NACKed), durations not
+/// negative (`duration_ms` refuses them).
 fn outlier_detection(buf: &[u8]) -> Result<Outlier, Invalid> {
     let mut o = Outlier::default();
+    let percent = |v: Value<'_>, what: &'static str| -> Result<Option<u64>, Invalid> {
+        let p = wrapped(v.message(what)?, what)?;
+        if p > 100 {
+            return Err(Invalid::new(format!(
+                "outlier_detection.{what} {p} is over 100"
+            )));
+        }
+        Ok(Some(p))
+    };
+    let number = |v: Value<'_>, what: &'static str| -> Result<Option<u64>, Invalid> {
+        Ok(Some(wrapped(v.message(what)?, what)?))
+    };
     for f in fields(buf, "OutlierDetection") {
         match f? {
-            (1, v) => {
-                o.consecutive_5xx = Some(wrapped(v.message("consecutive_5xx")?, "consecutive_5xx")?)
-            }
+            (1, v) => o.consecutive_5xx = number(v, "consecutive_5xx")?,
             (2, v) => o.interval_ms = Some(duration_ms(v.message("interval")?, "interval")?),
             (3, v) => {
                 o.base_ejection_ms = Some(duration_ms(
@@ -165,14 +250,20 @@ fn outlier_detection(buf: &[u8]) -> Result<Outlier, Invalid> {
                     "base_ejection_time",
                 )?)
             }
-            (4, v) => {
-                let p = wrapped(v.message("max_ejection_percent")?, "max_ejection_percent")?;
-                if p > 100 {
-                    return Err(Invalid::new(format!(
-                        "max_ejection_percent {p} is over 100"
-                    )));
-                }
-                o.max_ejection_percent = Some(p);
+            (4, v) => o.max_ejection_percent = percent(v, "max_ejection_percent")?,
+            (5, v) => o.enforcing_consecutive_5xx = percent(v, "enforcing_consecutive_5xx")?,
+            (6, v) => o.enforcing_success_rate = percent(v, "enforcing_success_rate")?,
+            (7, v) => o.success_rate_minimum_hosts = number(v, "success_rate_minimum_hosts")?,
+            (8, v) => o.success_rate_request_volume = number(v, "success_rate_request_volume")?,
+            (9, v) => o.success_rate_stdev_factor = number(v, "success_rate_stdev_factor")?,
+            (16, v) => o.failure_percentage_threshold = percent(v, "failure_percentage_threshold")?,
+            (17, v) => o.enforcing_failure_percentage = percent(v, "enforcing_failure_percentage")?,
+            (19, v) => {
+                o.failure_percentage_minimum_hosts = number(v, "failure_percentage_minimum_hosts")?
+            }
+            (20, v) => {
+                o.failure_percentage_request_volume =
+                    number(v, "failure_percentage_request_volume")?
             }
             (21, v) => {
                 o.max_ejection_ms = Some(duration_ms(
@@ -204,4 +295,111 @@ fn circuit_breakers(buf: &[u8]) -> Result<u32, Invalid> {
         }
     }
     Ok(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unset fields take A50's defaults (Envoy's for failures in a row), and the mapped rules
+    /// pass the builder's checks.
+    #[test]
+    fn an_empty_outlier_detection_is_a50s_defaults() {
+        let e = Outlier::default().ejection();
+        assert_eq!(e.interval, Some(Duration::from_secs(10)));
+        assert_eq!(
+            (e.base_time, e.max_time),
+            (Duration::from_secs(30), Duration::from_secs(300))
+        );
+        assert_eq!(e.max_ejected_percent, 10);
+        assert_eq!(e.success_rate_enforcement, 100);
+        assert_eq!(e.success_rate_stdev_factor, 1.9);
+        assert_eq!(
+            (e.success_rate_min_hosts, e.success_rate_min_calls),
+            (5, 100)
+        );
+        assert_eq!(
+            e.failure_percentage_enforcement, 0,
+            "A50: off unless enforced"
+        );
+        assert_eq!(e.failure_percentage_threshold, 85);
+        assert_eq!(
+            (
+                e.failure_percentage_min_hosts,
+                e.failure_percentage_min_calls
+            ),
+            (5, 50)
+        );
+        assert_eq!(
+            (e.consecutive_failures, e.consecutive_enforcement),
+            (5, 100)
+        );
+        e.validate().unwrap();
+    }
+
+    /// Each field lands on its setting; the edges are kept in range: an interval of 0 turns
+    /// the interval rules off, a base time of 0 is 1 ms, a maximum below the base is the base
+    /// (A50), `consecutive_5xx` 0 or its enforcement 0 turn failures in a row off.
+    #[test]
+    fn each_field_of_outlier_detection_is_mapped() {
+        let o = Outlier {
+            consecutive_5xx: Some(3),
+            enforcing_consecutive_5xx: Some(40),
+            interval_ms: Some(250),
+            base_ejection_ms: Some(2_000),
+            max_ejection_ms: Some(1_000),
+            max_ejection_percent: Some(30),
+            enforcing_success_rate: Some(0),
+            success_rate_minimum_hosts: Some(3),
+            success_rate_request_volume: Some(20),
+            success_rate_stdev_factor: Some(2_500),
+            failure_percentage_threshold: Some(60),
+            enforcing_failure_percentage: Some(100),
+            failure_percentage_minimum_hosts: Some(2),
+            failure_percentage_request_volume: Some(10),
+        };
+        let e = o.ejection();
+        assert_eq!((e.consecutive_failures, e.consecutive_enforcement), (3, 40));
+        assert_eq!(e.interval, Some(Duration::from_millis(250)));
+        assert_eq!(e.base_time, Duration::from_secs(2));
+        assert_eq!(e.max_time, Duration::from_secs(2), "at least the base");
+        assert_eq!(e.max_ejected_percent, 30);
+        assert_eq!(e.success_rate_enforcement, 0);
+        assert_eq!(
+            (e.success_rate_min_hosts, e.success_rate_min_calls),
+            (3, 20)
+        );
+        assert_eq!(e.success_rate_stdev_factor, 2.5);
+        assert_eq!(
+            (
+                e.failure_percentage_threshold,
+                e.failure_percentage_enforcement
+            ),
+            (60, 100)
+        );
+        assert_eq!(
+            (
+                e.failure_percentage_min_hosts,
+                e.failure_percentage_min_calls
+            ),
+            (2, 10)
+        );
+        e.validate().unwrap();
+        let edges = Outlier {
+            consecutive_5xx: Some(0),
+            interval_ms: Some(0),
+            base_ejection_ms: Some(0),
+            ..Outlier::default()
+        }
+        .ejection();
+        assert_eq!(edges.interval, None);
+        assert_eq!(edges.base_time, Duration::from_millis(1));
+        assert_eq!(edges.consecutive_enforcement, 0);
+        edges.validate().unwrap();
+        let unenforced = Outlier {
+            enforcing_consecutive_5xx: Some(0),
+            ..Outlier::default()
+        };
+        assert_eq!(unenforced.ejection().consecutive_enforcement, 0);
+    }
 }

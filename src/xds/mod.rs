@@ -19,10 +19,13 @@
 //! - RDS: the virtual host of the target's name (exact, suffix, prefix, then `*`); the first
 //!   route that takes every call (prefix `""` or `/`) and its cluster;
 //! - CDS: clusters of type EDS (with `ads` or `self` config sources); the load-balancing
-//!   policy is checked (`lb_policy` ROUND_ROBIN or LEAST_REQUEST, or A52's list with
-//!   round_robin, least_request, client_side_weighted_round_robin, wrr_locality of those) and
-//!   a cluster without a supported one is NACKed; outlier detection is read and checked;
-//!   `max_requests` (A32) caps the channel's calls in flight;
+//!   policy (`lb_policy` ROUND_ROBIN or LEAST_REQUEST, or A52's list with round_robin,
+//!   least_request, client_side_weighted_round_robin, wrr_locality of those; a cluster
+//!   without a supported one is NACKed) becomes the channel's strategy, and its outlier
+//!   detection (A50) its ejection rules, where the builder chose none (see `policy.rs`:
+//!   round_robin runs [`Strategy::RoundRobin`](crate::Strategy::RoundRobin), least_request
+//!   [`LeastPending`](crate::Strategy::LeastPending); a cluster that says nothing, the
+//!   builder's default); `max_requests` (A32) caps the channel's calls in flight;
 //! - EDS: the localities by priority; the endpoints HEALTHY or UNKNOWN of the most preferred
 //!   priority that has any are the channel's instances; DRAINING, UNHEALTHY and the rest take
 //!   no new call (those leaving drain: their calls finish); `drop_overloads` drop their share
@@ -36,13 +39,14 @@
 //!
 //! **Not yet** (each logged where it applies, never silently): per-method routes and A28's
 //! weighted clusters (the channel sends every call through the first route that takes all
-//! calls, and through the heaviest of weighted clusters), the cluster's policy and outlier
-//! detection applied to the channel (the builder's settings apply), TLS to the control plane,
+//! calls, and through the heaviest of weighted clusters), the settings of a cluster's
+//! client-side weighted round robin (the builder's apply), TLS to the control plane,
 //! federation (A47). Locality and endpoint weights weigh the tie-break's turns, not yet
 //! robustly on a busy client (`docs/xds.md`).
 //!
 //! Sources: [gRFC A27](https://github.com/grpc/proposal/blob/master/A27-xds-global-load-balancing.md),
 //! [gRFC A28](https://github.com/grpc/proposal/blob/master/A28-xds-traffic-splitting-and-routing.md),
+//! [gRFC A50](https://github.com/grpc/proposal/blob/master/A50-xds-outlier-detection.md),
 //! [gRFC A52](https://github.com/grpc/proposal/blob/master/A52-xds-custom-lb-policies.md).
 
 pub(crate) mod ads;
@@ -50,6 +54,7 @@ mod bootstrap;
 mod cluster;
 mod endpoints;
 mod listener;
+pub(crate) mod policy;
 pub(crate) mod resolve;
 mod wire;
 

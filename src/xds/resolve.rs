@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use super::ads::{AdsClient, Resource, ResourceType, Watch, Watched};
 use super::listener::{Action, Routes};
+use super::policy::ClusterPolicy;
 use crate::call::shared::Shared;
 use crate::discover::Template;
 use crate::target::Target;
@@ -37,6 +38,9 @@ struct Admit {
     cluster: String,
     max_requests: u32,
     drops: Vec<(String, u32)>,
+    /// The cluster's policy and outlier detection (see `policy.rs`).
+    strategy: Option<crate::pick::Strategy>,
+    outlier: Option<Box<super::cluster::Outlier>>,
 }
 
 /// The watches a channel holds beyond its Listener: each one replaced when the step before
@@ -56,6 +60,7 @@ pub(crate) async fn run(
     name: String,
     template: Template,
     first_within: Duration,
+    mut policy: ClusterPolicy,
 ) {
     let mut listener = client.watch(ResourceType::Listener, &name);
     let mut chain = Chain::default();
@@ -77,6 +82,13 @@ pub(crate) async fn run(
                 if let Some(a) = &p.admission {
                     a.set(&admit.cluster, &admit.drops, admit.max_requests);
                 }
+                policy.apply(
+                    &p,
+                    &name,
+                    &admit.cluster,
+                    admit.strategy,
+                    admit.outlier.as_deref(),
+                );
             }
             Resolution::Failed(why) => {
                 answered = true;
@@ -272,6 +284,8 @@ fn follow_steps(
         cluster: cluster_name,
         max_requests: cluster.max_requests,
         drops: eds.drops.clone(),
+        strategy: cluster.strategy,
+        outlier: cluster.outlier.clone(),
     };
     Ok(Resolution::Endpoints(eds.usable_by_priority(), admit))
 }

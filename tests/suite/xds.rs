@@ -20,10 +20,10 @@ use tonic_balancer::BalancedChannel;
 
 /// The bound of each wait for the channel to follow a snapshot (it takes milliseconds; a
 /// reconnection to a restarted control plane waits for gRPC's backoff, 1 s then 1.6 s...).
-const LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const LIMIT: Duration = Duration::from_secs(60);
 
 /// A channel to `xds:///svc` through this control plane.
-fn channel(cp: &ControlPlane, node: &str) -> BalancedChannel {
+pub(crate) fn channel(cp: &ControlPlane, node: &str) -> BalancedChannel {
     let bootstrap = Bootstrap::from_json(&cp.bootstrap(node)).expect("the harness's bootstrap");
     BalancedChannel::builder()
         .xds("xds:///svc")
@@ -41,7 +41,11 @@ fn snapshot(version: &str, localities: Vec<Locality>) -> Snapshot {
 }
 
 /// A snapshot of listener `svc`, routed to this cluster and its endpoints.
-fn snapshot_of(version: &str, cluster: Cluster, endpoints: ClusterEndpoints) -> Snapshot {
+pub(crate) fn snapshot_of(
+    version: &str,
+    cluster: Cluster,
+    endpoints: ClusterEndpoints,
+) -> Snapshot {
     Snapshot::new(version)
         .listener_rds("svc", "route-svc")
         .route("route-svc", "svc")
@@ -50,18 +54,18 @@ fn snapshot_of(version: &str, cluster: Cluster, endpoints: ClusterEndpoints) -> 
 }
 
 /// One locality of these endpoints, all with `health`.
-fn locality(addrs: &[SocketAddr], health: Health) -> Locality {
+pub(crate) fn locality(addrs: &[SocketAddr], health: Health) -> Locality {
     addrs
         .iter()
         .fold(Locality::new("r1", "z1"), |l, a| l.endpoint(*a, health, 1))
 }
 
-fn addrs(fleet: &Fleet) -> Vec<SocketAddr> {
+pub(crate) fn addrs(fleet: &Fleet) -> Vec<SocketAddr> {
     fleet.instances.iter().map(|i| i.addr).collect()
 }
 
 /// `n` sequential calls, each of which must succeed: how many each instance served.
-async fn tally(ch: &BalancedChannel, n: u64) -> BTreeMap<String, u64> {
+pub(crate) async fn tally(ch: &BalancedChannel, n: u64) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
     for name in fleet::calls(&mut FleetClient::new(ch.clone()), n).await {
         *counts.entry(name).or_default() += 1;
@@ -71,7 +75,7 @@ async fn tally(ch: &BalancedChannel, n: u64) -> BTreeMap<String, u64> {
 
 /// Batches of `n` calls until one satisfies `done`; panics after [`LIMIT`] with the last
 /// batch and the control plane's log.
-async fn until(
+pub(crate) async fn until(
     ch: &BalancedChannel,
     cp: &ControlPlane,
     what: &str,
@@ -96,7 +100,7 @@ async fn until(
 }
 
 /// Only these instances serve.
-fn only<'a>(names: &'a [&'a str]) -> impl Fn(&BTreeMap<String, u64>) -> bool + 'a {
+pub(crate) fn only<'a>(names: &'a [&'a str]) -> impl Fn(&BTreeMap<String, u64>) -> bool + 'a {
     move |c| {
         c.keys().all(|k| names.contains(&k.as_str())) && names.iter().all(|n| c.contains_key(*n))
     }
