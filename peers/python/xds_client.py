@@ -18,6 +18,12 @@ each with one line on stdout:
                              names are percent-escaped (%, space, = and all but printable ASCII);
                              failed=<k> is always the last pair.
     state                    "STATE <connectivity>" of the channel (IDLE, CONNECTING, READY, ...).
+    until NAME [limit_ms=L]  sequential unary calls (deadline 1 s each) until one is answered by
+                             instance NAME, for at most L ms (default 30000): "STARTED" once the
+                             first call has ended, then "FIRST <ns> calls=<n> failed=<k>" with
+                             the wall clock (time.time_ns) when NAME's answer came, or
+                             "NONE calls=<n> failed=<k>" at the limit. For the time from a
+                             control plane's push to the first call on a new endpoint.
 
 A malformed command is answered "ERR <message>". Each failed call's status goes to stderr. It
 exits when stdin closes: the test that started it holds the other end.
@@ -27,6 +33,7 @@ No generated code: Req and Reply are a few bytes of protobuf, written and read b
 
 import argparse
 import sys
+import time
 import urllib.parse
 
 import grpc
@@ -136,6 +143,33 @@ def main():
                 tokens = [f"{escape(k)}={v}" for k, v in sorted(counts.items())]
                 tokens.append(f"failed={failed}")  # always the last
                 print("COUNTS " + " ".join(tokens), flush=True)
+            elif words[0] == "until" and len(words) >= 2:
+                want = words[1]
+                limit = 30.0
+                for opt in words[2:]:
+                    key, _, value = opt.partition("=")
+                    if key != "limit_ms":
+                        raise ValueError(f"unknown option {opt!r}")
+                    limit = int(value) / 1000.0
+                calls = failed = 0
+                start = time.monotonic()
+                first = None
+                while first is None and time.monotonic() - start < limit:
+                    next_id += 1
+                    calls += 1
+                    try:
+                        reply = unary(request(next_id), timeout=1.0)
+                        if instance_of(reply) == want:
+                            first = time.time_ns()
+                    except grpc.RpcError as e:
+                        failed += 1
+                        print(f"call {next_id}: {e.code()} {e.details()}", file=sys.stderr, flush=True)
+                    if calls == 1:
+                        print("STARTED", flush=True)
+                if first is None:
+                    print(f"NONE calls={calls} failed={failed}", flush=True)
+                else:
+                    print(f"FIRST {first} calls={calls} failed={failed}", flush=True)
             elif words[0] == "state" and len(words) == 1:
                 s = state.state
                 print(f"STATE {s.name if s else 'UNKNOWN'}", flush=True)

@@ -75,6 +75,53 @@ impl GrpcXdsClient {
         }
     }
 
+    /// Starts sequential calls (deadline 1 s each) that go on until instance `name` answers
+    /// one, or for at most `limit`; returns once the first of them has ended, so that what
+    /// the caller does next (a push) finds the client calling. [`until_first`] reads the
+    /// outcome. Blocking.
+    ///
+    /// [`until_first`]: GrpcXdsClient::until_first
+    pub fn start_until(&mut self, name: &str, limit: Duration) {
+        let command = format!("until {name} limit_ms={}", limit.as_millis().max(1));
+        let answer = self
+            .process
+            .ask(&command, COMMAND_LIMIT + Duration::from_secs(1))
+            .unwrap_or_else(|e| panic!("{e}"));
+        if answer != "STARTED" {
+            panic!(
+                "{}",
+                self.process
+                    .failed(&format!("{command:?} answered {answer:?}"))
+            );
+        }
+    }
+
+    /// The outcome of [`start_until`](GrpcXdsClient::start_until): when the instance's first
+    /// answer came (the wall clock, read in the client's process), the calls made and those
+    /// that failed; `None` for the time if it did not answer within the limit. Blocking.
+    pub fn until_first(&mut self, limit: Duration) -> (Option<std::time::SystemTime>, u64, u64) {
+        let answer = self
+            .process
+            .line(limit + COMMAND_LIMIT)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut words = answer.split_whitespace();
+        let when = match words.next() {
+            Some("FIRST") => words
+                .next()
+                .and_then(|ns| ns.parse::<u64>().ok())
+                .map(|ns| std::time::UNIX_EPOCH + Duration::from_nanos(ns)),
+            Some("NONE") => None,
+            _ => panic!("{}", self.process.failed(&format!("until: {answer:?}"))),
+        };
+        let count = |key: &str| {
+            answer
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("until: no {key} in {answer:?}"))
+        };
+        (when, count("calls="), count("failed="))
+    }
+
     /// The channel's connectivity state as grpcio sees it: `IDLE`, `CONNECTING`, `READY`,
     /// `TRANSIENT_FAILURE`, `SHUTDOWN` (`UNKNOWN` before the first report).
     pub fn state(&mut self) -> String {
