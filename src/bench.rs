@@ -182,7 +182,7 @@ impl BenchPicker {
     pub fn set_weights(&self, weights: &[f64]) {
         let pool = &self.channel.shared;
         let snap = pool.snapshot();
-        let cfg = pool.ctx.load.reports.wrr;
+        let cfg = pool.ctx.load.reports.wrr.get();
         let now = pool.ctx.now_ns();
         for (inst, &w) in snap.iter().zip(weights) {
             let report = crate::load::report::LoadReport {

@@ -151,7 +151,7 @@ impl Builder {
         // The metrics first: weighted round robin's first schedule update is recorded.
         crate::metrics::spawn(pool, &pool.totals.metrics);
         if self.strategy.keeps_weights() || xds {
-            pool.spawn(crate::pick::wrr::task(Arc::downgrade(pool), self.wrr));
+            pool.spawn(crate::pick::wrr::task(Arc::downgrade(pool)));
         }
         let pinned = !crate::metrics::unmatched_methods(&pool.totals.metrics).is_empty();
         if !pool.methods.unmatched().0.is_empty() || pinned {
@@ -214,6 +214,7 @@ impl Builder {
             self.strategy_by,
             self.ejection.clone(),
             self.ejection_set,
+            self.load_reports_oob.is_some(),
             health.clone(),
         );
         Ok(Box::new(move |pool, first_within| {

@@ -457,6 +457,7 @@ mod tests {
     #[test]
     fn observe_subtracts_own_calls() {
         let s = ReportSettings::default();
+        let max_age_ticks = s.max_age_ticks;
         let ch = channel(s);
         let f = &ch.reports_fresh;
         let r = Reported::default();
@@ -480,7 +481,7 @@ mod tests {
         assert_eq!(o.get(tick(2_000)), 8);
         assert_eq!(r.last().as_deref(), Some(&LoadReport::default()));
         // Fresh for the max age (1 s) after the last count, and no longer.
-        let until = tick(1_000) + u64::from(s.max_age_ticks);
+        let until = tick(1_000) + u64::from(max_age_ticks);
         assert!(f.any(until));
         assert_eq!(o.get(until), 8);
         assert!(!f.any(until + 1));

@@ -13,7 +13,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 
 use super::report::LoadReport;
-use super::weight::{EndpointWeight, WrrConfig};
+use super::weight::{EndpointWeight, WrrCell, WrrConfig};
 
 /// The clock of the in-flight estimate: nanoseconds >> 20 (about a millisecond), plus one so
 /// that 0 means "no report".
@@ -29,11 +29,11 @@ pub(crate) fn tick(ns: u64) -> u64 {
 pub(crate) const COUNT_BITS: u32 = 24;
 
 /// The report settings of one channel (see the `Builder` methods).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) struct ReportSettings {
     /// Reports older than this many ticks are not used by the least-pending pick (0: never).
     pub(crate) max_age_ticks: u32,
-    pub(crate) wrr: WrrConfig,
+    pub(crate) wrr: WrrCell,
 }
 
 /// The default [`Builder::load_report_max_age`](crate::Builder::load_report_max_age).
@@ -50,7 +50,10 @@ impl ReportSettings {
         let ticks = (max_age.as_nanos() >> TICK_SHIFT).min(u128::from(u32::MAX / 2)) as u32;
         // A non-zero age shorter than a tick still uses reports of the same tick.
         let max_age_ticks = if max_age.is_zero() { 0 } else { ticks.max(1) };
-        ReportSettings { max_age_ticks, wrr }
+        ReportSettings {
+            max_age_ticks,
+            wrr: WrrCell::new(wrr),
+        }
     }
 }
 
@@ -164,7 +167,7 @@ impl Reported {
     /// A report arrived at `now_ns`: weighted round robin's weight learns from it, and it is
     /// the last one.
     pub(crate) fn record(&self, report: LoadReport, now_ns: u64, settings: &ReportSettings) {
-        self.wrr.update(&report, now_ns, &settings.wrr);
+        self.wrr.update(&report, now_ns, &settings.wrr.get());
         self.last.store(Some(Arc::new(report)));
     }
 

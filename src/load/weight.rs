@@ -79,6 +79,57 @@ impl WrrConfig {
     }
 }
 
+/// A channel's [`WrrConfig`], which a control plane may change (an xDS cluster's A58
+/// settings, see `xds::policy`): each setting a relaxed atomic, read together as one
+/// `WrrConfig` where a report is taken in and where the schedule is rebuilt.
+#[derive(Debug)]
+pub(crate) struct WrrCell {
+    blackout_ns: std::sync::atomic::AtomicU64,
+    expiration_ns: std::sync::atomic::AtomicU64,
+    update_ns: std::sync::atomic::AtomicU64,
+    /// `f64` bits.
+    penalty: std::sync::atomic::AtomicU64,
+}
+
+impl WrrCell {
+    /// Settings checked and capped (`WrrConfig::capped`: every duration fits the nanoseconds).
+    pub(crate) fn new(cfg: WrrConfig) -> WrrCell {
+        let cell = WrrCell {
+            blackout_ns: Default::default(),
+            expiration_ns: Default::default(),
+            update_ns: Default::default(),
+            penalty: Default::default(),
+        };
+        cell.set(cfg);
+        cell
+    }
+
+    /// The settings now.
+    #[inline]
+    pub(crate) fn get(&self) -> WrrConfig {
+        use std::sync::atomic::Ordering::Relaxed;
+        WrrConfig {
+            blackout_period: Duration::from_nanos(self.blackout_ns.load(Relaxed)),
+            weight_expiration_period: Duration::from_nanos(self.expiration_ns.load(Relaxed)),
+            weight_update_period: Duration::from_nanos(self.update_ns.load(Relaxed)),
+            error_utilization_penalty: f64::from_bits(self.penalty.load(Relaxed)),
+        }
+    }
+
+    /// From now on, `cfg` (checked and capped by the caller).
+    pub(crate) fn set(&self, cfg: WrrConfig) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.blackout_ns
+            .store(crate::time::nanos(cfg.blackout_period), Relaxed);
+        self.expiration_ns
+            .store(crate::time::nanos(cfg.weight_expiration_period), Relaxed);
+        self.update_ns
+            .store(crate::time::nanos(cfg.weight_update_period), Relaxed);
+        self.penalty
+            .store(cfg.error_utilization_penalty.to_bits(), Relaxed);
+    }
+}
+
 /// The shortest weight update period (gRPC's floor).
 pub(crate) const MIN_UPDATE_PERIOD: Duration = Duration::from_millis(100);
 

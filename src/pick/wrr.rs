@@ -270,16 +270,20 @@ impl Wrr {
 /// The channel's background task that rebuilds the schedule every update period, until the
 /// channel is dropped.
 /// `owner`: what holds the channel's pick.
-pub(crate) async fn task<T>(owner: Weak<T>, cfg: WrrConfig)
+///
+/// The settings are the channel's as they are at each rebuild (a control plane may change
+/// them).
+pub(crate) async fn task<T>(owner: Weak<T>)
 where
     T: AsRef<Picker> + Send + Sync + 'static,
 {
-    let mut tick = tokio::time::interval(cfg.update_period());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut period = std::time::Duration::ZERO;
     loop {
-        tick.tick().await;
+        tokio::time::sleep(period).await;
         let Some(owner) = owner.upgrade() else { return };
         let picker = (*owner).as_ref();
+        let cfg = picker.set.ctx.load.reports.wrr.get();
+        period = cfg.update_period();
         // A channel whose strategy a control plane may change keeps the task, idle while
         // another strategy picks.
         if picker.strategy.get() != crate::Strategy::WeightedRoundRobin {

@@ -10,8 +10,9 @@
 //! [gRFC A32](https://github.com/grpc/proposal/blob/master/A32-xds-circuit-breaking.md).
 
 use super::listener::config_source_is_ads;
-use super::wire::{any, duration_ms, fields, wrapped, Invalid, Value};
+use super::wire::{any, duration_ms, fields, wrapped, wrapped_float, Invalid, Value};
 use crate::health::Ejection;
+use crate::load::weight::WrrConfig;
 use crate::pick::Strategy;
 use std::time::Duration;
 
@@ -26,9 +27,66 @@ pub(crate) struct Cluster {
     /// The policy the cluster asks for, mapped to a strategy; `None`: it says nothing (no A52
     /// list, and the `lb_policy` enum at its default, ROUND_ROBIN; see `xds::policy`).
     pub(crate) strategy: Option<Strategy>,
+    /// The settings of client-side weighted round robin, where that is the policy.
+    pub(crate) wrr: Option<ClusterWrr>,
     pub(crate) outlier: Option<Box<Outlier>>,
     /// A32: the most calls in flight to the cluster (default 1024).
     pub(crate) max_requests: u32,
+}
+
+/// A58's settings of a cluster's client-side weighted round robin, with A58's defaults for
+/// what it leaves unset (those of [`WrrConfig::default`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ClusterWrr {
+    pub(crate) config: WrrConfig,
+    /// `enable_oob_load_report`, with its `oob_reporting_period` (10 s when unset).
+    pub(crate) oob: Option<Duration>,
+}
+
+/// A58's validation: `error_utilization_penalty` not negative (else the cluster is NACKed),
+/// durations not negative (`duration_ms` refuses them).
+fn wrr_settings(buf: &[u8]) -> Result<ClusterWrr, Invalid> {
+    let what = "ClientSideWeightedRoundRobin";
+    let mut config = WrrConfig::default();
+    let (mut oob_on, mut oob_period) = (false, Duration::from_secs(10));
+    let ms = |v: Value<'_>, what: &'static str| -> Result<Duration, Invalid> {
+        Ok(Duration::from_millis(duration_ms(v.message(what)?, what)?))
+    };
+    for f in fields(buf, what) {
+        match f? {
+            (1, v) => {
+                oob_on = wrapped(
+                    v.message("enable_oob_load_report")?,
+                    "enable_oob_load_report",
+                )? != 0
+            }
+            (2, v) => oob_period = ms(v, "oob_reporting_period")?,
+            (3, v) => config.blackout_period = ms(v, "blackout_period")?,
+            (4, v) => config.weight_expiration_period = ms(v, "weight_expiration_period")?,
+            (5, v) => config.weight_update_period = ms(v, "weight_update_period")?,
+            (6, v) => {
+                let p = wrapped_float(
+                    v.message("error_utilization_penalty")?,
+                    "error_utilization_penalty",
+                )?;
+                if !(p >= 0.0 && p.is_finite()) {
+                    return Err(Invalid::new(format!(
+                        "client_side_weighted_round_robin.error_utilization_penalty {p} is negative"
+                    )));
+                }
+                config.error_utilization_penalty = f64::from(p);
+            }
+            _ => {}
+        }
+    }
+    // A58: an expiration period of 0 is the default's (this channel refuses 0).
+    if config.weight_expiration_period.is_zero() {
+        config.weight_expiration_period = WrrConfig::default().weight_expiration_period;
+    }
+    Ok(ClusterWrr {
+        config,
+        oob: oob_on.then_some(oob_period),
+    })
 }
 
 /// A50's outlier detection, with Envoy's failures-in-a-row rule (`consecutive_5xx`), which
@@ -148,18 +206,22 @@ impl Cluster {
             Some((true, service)) if !service.is_empty() => service,
             _ => name.clone(),
         };
-        let strategy = match policies {
-            Some(list) => Some(policy_list(list, 0).map_err(|e| fail(e.0))?),
+        let (strategy, wrr) = match policies {
+            Some(list) => {
+                let (s, wrr) = policy_list(list, 0).map_err(|e| fail(e.0))?;
+                (Some(s), wrr)
+            }
             // ROUND_ROBIN is the enum's default: what a cluster that says nothing sends.
             None => match lb_policy {
-                0 => None,
-                1 => Some(Strategy::LeastPending),
+                0 => (None, None),
+                1 => (Some(Strategy::LeastPending), None),
                 other => return Err(fail(format!("lb_policy {other} is not supported"))),
             },
         };
         let cluster = Cluster {
             eds_name,
             strategy,
+            wrr,
             outlier,
             max_requests,
         };
@@ -180,10 +242,10 @@ fn eds_config(buf: &[u8]) -> Result<(bool, String), Invalid> {
     Ok((ads, service))
 }
 
-/// A52: the first policy of the list that this client runs; none: invalid. `wrr_locality`
-/// (what a control plane sends for locality weights) is read through to its endpoint
-/// policy.
-fn policy_list(buf: &[u8], depth: u32) -> Result<Strategy, Invalid> {
+/// A52: the first policy of the list that this client runs, with weighted round robin's
+/// settings; none: invalid. `wrr_locality` (what a control plane sends for locality weights)
+/// is read through to its endpoint policy.
+fn policy_list(buf: &[u8], depth: u32) -> Result<(Strategy, Option<ClusterWrr>), Invalid> {
     if depth > 4 {
         return Err(Invalid::new("load_balancing_policy nested too deep"));
     }
@@ -197,10 +259,10 @@ fn policy_list(buf: &[u8], depth: u32) -> Result<Strategy, Invalid> {
                 let (url, value) = any(v.message("typed_config")?, "typed_config")?;
                 let kind = url.strip_prefix(POLICY).unwrap_or(url);
                 match kind {
-                    "round_robin.v3.RoundRobin" => return Ok(Strategy::RoundRobin),
-                    "least_request.v3.LeastRequest" => return Ok(Strategy::LeastPending),
+                    "round_robin.v3.RoundRobin" => return Ok((Strategy::RoundRobin, None)),
+                    "least_request.v3.LeastRequest" => return Ok((Strategy::LeastPending, None)),
                     "client_side_weighted_round_robin.v3.ClientSideWeightedRoundRobin" => {
-                        return Ok(Strategy::WeightedRoundRobin)
+                        return Ok((Strategy::WeightedRoundRobin, Some(wrr_settings(value)?)))
                     }
                     "wrr_locality.v3.WrrLocality" => {
                         for f in fields(value, "WrrLocality") {
@@ -300,6 +362,88 @@ fn circuit_breakers(buf: &[u8]) -> Result<u32, Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::xds::wire::{put_bytes, put_str, put_uint};
+
+    /// A Cluster of type EDS (from ADS) whose A52 list has client-side weighted round robin
+    /// with these settings (already encoded).
+    fn wrr_cluster(settings: &[u8]) -> Vec<u8> {
+        let mut any = Vec::new();
+        put_str(
+            &mut any,
+            1,
+            &format!("{POLICY}client_side_weighted_round_robin.v3.ClientSideWeightedRoundRobin"),
+        );
+        put_bytes(&mut any, 2, settings);
+        let mut typed = Vec::new();
+        put_str(&mut typed, 1, "wrr");
+        put_bytes(&mut typed, 2, &any);
+        let mut policy = Vec::new();
+        put_bytes(&mut policy, 4, &typed);
+        let mut list = Vec::new();
+        put_bytes(&mut list, 1, &policy);
+        let mut source = Vec::new();
+        put_bytes(&mut source, 3, &[]);
+        let mut eds = Vec::new();
+        put_bytes(&mut eds, 1, &source);
+        let mut cluster = Vec::new();
+        put_str(&mut cluster, 1, "svc");
+        put_uint(&mut cluster, 2, EDS);
+        put_bytes(&mut cluster, 3, &eds);
+        put_bytes(&mut cluster, 41, &list);
+        cluster
+    }
+
+    fn duration(field: u32, secs: u64, out: &mut Vec<u8>) {
+        let mut d = Vec::new();
+        put_uint(&mut d, 1, secs);
+        put_bytes(out, field, &d);
+    }
+
+    fn penalty(p: f32, out: &mut Vec<u8>) {
+        let mut f = vec![0x0d];
+        f.extend_from_slice(&p.to_le_bytes());
+        put_bytes(out, 6, &f);
+    }
+
+    /// A58's settings are read, with its defaults for what is unset; a negative error penalty
+    /// is refused (the cluster NACKed).
+    #[test]
+    fn weighted_round_robins_settings_are_read() {
+        let mut settings = Vec::new();
+        let mut on = Vec::new();
+        put_uint(&mut on, 1, 1);
+        put_bytes(&mut settings, 1, &on);
+        duration(3, 2, &mut settings);
+        duration(5, 3, &mut settings);
+        penalty(2.5, &mut settings);
+        let (_, c) = Cluster::decode(&wrr_cluster(&settings)).unwrap();
+        assert_eq!(c.strategy, Some(Strategy::WeightedRoundRobin));
+        let wrr = c.wrr.expect("the settings");
+        assert_eq!(
+            wrr.config,
+            WrrConfig::default()
+                .blackout_period(Duration::from_secs(2))
+                .weight_update_period(Duration::from_secs(3))
+                .error_utilization_penalty(2.5)
+        );
+        assert_eq!(
+            wrr.oob,
+            Some(Duration::from_secs(10)),
+            "A58's default period"
+        );
+        let (_, plain) = Cluster::decode(&wrr_cluster(&[])).unwrap();
+        assert_eq!(
+            plain.wrr,
+            Some(ClusterWrr {
+                config: WrrConfig::default(),
+                oob: None
+            })
+        );
+        let mut negative = Vec::new();
+        penalty(-1.0, &mut negative);
+        let e = Cluster::decode(&wrr_cluster(&negative)).unwrap_err();
+        assert!(e.0.contains("error_utilization_penalty -1"), "{e:?}");
+    }
 
     /// Unset fields take A50's defaults (Envoy's for failures in a row), and the mapped rules
     /// pass the builder's checks.

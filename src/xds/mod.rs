@@ -39,9 +39,8 @@
 //!
 //! **Not yet** (each logged where it applies, never silently): per-method routes and A28's
 //! weighted clusters (the channel sends every call through the first route that takes all
-//! calls, and through the heaviest of weighted clusters), the settings of a cluster's
-//! client-side weighted round robin (the builder's apply), TLS to the control plane,
-//! federation (A47). Locality and endpoint weights weigh the tie-break's turns, not yet
+//! calls, and through the heaviest of weighted clusters), a cluster's out-of-band load reports
+//! (asked only where the builder turned them on), TLS to the control plane, federation (A47). Locality and endpoint weights weigh the tie-break's turns, not yet
 //! robustly on a busy client (`docs/xds.md`).
 //!
 //! Sources: [gRFC A27](https://github.com/grpc/proposal/blob/master/A27-xds-global-load-balancing.md),

@@ -27,7 +27,7 @@ enum Resolution {
     Pending,
     /// The usable endpoints of each priority that has any, most preferred first, with their
     /// priority's number; and what lets calls in.
-    Endpoints(Vec<(usize, Vec<(SocketAddr, f64)>)>, Admit),
+    Endpoints(Vec<(usize, Vec<(SocketAddr, f64)>)>, Box<Admit>),
     /// A step failed: the set empties, calls fail with this reason.
     Failed(String),
 }
@@ -40,6 +40,7 @@ struct Admit {
     drops: Vec<(String, u32)>,
     /// The cluster's policy and outlier detection (see `policy.rs`).
     strategy: Option<crate::pick::Strategy>,
+    wrr: Option<super::cluster::ClusterWrr>,
     outlier: Option<Box<super::cluster::Outlier>>,
 }
 
@@ -86,7 +87,7 @@ pub(crate) async fn run(
                     &p,
                     &name,
                     &admit.cluster,
-                    admit.strategy,
+                    (admit.strategy, admit.wrr),
                     admit.outlier.as_deref(),
                 );
             }
@@ -285,9 +286,10 @@ fn follow_steps(
         max_requests: cluster.max_requests,
         drops: eds.drops.clone(),
         strategy: cluster.strategy,
+        wrr: cluster.wrr,
         outlier: cluster.outlier.clone(),
     };
-    Ok(Resolution::Endpoints(eds.usable_by_priority(), admit))
+    Ok(Resolution::Endpoints(eds.usable_by_priority(), Box::new(admit)))
 }
 
 /// The set becomes these endpoints, in one swap.

@@ -5,7 +5,7 @@
 //! `config/core/v3/base.proto` (checked against go-control-plane's generated code,
 //! `envoy@v1.40.0`).
 
-use crate::protowire::{self, Reader, LEN, VARINT};
+use crate::protowire::{self, Reader, FIXED32, LEN, VARINT};
 
 /// A message that did not parse, or a value the client refuses: the reason, for the NACK's
 /// `error_detail` and the log.
@@ -30,6 +30,8 @@ impl std::fmt::Display for Invalid {
 pub(crate) enum Value<'a> {
     Varint(u64),
     Bytes(&'a [u8]),
+    /// A `fixed32` (a `float`'s bits).
+    Fixed32(u32),
     Other,
 }
 
@@ -78,6 +80,10 @@ pub(crate) fn fields<'a>(
             let value = match wire {
                 VARINT => Value::Varint(r.varint()?),
                 LEN => Value::Bytes(r.len_delimited()?),
+                FIXED32 => {
+                    let b = r.bytes(4)?;
+                    Value::Fixed32(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                }
                 _ => {
                     r.skip(field, wire, 0)?;
                     Value::Other
@@ -98,6 +104,19 @@ pub(crate) fn wrapped(buf: &[u8], what: &'static str) -> Result<u64, Invalid> {
     for f in fields(buf, what) {
         if let (1, value) = f? {
             v = value.varint(what)?;
+        }
+    }
+    Ok(v)
+}
+
+/// A `google.protobuf.FloatValue`'s value (0 when unset, as proto3 reads it).
+pub(crate) fn wrapped_float(buf: &[u8], what: &'static str) -> Result<f32, Invalid> {
+    let mut v = 0.0;
+    for f in fields(buf, what) {
+        match f? {
+            (1, Value::Fixed32(bits)) => v = f32::from_bits(bits),
+            (1, _) => return Err(Invalid::new(format!("{what}: not a float"))),
+            _ => {}
         }
     }
     Ok(v)
