@@ -45,13 +45,13 @@ pub(crate) fn nanos(d: Duration) -> u64 {
 }
 
 /// The longest duration protobuf's `Duration` holds: 10,000 years, in seconds.
-#[cfg(feature = "service-config")]
+#[cfg(any(feature = "service-config", feature = "xds-tls"))]
 const MAX_SECONDS: u64 = 315_576_000_000;
 
 /// Reads a protobuf JSON duration (`"1.5s"`: seconds with up to nine decimals, then `s`), as
 /// the service config and the xDS bootstrap give them; why not, if it is not one. Never
 /// negative: each setting that takes a negative one reads its sign first.
-#[cfg(feature = "service-config")]
+#[cfg(any(feature = "service-config", feature = "xds-tls"))]
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let malformed = || {
         format!("{s:?} is not a duration: seconds with up to nine decimals, then `s` (\"1.5s\")")
@@ -108,7 +108,7 @@ mod tests {
         assert_eq!(after(Duration::from_secs(2)), now + Duration::from_secs(2));
     }
 
-    #[cfg(feature = "service-config")]
+    #[cfg(any(feature = "service-config", feature = "xds-tls"))]
     #[test]
     fn durations_in_protobuf_json() {
         for (s, d) in [
