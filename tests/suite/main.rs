@@ -69,3 +69,4 @@ mod wait_for_ready;
 mod wrr;
 mod xds;
 mod xds_peers;
+mod xds_tls; // feature xds-tls
