@@ -5,6 +5,11 @@
 // 127.0.0.1.
 //
 //	peer-xds --port 0 [--allow-resource-subset] [--verbose] [--nack-delay 100ms]
+//	         [--tls-cert server.pem --tls-key server.key [--client-ca ca.pem]]
+//
+// With --tls-cert and --tls-key it serves over TLS (TLS 1.2 or 1.3, h2), as a control plane that
+// gRPC's `tls` channel credentials reach (gRFC A65); with --client-ca too, it requires a client
+// certificate signed by that CA (mTLS) and refuses the handshake of a client without one.
 //
 // It prints `LISTENING <port>` on stdout once it listens, then reads commands on stdin, one JSON
 // object per line, and answers each with one line on stdout: `OK <version>` or `ERR <message>`.
@@ -32,6 +37,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -64,6 +71,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -594,8 +602,15 @@ func main() {
 	subset := flag.Bool("allow-resource-subset", false, "answer requests that name only some of the snapshot's resources (ads=false)")
 	verbose := flag.Bool("verbose", false, "log every request and response on stderr")
 	nackDelay := flag.Duration("nack-delay", 100*time.Millisecond, "how long a NACK waits before the cache sees it (0: at once)")
+	tlsCert := flag.String("tls-cert", "", "serve over TLS with this certificate (PEM; with --tls-key)")
+	tlsKey := flag.String("tls-key", "", "the private key of --tls-cert (PEM)")
+	clientCA := flag.String("client-ca", "", "with TLS: require a client certificate signed by this CA (PEM): mTLS")
 	flag.Parse()
 	logger := log.New(os.Stderr, "peer-xds: ", log.Lmicroseconds)
+	serverOpts, err := tlsOptions(*tlsCert, *tlsKey, *clientCA)
+	if err != nil {
+		logger.Fatalf("TLS: %v", err)
+	}
 
 	cacheLog := glog.LoggerFuncs{
 		WarnFunc:  func(f string, a ...any) { logger.Printf("cache warning: "+f, a...) },
@@ -640,7 +655,7 @@ func main() {
 	}
 	// The server's context is never cancelled: the process ends when stdin closes.
 	xds := serverv3.NewServer(context.Background(), cache, callbacks)
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(serverOpts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xds)
 
 	// Go's listeners set SO_REUSEADDR: a restarted peer gets the same port back at once.
@@ -684,6 +699,36 @@ func main() {
 	}
 	// Stdin closed: the test is over (or dead).
 	os.Exit(0)
+}
+
+// The server's options for TLS: none without a certificate (plaintext, h2c), else TLS with it,
+// and with a client CA, mTLS (a client without a certificate that CA signed is refused in the
+// handshake).
+func tlsOptions(certFile, keyFile, clientCAFile string) ([]grpc.ServerOption, error) {
+	if certFile == "" && keyFile == "" {
+		if clientCAFile != "" {
+			return nil, fmt.Errorf("--client-ca needs --tls-cert and --tls-key")
+		}
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert %q, --tls-key %q: %w", certFile, keyFile, err)
+	}
+	config := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if clientCAFile != "" {
+		pem, err := os.ReadFile(clientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("--client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--client-ca %q: no PEM certificate in it", clientCAFile)
+		}
+		config.ClientCAs = pool
+		config.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(config))}, nil
 }
 
 // Applies one command line: the snapshot it describes replaces the one every client gets.

@@ -13,9 +13,6 @@ use crate::error::Error;
 /// What a field that is absent reads as, so that a missing field has a path too.
 static ABSENT: Value = Value::Null;
 
-/// The longest duration protobuf's `Duration` holds: 10,000 years, in seconds.
-const MAX_SECONDS: u64 = 315_576_000_000;
-
 /// The status codes by their names in gRPC's service config (`google.rpc.Code`'s).
 const CODES: [(&str, Code); 17] = [
     ("OK", Code::Ok),
@@ -188,7 +185,7 @@ impl<'a> ConfigNode<'a> {
                 self.kind()
             ))
         })?;
-        parse_duration(s).map_err(|why| self.refuse(why))
+        crate::time::parse_duration(s).map_err(|why| self.refuse(why))
     }
 
     /// A status code, by its name (`"UNAVAILABLE"`) or its number (`14`), as grpc-go and
@@ -238,78 +235,9 @@ impl<'a> ConfigNode<'a> {
     }
 }
 
-/// Reads a protobuf JSON duration (`"1.5s"`); why not, if it is not one.
-pub(super) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let malformed = || {
-        format!("{s:?} is not a duration: seconds with up to nine decimals, then `s` (\"1.5s\")")
-    };
-    let body = s.strip_suffix('s').ok_or_else(malformed)?;
-    if body.starts_with('-') {
-        return Err(format!(
-            "{s:?}: must not be negative (a duration such as \"1.5s\", or \"0s\")"
-        ));
-    }
-    let (whole, frac) = body.split_once('.').unwrap_or((body, ""));
-    let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
-    if (whole.is_empty() && frac.is_empty()) || !digits(whole) || !digits(frac) || frac.len() > 9 {
-        return Err(malformed());
-    }
-    let secs: u64 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().map_err(|_| malformed())?
-    };
-    if secs > MAX_SECONDS {
-        return Err(format!(
-            "{s:?}: above protobuf's longest duration ({MAX_SECONDS}s)"
-        ));
-    }
-    let nanos: u32 = if frac.is_empty() {
-        0
-    } else {
-        format!("{frac:0<9}").parse().map_err(|_| malformed())?
-    };
-    Ok(Duration::new(secs, nanos))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_in_protobuf_json() {
-        for (s, d) in [
-            ("1.5s", Duration::from_millis(1500)),
-            ("0s", Duration::ZERO),
-            ("30s", Duration::from_secs(30)),
-            (".25s", Duration::from_millis(250)),
-            ("2.s", Duration::from_secs(2)),
-            ("0.000000001s", Duration::from_nanos(1)),
-            ("0.020s", Duration::from_millis(20)),
-            ("315576000000s", Duration::from_secs(MAX_SECONDS)),
-        ] {
-            assert_eq!(parse_duration(s), Ok(d), "{s}");
-        }
-        for bad in [
-            "",
-            "s",
-            ".s",
-            "1",
-            "1.5",
-            "1ms",
-            "1m",
-            "-1s",
-            "-0.5s",
-            "1.0000000001s",
-            "1e3s",
-            "+1s",
-            " 1s",
-            "1.5.1s",
-            "315576000001s",
-        ] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn status_codes_by_name_or_number() {

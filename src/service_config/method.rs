@@ -110,7 +110,7 @@ fn message_size(entry: &ConfigNode<'_>, key: &str) -> Result<Option<u32>, Error>
 /// at least zero).
 fn timeout(t: &ConfigNode<'_>) -> Result<Option<Duration>, Error> {
     if let Some(positive) = t.str().ok().and_then(|s| s.strip_prefix('-')) {
-        super::json::parse_duration(positive).map_err(|_| {
+        crate::time::parse_duration(positive).map_err(|_| {
             t.refuse(format_args!(
                 "\"-{positive}\" is not a duration: seconds with up to nine decimals, then `s` \
                  (\"1.5s\")"

@@ -11,9 +11,11 @@
 //! # let _ = channel; Ok(()) }
 //! ```
 //!
-//! **What is read.** The bootstrap ([`Bootstrap`]: the first `xds_servers` entry with
-//! `insecure` channel credentials, and the `node`); one ADS stream per control plane and node
-//! in the process, shared by every channel that names it, state of the world (A27):
+//! **What is read.** The bootstrap ([`Bootstrap`]: the first `xds_servers` entry, reached with
+//! its first channel credentials this client supports, `insecure` or, with the feature
+//! `xds-tls`, `tls` (A65: TLS, and mTLS with a client certificate); and the `node`); one ADS
+//! stream per control plane, credentials and node in the process, shared by every channel that
+//! names them, state of the world (A27):
 //! - LDS: an API listener whose HTTP connection manager has its route configuration inline or
 //!   by RDS name, the router its last filter (A39: other filters only if optional);
 //! - RDS: the virtual host of the target's name (exact, suffix, prefix, then `*`); the first
@@ -40,21 +42,27 @@
 //! **Not yet** (each logged where it applies, never silently): per-method routes and A28's
 //! weighted clusters (the channel sends every call through the first route that takes all
 //! calls, and through the heaviest of weighted clusters), a cluster's out-of-band load reports
-//! (asked only where the builder turned them on), TLS to the control plane, federation (A47). Locality and endpoint weights weigh the tie-break's turns, not yet
-//! robustly on a busy client (`docs/xds.md`).
+//! (asked only where the builder turned them on), federation (A47). Locality and endpoint
+//! weights weigh the tie-break's turns, not yet robustly on a busy client (`docs/xds.md`). xDS
+//! security for the instances (A29) is not read either: a cluster's `transport_socket` is not
+//! looked at, and the instances' TLS is the builder's (`Builder::endpoint_template`).
 //!
 //! Sources: [gRFC A27](https://github.com/grpc/proposal/blob/master/A27-xds-global-load-balancing.md),
 //! [gRFC A28](https://github.com/grpc/proposal/blob/master/A28-xds-traffic-splitting-and-routing.md),
 //! [gRFC A50](https://github.com/grpc/proposal/blob/master/A50-xds-outlier-detection.md),
-//! [gRFC A52](https://github.com/grpc/proposal/blob/master/A52-xds-custom-lb-policies.md).
+//! [gRFC A52](https://github.com/grpc/proposal/blob/master/A52-xds-custom-lb-policies.md),
+//! [gRFC A65](https://github.com/grpc/proposal/blob/master/A65-xds-mtls-creds-in-bootstrap.md).
 
 pub(crate) mod ads;
 mod bootstrap;
 mod cluster;
+mod creds;
 mod endpoints;
 mod listener;
 pub(crate) mod policy;
 pub(crate) mod resolve;
+#[cfg(feature = "xds-tls")]
+mod tls;
 mod wire;
 
 pub use bootstrap::{Bootstrap, BOOTSTRAP_CONFIG_ENV, BOOTSTRAP_FILE_ENV};

@@ -289,7 +289,10 @@ fn follow_steps(
         wrr: cluster.wrr,
         outlier: cluster.outlier.clone(),
     };
-    Ok(Resolution::Endpoints(eds.usable_by_priority(), Box::new(admit)))
+    Ok(Resolution::Endpoints(
+        eds.usable_by_priority(),
+        Box::new(admit),
+    ))
 }
 
 /// The set becomes these endpoints, in one swap.

@@ -56,10 +56,10 @@ pub fn subscribers_per_thread() {
 }
 
 /// The crate's log events, for the tests that check them (those of optional parts).
-#[cfg(any(feature = "orca", feature = "health-check"))]
+#[cfg(any(feature = "orca", feature = "health-check", feature = "xds-tls"))]
 pub use events::Events;
 
-#[cfg(any(feature = "orca", feature = "health-check"))]
+#[cfg(any(feature = "orca", feature = "health-check", feature = "xds-tls"))]
 mod events {
     use std::sync::Mutex;
 

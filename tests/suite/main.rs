@@ -70,3 +70,4 @@ mod wrr;
 mod xds;
 mod xds_peers;
 mod xds_policy; // feature xds
+mod xds_tls; // feature xds-tls

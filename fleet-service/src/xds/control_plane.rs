@@ -59,7 +59,12 @@ impl ControlPlane {
     /// the cache's `ads` mode off), `--verbose` (every request and response on its stderr) and
     /// `--nack-delay <Go duration>` (how long each NACK is held before the cache sees it,
     /// default `100ms`: the cache answers a NACK at once with the same snapshot, and the client
-    /// NACKs it again, a loop of thousands a second without it; `0` for the cache as it is).
+    /// NACKs it again, a loop of thousands a second without it; `0` for the cache as it is),
+    /// `--tls-cert <file> --tls-key <file>` (serve over TLS with this certificate: clients
+    /// reach it with `tls` channel credentials, [`bootstrap_with_creds`]) and `--client-ca
+    /// <file>` (with TLS: require a client certificate this CA signed, mTLS).
+    ///
+    /// [`bootstrap_with_creds`]: ControlPlane::bootstrap_with_creds
     pub fn start_with(args: &[&str]) -> Option<ControlPlane> {
         let program = built_control_plane()?;
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
@@ -175,6 +180,21 @@ impl ControlPlane {
                 "server_features": server_features,
             }],
             "node": node,
+        })
+        .to_string()
+    }
+
+    /// [`bootstrap`](ControlPlane::bootstrap) with these `channel_creds` (a JSON list): for a
+    /// control plane started with `--tls-cert`, `[{"type": "tls", "config":
+    /// {"ca_certificate_file": ...}}]` (gRFC A65).
+    pub fn bootstrap_with_creds(&self, node_id: &str, channel_creds: serde_json::Value) -> String {
+        serde_json::json!({
+            "xds_servers": [{
+                "server_uri": self.uri(),
+                "channel_creds": channel_creds,
+                "server_features": [],
+            }],
+            "node": { "id": node_id },
         })
         .to_string()
     }

@@ -29,6 +29,7 @@ mod stream;
 
 use super::bootstrap::Bootstrap;
 use super::cluster::Cluster;
+use super::creds::ChannelCreds;
 use super::endpoints::Endpoints;
 use super::listener::{Listener, RouteConfig};
 use super::wire::Invalid;
@@ -206,8 +207,10 @@ impl Drop for Inner {
     }
 }
 
-/// The process's clients, by control plane and encoded node.
-type Clients = Mutex<HashMap<(String, Vec<u8>), Weak<AdsClient>>>;
+/// The process's clients, by control plane, its credentials and the encoded node: a bootstrap
+/// that reaches the same control plane with other credentials (TLS, another client
+/// certificate) gets a stream of its own, as grpc-go keys its transports by server config.
+type Clients = Mutex<HashMap<(String, ChannelCreds, Vec<u8>), Weak<AdsClient>>>;
 
 fn registry() -> &'static Clients {
     static CLIENTS: OnceLock<Clients> = OnceLock::new();
@@ -219,6 +222,7 @@ fn registry() -> &'static Clients {
 pub(crate) fn client(bootstrap: &Bootstrap) -> Arc<AdsClient> {
     let key = (
         bootstrap.server_uri.clone(),
+        bootstrap.creds.clone(),
         bootstrap.node_bytes().to_vec(),
     );
     let mut clients = lock(registry());

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tonic::transport::Endpoint;
 
 use super::{Inner, ResourceType, TypeState, Watched};
 use crate::sync::lock;
@@ -22,7 +23,6 @@ const PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 /// A27: a resource not received this long after it was asked for does not exist.
 const DOES_NOT_EXIST_AFTER: Duration = Duration::from_secs(15);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Sets `running` false when the task ends, however it ends (a runtime shut down drops it).
 struct Running(Arc<Inner>);
@@ -40,11 +40,13 @@ pub(super) async fn run(inner: Arc<Inner>) {
     let backoff = crate::Backoff::default();
     let mut failures = 0u32;
     let span = tracing::info_span!("xds.ads", server = %inner.bootstrap.server_uri);
+    let mut last_good = None;
     loop {
         if inner.closed.load(Ordering::Acquire) {
             return;
         }
-        let (why, responses) = tracing::Instrument::instrument(stream(&inner), span.clone()).await;
+        let (why, responses) =
+            tracing::Instrument::instrument(stream(&inner, &mut last_good), span.clone()).await;
         inner.connected.store(false, Ordering::Relaxed);
         inner.stream_ended(responses);
         if inner.closed.load(Ordering::Acquire) {
@@ -72,13 +74,35 @@ async fn closed(inner: &Inner) {
     inner.changed.notify_one();
 }
 
+/// The control plane's endpoint for a new connection, its credentials' files read again, so
+/// that certificates replaced on disk are used from the next connection on (gRFC A65's
+/// refresh, at each connection instead of on a timer); when they cannot be read, the last good
+/// endpoint, with a warning (as gRPC's file watcher keeps its last good files).
+fn endpoint(inner: &Inner, last_good: &mut Option<Endpoint>) -> Result<Endpoint, String> {
+    let bootstrap = &inner.bootstrap;
+    let fresh = bootstrap
+        .connect_uri()
+        .map_err(|e| e.to_string())
+        .and_then(|uri| bootstrap.creds.endpoint(uri));
+    match (fresh, last_good.as_ref()) {
+        (Ok(endpoint), _) => {
+            *last_good = Some(endpoint.clone());
+            Ok(endpoint)
+        }
+        (Err(why), Some(endpoint)) => {
+            tracing::warn!(server = %bootstrap.server_uri, error = %why, "xDS channel credentials could not be read again; the last good ones are used");
+            Ok(endpoint.clone())
+        }
+        (Err(why), None) => Err(why),
+    }
+}
+
 /// One stream: (why it ended, the responses it received).
-async fn stream(inner: &Arc<Inner>) -> (String, u64) {
-    let uri = match inner.bootstrap.connect_uri() {
-        Ok(uri) => uri,
-        Err(e) => return (e.to_string(), 0),
+async fn stream(inner: &Arc<Inner>, last_good: &mut Option<Endpoint>) -> (String, u64) {
+    let endpoint = match endpoint(inner, last_good) {
+        Ok(endpoint) => endpoint,
+        Err(why) => return (why, 0),
     };
-    let endpoint = tonic::transport::Endpoint::from(uri).connect_timeout(CONNECT_TIMEOUT);
     let channel = match endpoint.connect().await {
         Ok(c) => c,
         Err(e) => return (format!("connect: {}", crate::error::chain(&e)), 0),
@@ -127,7 +151,7 @@ async fn stream(inner: &Arc<Inner>) -> (String, u64) {
         }
     };
     inner.connected.store(true, Ordering::Relaxed);
-    tracing::info!(server = %inner.bootstrap.server_uri, "xDS stream open");
+    tracing::info!(server = %inner.bootstrap.server_uri, creds = %inner.bootstrap.creds.describe(), "xDS stream open");
     let mut responses = 0u64;
     loop {
         let next_expiry = next_expiry(inner);
