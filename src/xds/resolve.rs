@@ -124,7 +124,11 @@ pub(crate) async fn run(
             _ = tokio::time::sleep_until(first_by), if !answered => {
                 answered = true;
                 let Some(p) = pool.upgrade() else { return };
-                let state = if client.connected() { "connected" } else { "not connected" };
+                let state = match (client.connected(), client.last_error()) {
+                    (true, _) => "connected".to_owned(),
+                    (false, Some(why)) => format!("not connected: {why}"),
+                    (false, None) => "not connected".to_owned(),
+                };
                 p.set().discovery_status(Some(format!(
                     "xds:///{name}: no answer from the control plane within {first_within:?} \
                      (its stream: {state})"

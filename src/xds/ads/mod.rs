@@ -154,6 +154,9 @@ struct Inner {
     /// Whether a stream task runs (it may have ended with a runtime that shut down).
     running: AtomicBool,
     pub(crate) connected: AtomicBool,
+    /// Why the last stream ended (a connection refused, a certificate not trusted), for the
+    /// status of calls that find no instance because of it.
+    pub(crate) last_error: Mutex<Option<String>>,
     /// A57's health of the control plane: lost when a connection or a stream fails without a
     /// response, back with the next response (A78's `connected` and `server_failure`).
     healthy: AtomicBool,
@@ -238,6 +241,7 @@ pub(crate) fn client(bootstrap: &Bootstrap) -> Arc<AdsClient> {
                     closed: AtomicBool::new(false),
                     running: AtomicBool::new(false),
                     connected: AtomicBool::new(false),
+                    last_error: Mutex::default(),
                     healthy: AtomicBool::new(true),
                 }),
             });
@@ -283,6 +287,11 @@ impl AdsClient {
             name: name.to_owned(),
             rx,
         }
+    }
+
+    /// Why the last stream ended, if one did.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        crate::sync::lock(&self.inner.last_error).clone()
     }
 
     /// Whether the stream is up (A78's `grpc.xds_client.connected`).
