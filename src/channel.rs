@@ -8,6 +8,7 @@ use tonic::body::Body;
 use tower::BoxError;
 
 use crate::call::shared::Shared;
+use crate::call::split::Split;
 use crate::call::ResponseFuture;
 use crate::stats::EndpointStats;
 use crate::target::Target;
@@ -166,17 +167,26 @@ impl BalancedChannel {
         crate::Builder::new()
     }
 
-    /// A snapshot of every instance: the ones in the set, then the ones draining. With
+    /// A snapshot of every instance: the ones in the set, then the ones draining (on an xDS
+    /// channel whose route splits the calls among clusters, then each cluster's). With
     /// [`stats`](Self::stats) and [`connectivity`](Self::connectivity), what grpc-go's channelz
     /// shows of a channel and its subchannels.
     pub fn endpoints(&self) -> Vec<EndpointStats> {
-        let members = self.shared.snapshot();
-        let draining = self.shared.set().draining();
-        members
-            .iter()
-            .chain(draining.iter())
-            .map(|i| EndpointStats::of(i))
-            .collect()
+        let mut all = endpoints_of(&self.shared);
+        for cluster in self.clusters() {
+            all.extend(endpoints_of(&cluster));
+        }
+        all
+    }
+
+    /// The channels of the clusters an xDS route splits the calls among (none without a
+    /// split).
+    fn clusters(&self) -> Vec<Arc<Shared>> {
+        self.shared
+            .split
+            .as_ref()
+            .map(Split::channels)
+            .unwrap_or_default()
     }
 
     /// The strategy this channel routes with now: the builder's, or on an xDS channel the
@@ -291,10 +301,24 @@ impl BalancedChannel {
     /// ```
     pub fn stats(&self) -> crate::ChannelStats {
         let mut stats = crate::ChannelStats::of(self.shared.set(), &self.shared.totals);
+        for cluster in self.clusters() {
+            stats.add(&crate::ChannelStats::of(cluster.set(), &cluster.totals));
+        }
         let metrics = crate::metrics::unmatched_methods(&self.shared.totals.metrics).len();
         stats.unmatched_method_names = (self.shared.methods.unmatched().0.len() + metrics) as u64;
         stats
     }
+}
+
+/// The instances of one channel: those in its set, then those draining.
+fn endpoints_of(shared: &Shared) -> Vec<EndpointStats> {
+    let members = shared.snapshot();
+    let draining = shared.set().draining();
+    members
+        .iter()
+        .chain(draining.iter())
+        .map(|i| EndpointStats::of(i))
+        .collect()
 }
 
 impl tower::Service<http::Request<Body>> for BalancedChannel {

@@ -111,6 +111,7 @@ impl Builder {
         pool.max_replay_body = self.max_replay_body;
         if self.xds_target() {
             pool.admission = Some(Default::default());
+            pool.split = Some(Default::default());
         }
         let pool = Arc::new(pool);
         let _ = hooks.shared.set(Arc::downgrade(&pool));
@@ -217,15 +218,28 @@ impl Builder {
             self.load_reports_oob.is_some(),
             health.clone(),
         );
+        let root = match &self.xds_cluster {
+            Some(cluster) => crate::xds::resolve::Root::Cluster(cluster.clone()),
+            None => crate::xds::resolve::Root::Listener(name.clone()),
+        };
+        // The channel of each cluster of a split: these settings, following that cluster.
+        let mut each = self.clone();
+        each.xds_bootstrap = Some(bootstrap.clone());
+        let clusters = crate::xds::split::Clusters::new(Arc::new(move |cluster: &str| {
+            let mut b = each.clone();
+            b.xds_cluster = Some(cluster.to_owned());
+            b.build().map(|channel| channel.shared)
+        }));
         Ok(Box::new(move |pool, first_within| {
             let client = crate::xds::ads::client(&bootstrap);
             Box::pin(crate::xds::resolve::run(
                 pool,
                 client,
-                name,
+                (name, root),
                 template,
                 first_within,
                 policy,
+                clusters,
             ))
         }))
     }

@@ -71,6 +71,10 @@ pub struct Builder {
     /// The xDS bootstrap given in code.
     #[cfg(feature = "xds")]
     xds_bootstrap: Option<crate::xds::Bootstrap>,
+    /// Set on the channel of one cluster of an xDS route's split (`xds::split`): it follows
+    /// that cluster rather than the target's listener.
+    #[cfg(feature = "xds")]
+    xds_cluster: Option<String>,
     /// Whether `discovery_interval` was set (it has no effect without a polled source).
     interval_set: bool,
     backoff: Backoff,
@@ -180,6 +184,8 @@ impl Builder {
             discovery_by: None,
             #[cfg(feature = "xds")]
             xds_bootstrap: None,
+            #[cfg(feature = "xds")]
+            xds_cluster: None,
             interval_set: false,
             backoff: Backoff::default(),
             ejection: Ejection::default(),

@@ -33,6 +33,7 @@ mod plan;
 mod ready;
 mod replay;
 pub(crate) mod shared;
+pub(crate) mod split;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -144,6 +145,11 @@ fn route(
     deadline: Option<Pin<Box<Sleep>>>,
     obs: CallObs,
 ) -> ResponseFuture {
+    // An xDS route that splits the calls among clusters: the call goes through its cluster's
+    // channel, whole (its retries and hedges stay in the cluster).
+    if let Some(cluster) = shared.split.as_ref().and_then(split::Split::draw) {
+        return route(&cluster, req, deadline, obs);
+    }
     if let Some(admission) = &shared.admission {
         if let Err(status) = admit(shared, admission) {
             let mut obs = obs;

@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     /// What the discovery says of letting calls in (an xDS channel's drops and
     /// `max_requests`); `None`: every call goes.
     pub(crate) admission: Option<super::admission::Admission>,
+    /// Where the calls go while an xDS route splits them among clusters (xDS channels only).
+    pub(crate) split: Option<super::split::Split<Shared>>,
     /// Notified when an instance may have become usable: one came into service, or a
     /// membership change was published (wait-for-ready calls wait on it, see `call::ready`).
     pub(crate) usable: Arc<tokio::sync::Notify>,
@@ -47,6 +49,7 @@ impl Shared {
             max_replay_body: crate::retry::DEFAULT_MAX_REPLAY_BODY,
             totals,
             admission: None,
+            split: None,
             usable: Arc::new(tokio::sync::Notify::new()),
         }
     }

@@ -100,13 +100,21 @@ fn aggregate(
     best
 }
 
-/// The channel's connectivity state, and the watch its observers hold.
+/// The channel's connectivity state, and the watch its observers hold; and whether it
+/// follows other channels' (an xDS split's clusters, see [`Connectivity::follow`]) rather
+/// than its own instances'.
 #[derive(Debug)]
-pub(crate) struct Connectivity(tokio::sync::watch::Sender<ConnectivityState>);
+pub(crate) struct Connectivity(
+    tokio::sync::watch::Sender<ConnectivityState>,
+    std::sync::atomic::AtomicBool,
+);
 
 impl Default for Connectivity {
     fn default() -> Connectivity {
-        Connectivity(tokio::sync::watch::Sender::new(ConnectivityState::Idle))
+        Connectivity(
+            tokio::sync::watch::Sender::new(ConnectivityState::Idle),
+            Default::default(),
+        )
     }
 }
 
@@ -126,11 +134,37 @@ impl Connectivity {
     /// earlier saw: the state published last is computed from the instances' latest states.
     /// A channel shut down stays so.
     pub(crate) fn update(&self, set: &Set) {
-        let mut change = None;
-        self.0.send_if_modified(|now| {
+        if self.1.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        self.publish(|| {
             let members = set.snapshot();
             let waiting = members.is_empty() && !*set.discovered.borrow();
-            let new = aggregate(members.iter().map(|i| ConnectivityState::of(i)), waiting);
+            aggregate(members.iter().map(|i| ConnectivityState::of(i)), waiting)
+        });
+    }
+
+    /// The state of a channel whose calls go to other channels (an xDS route's split among
+    /// clusters): the best of their `states`, from now on until [`own`](Self::own).
+    #[cfg_attr(not(feature = "xds"), allow(dead_code))]
+    pub(crate) fn follow(&self, states: impl Iterator<Item = ConnectivityState>) {
+        self.1.store(true, std::sync::atomic::Ordering::Release);
+        let new = aggregate(states, false);
+        self.publish(|| new);
+    }
+
+    /// The state follows the channel's own instances again (`set`'s).
+    #[cfg_attr(not(feature = "xds"), allow(dead_code))]
+    pub(crate) fn own(&self, set: &Set) {
+        self.1.store(false, std::sync::atomic::Ordering::Release);
+        self.update(set);
+    }
+
+    /// Publishes the state `state` computes under the watch's lock.
+    fn publish(&self, state: impl FnOnce() -> ConnectivityState) {
+        let mut change = None;
+        self.0.send_if_modified(|now| {
+            let new = state();
             let moved = *now != new && *now != ConnectivityState::Shutdown;
             if moved {
                 change = Some((*now, new));

@@ -235,4 +235,21 @@ impl ChannelStats {
             unmatched_method_names: 0,
         }
     }
+
+    /// Adds the calls, attempts and instances of `other`: a cluster's channel of an xDS
+    /// split, whose calls are this channel's (its discovery's state stays this channel's).
+    pub(crate) fn add(&mut self, other: &ChannelStats) {
+        self.calls += other.calls;
+        self.attempts += other.attempts;
+        self.retries += other.retries;
+        self.transparent_retries += other.transparent_retries;
+        self.hedges += other.hedges;
+        self.refused += other.refused;
+        self.retry_budget_exhausted += other.retry_budget_exhausted;
+        self.ejections += other.ejections;
+        self.ejections_not_enforced += other.ejections_not_enforced;
+        self.instances_added += other.instances_added;
+        self.instances_removed += other.instances_removed;
+        self.probes_sent += other.probes_sent;
+    }
 }

@@ -19,7 +19,9 @@
 //! - LDS: an API listener whose HTTP connection manager has its route configuration inline or
 //!   by RDS name, the router its last filter (A39: other filters only if optional);
 //! - RDS: the virtual host of the target's name (exact, suffix, prefix, then `*`); the first
-//!   route that takes every call (prefix `""` or `/`) and its cluster;
+//!   route that takes every call (prefix `""` or `/`) and its cluster, or its weighted clusters
+//!   (A28: each call draws its cluster by weight, and goes through that cluster's own channel,
+//!   retries and hedges included; see `call::split` and `split.rs`);
 //! - CDS: clusters of type EDS (with `ads` or `self` config sources); the load-balancing
 //!   policy (`lb_policy` ROUND_ROBIN or LEAST_REQUEST, or A52's list with round_robin,
 //!   least_request, client_side_weighted_round_robin, wrr_locality of those; a cluster
@@ -39,9 +41,9 @@
 //! the reason. The control plane lost: calls go on over the last resources; the stream
 //! reconnects with gRPC's backoff and subscribes again.
 //!
-//! **Not yet** (each logged where it applies, never silently): per-method routes and A28's
-//! weighted clusters (the channel sends every call through the first route that takes all
-//! calls, and through the heaviest of weighted clusters), a cluster's out-of-band load reports
+//! **Not yet** (each logged where it applies, never silently): per-method routes (the channel
+//! sends every call through the first route that takes all calls), a cluster's out-of-band
+//! load reports
 //! (asked only where the builder turned them on), federation (A47). Locality and endpoint
 //! weights weigh the tie-break's turns, not yet robustly on a busy client (`docs/xds.md`). xDS
 //! security for the instances (A29) is not read either: a cluster's `transport_socket` is not
@@ -61,6 +63,7 @@ mod endpoints;
 mod listener;
 pub(crate) mod policy;
 pub(crate) mod resolve;
+pub(crate) mod split;
 #[cfg(feature = "xds-tls")]
 mod tls;
 mod wire;

@@ -17,6 +17,7 @@ use std::time::Duration;
 use super::ads::{AdsClient, Resource, ResourceType, Watch, Watched};
 use super::listener::{Action, Routes};
 use super::policy::ClusterPolicy;
+use super::split::Clusters;
 use crate::call::shared::Shared;
 use crate::discover::Template;
 use crate::target::Target;
@@ -30,6 +31,17 @@ enum Resolution {
     Endpoints(Vec<(usize, Vec<(SocketAddr, f64)>)>, Box<Admit>),
     /// A step failed: the set empties, calls fail with this reason.
     Failed(String),
+    /// The route splits the calls among these clusters (A28's weighted clusters, two or more
+    /// with a weight): each is a channel of its own (`split.rs`).
+    Split(Vec<(String, u32)>),
+}
+
+/// What a channel follows: a listener (an `xds:///name` target), or one cluster (the channel
+/// of one cluster of a split).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Root {
+    Listener(String),
+    Cluster(String),
 }
 
 /// What the cluster and its endpoints say of letting calls in: the cluster's name and
@@ -53,89 +65,158 @@ struct Chain {
     endpoints: Option<Watch>,
 }
 
-/// Keeps the set in line with what the control plane says of `name`, until the channel is
-/// dropped (its task ends with it, and its watches unsubscribe).
+/// Keeps the set in line with what the control plane says of `root` (the listener `name`, or
+/// one of its clusters), until the channel is dropped (its task ends with it, and its watches
+/// unsubscribe). `clusters` builds the channels of a split.
 pub(crate) async fn run(
     pool: Weak<Shared>,
     client: Arc<AdsClient>,
-    name: String,
+    (name, root): (String, Root),
     template: Template,
     first_within: Duration,
-    mut policy: ClusterPolicy,
+    policy: ClusterPolicy,
+    clusters: Clusters,
 ) {
-    let mut listener = client.watch(ResourceType::Listener, &name);
-    let mut chain = Chain::default();
+    let mut f = Follower {
+        listener: match &root {
+            Root::Listener(l) => Some(client.watch(ResourceType::Listener, l)),
+            Root::Cluster(_) => None,
+        },
+        name,
+        root,
+        template,
+        policy,
+        clusters,
+        chain: Chain::default(),
+        answered: false,
+        priorities: Vec::new(),
+        applied: None,
+    };
     let first_by = crate::time::after(first_within);
-    let mut answered = false;
-    let mut priorities: Vec<(usize, Vec<(SocketAddr, f64)>)> = Vec::new();
-    let mut applied: Option<Vec<(SocketAddr, f64)>> = None;
     let Some(wake) = pool.upgrade().map(|p| p.set().discovery_wake.clone()) else {
         return;
     };
     loop {
-        let outcome = follow(&client, &name, &mut listener, &mut chain);
+        let outcome = f.follow(&client);
         let Some(p) = pool.upgrade() else { return };
+        let failed_over = f.take(&p, outcome);
+        drop(p);
+        tokio::select! {
+            _ = changed(&mut f.listener) => {}
+            // A cluster of the split changed its connectivity.
+            _ = f.clusters.moved() => {
+                if let Some(p) = pool.upgrade() {
+                    f.clusters.follow(&p);
+                }
+            }
+            _ = changed(&mut f.chain.route) => {}
+            _ = changed(&mut f.chain.cluster) => {}
+            _ = changed(&mut f.chain.endpoints) => {}
+            // An instance could not be reached: a priority may have none left.
+            _ = wake.notified() => {}
+            // Failed over: look again whether a preferred priority is back.
+            _ = tokio::time::sleep(FAILBACK_CHECK), if failed_over => {}
+            _ = tokio::time::sleep_until(first_by), if !f.answered => {
+                f.answered = true;
+                let Some(p) = pool.upgrade() else { return };
+                no_answer(&p, &client, &f.name, first_within);
+            }
+        }
+    }
+}
+
+/// One channel's side of the chain: what it watches, and what it made of the last answers.
+struct Follower {
+    name: String,
+    root: Root,
+    template: Template,
+    policy: ClusterPolicy,
+    clusters: Clusters,
+    listener: Option<Watch>,
+    chain: Chain,
+    /// Whether the chain has come to an outcome (or the wait for the first one is over).
+    answered: bool,
+    /// The usable endpoints of each priority that has any, as last resolved.
+    priorities: Vec<(usize, Vec<(SocketAddr, f64)>)>,
+    /// The endpoints the set was last given.
+    applied: Option<Vec<(SocketAddr, f64)>>,
+}
+
+impl Follower {
+    /// Where the chain stands now.
+    fn follow(&mut self, client: &AdsClient) -> Resolution {
+        match (&mut self.listener, &self.root) {
+            (Some(l), _) => follow(client, &self.name, l, &mut self.chain),
+            (None, Root::Cluster(c)) => {
+                follow_cluster(client, c, &mut self.chain).unwrap_or_else(|outcome| outcome)
+            }
+            (None, Root::Listener(_)) => unreachable!("a listener is watched"),
+        }
+    }
+
+    /// Applies `outcome` to the channel `p`; whether it failed over to a less preferred
+    /// priority.
+    fn take(&mut self, p: &Shared, outcome: Resolution) -> bool {
+        if !matches!(outcome, Resolution::Split(_) | Resolution::Pending) {
+            self.clusters.clear(p);
+        }
         match outcome {
             Resolution::Pending => {}
+            Resolution::Split(split) => {
+                self.answered = true;
+                self.priorities.clear();
+                self.applied = None;
+                self.clusters.apply(p, &self.name, &split);
+            }
             Resolution::Endpoints(by_priority, admit) => {
-                answered = true;
-                priorities = by_priority;
+                self.answered = true;
+                self.priorities = by_priority;
                 if let Some(a) = &p.admission {
                     a.set(&admit.cluster, &admit.drops, admit.max_requests);
                 }
-                policy.apply(
-                    &p,
-                    &name,
+                self.policy.apply(
+                    p,
+                    &self.name,
                     &admit.cluster,
                     (admit.strategy, admit.wrr),
                     admit.outlier.as_deref(),
                 );
             }
             Resolution::Failed(why) => {
-                answered = true;
-                priorities.clear();
-                applied = None;
-                tracing::warn!(target = %name, reason = %why, "xDS: no instances");
+                self.answered = true;
+                self.priorities.clear();
+                self.applied = None;
+                tracing::warn!(target = %self.name, reason = %why, "xDS: no instances");
                 // The reason first: a call that finds the set empty names it.
                 p.set()
-                    .discovery_status(Some(format!("xds:///{name}: {why}")));
+                    .discovery_status(Some(format!("xds:///{}: {why}", self.name)));
                 p.set().sync(Vec::new());
             }
         }
-        let mut failed_over = false;
-        if answered && (applied.is_some() || !priorities.is_empty()) {
-            let (top, endpoints) = in_use(&p, &priorities);
-            failed_over = top > 0;
-            if applied.as_ref() != Some(&endpoints) {
-                apply(&p, &name, &template, &endpoints, top);
-                applied = Some(endpoints);
-            }
+        if !self.answered || (self.applied.is_none() && self.priorities.is_empty()) {
+            return false;
         }
-        drop(p);
-        tokio::select! {
-            _ = listener.rx.changed() => {}
-            _ = changed(&mut chain.route) => {}
-            _ = changed(&mut chain.cluster) => {}
-            _ = changed(&mut chain.endpoints) => {}
-            // An instance could not be reached: a priority may have none left.
-            _ = wake.notified() => {}
-            // Failed over: look again whether a preferred priority is back.
-            _ = tokio::time::sleep(FAILBACK_CHECK), if failed_over => {}
-            _ = tokio::time::sleep_until(first_by), if !answered => {
-                answered = true;
-                let Some(p) = pool.upgrade() else { return };
-                let state = match (client.connected(), client.last_error()) {
-                    (true, _) => "connected".to_owned(),
-                    (false, Some(why)) => format!("not connected: {why}"),
-                    (false, None) => "not connected".to_owned(),
-                };
-                p.set().discovery_status(Some(format!(
-                    "xds:///{name}: no answer from the control plane within {first_within:?} \
-                     (its stream: {state})"
-                )));
-            }
+        let (top, endpoints) = in_use(p, &self.priorities);
+        if self.applied.as_ref() != Some(&endpoints) {
+            apply(p, &self.name, &self.template, &endpoints, top);
+            self.applied = Some(endpoints);
         }
+        top > 0
     }
+}
+
+/// The control plane has not answered within `first_within`: calls that find the set empty
+/// say so, and why its stream is down if it is.
+fn no_answer(p: &Shared, client: &AdsClient, name: &str, first_within: Duration) {
+    let state = match (client.connected(), client.last_error()) {
+        (true, _) => "connected".to_owned(),
+        (false, Some(why)) => format!("not connected: {why}"),
+        (false, None) => "not connected".to_owned(),
+    };
+    p.set().discovery_status(Some(format!(
+        "xds:///{name}: no answer from the control plane within {first_within:?} \
+         (its stream: {state})"
+    )));
 }
 
 /// How often a channel that failed over to a less preferred priority looks whether a
@@ -251,9 +332,21 @@ fn follow_steps(
     let cluster_name = match &route.action {
         Action::Cluster(c) => c.clone(),
         Action::Weighted(list) => {
-            let heaviest = list.iter().max_by_key(|(_, w)| *w).expect("not empty");
-            tracing::warn!(target = %name, clusters = ?list, chosen = %heaviest.0, "xDS weighted clusters: this channel sends every call to the heaviest");
-            heaviest.0.clone()
+            let weighted: Vec<(String, u32)> =
+                list.iter().filter(|(_, w)| *w > 0).cloned().collect();
+            match weighted.as_slice() {
+                [] => {
+                    return Err(Resolution::Failed(
+                        "the route's weighted clusters all weigh 0".into(),
+                    ))
+                }
+                [(one, _)] => one.clone(),
+                _ => {
+                    chain.cluster = None;
+                    chain.endpoints = None;
+                    return Ok(Resolution::Split(weighted));
+                }
+            }
         }
         Action::Unsupported(what) => {
             return Err(Resolution::Failed(format!(
@@ -261,12 +354,21 @@ fn follow_steps(
             )))
         }
     };
+    follow_cluster(client, &cluster_name, chain)
+}
+
+/// Follows the chain from the cluster `cluster_name` to its endpoints.
+fn follow_cluster(
+    client: &AdsClient,
+    cluster_name: &str,
+    chain: &mut Chain,
+) -> Result<Resolution, Resolution> {
     let cluster = current(
         watch_of(
             client,
             &mut chain.cluster,
             ResourceType::Cluster,
-            &cluster_name,
+            cluster_name,
         ),
         "cluster",
     )?;
@@ -286,7 +388,7 @@ fn follow_steps(
         unreachable!("an endpoints watch")
     };
     let admit = Admit {
-        cluster: cluster_name,
+        cluster: cluster_name.to_owned(),
         max_requests: cluster.max_requests,
         drops: eds.drops.clone(),
         strategy: cluster.strategy,

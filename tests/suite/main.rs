@@ -70,4 +70,5 @@ mod wrr;
 mod xds;
 mod xds_peers;
 mod xds_policy; // feature xds
+mod xds_split; // feature xds
 mod xds_tls; // feature xds-tls
