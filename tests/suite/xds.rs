@@ -352,6 +352,45 @@ async fn ten_channels_share_one_stream() {
     assert_eq!(opened, 1, "streams opened:\n{}", cp.stderr());
 }
 
+/// Ten channels to three services, each routed to a cluster of its own (channel k to
+/// `svc-<k % 3>`): one ADS stream for all, and each channel's calls go to its cluster's
+/// instance only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_channels_to_three_clusters_share_one_stream() {
+    let Some(mut cp) = ControlPlane::start() else {
+        return;
+    };
+    let fleet = Fleet::start(3, Behavior::Ok);
+    let a = addrs(&fleet);
+    let snapshot = (0..3).fold(Snapshot::new("1"), |s, k| {
+        let (svc, route, cluster) = (format!("svc-{k}"), format!("route-{k}"), format!("c{k}"));
+        s.listener_rds(&svc, &route)
+            .route(&route, &cluster)
+            .cluster(Cluster::eds(&cluster))
+            .endpoints(
+                ClusterEndpoints::new(&cluster).locality(locality(&a[k..=k], Health::Healthy)),
+            )
+    });
+    cp.set(&snapshot);
+    let channels: Vec<BalancedChannel> = (0..10)
+        .map(|k| {
+            let bootstrap =
+                Bootstrap::from_json(&cp.bootstrap("three")).expect("the harness's bootstrap");
+            BalancedChannel::builder()
+                .xds(&format!("xds:///svc-{}", k % 3))
+                .xds_bootstrap(bootstrap)
+                .build()
+                .expect("an xDS channel")
+        })
+        .collect();
+    for (k, ch) in channels.iter().enumerate() {
+        let who = format!("i{}", k % 3);
+        until(ch, &cp, &format!("channel {k}"), 20, only(&[who.as_str()])).await;
+    }
+    let opened = cp.stderr().lines().filter(|l| l.contains("open")).count();
+    assert_eq!(opened, 1, "streams opened:\n{}", cp.stderr());
+}
+
 /// Sequential calls from `tasks` tasks until stopped, counting those done and failed.
 struct Load {
     stop: Arc<AtomicBool>,
