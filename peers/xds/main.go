@@ -113,11 +113,23 @@ type routeSpec struct {
 }
 
 // A virtual host with one route: prefix `prefix` (default "", which matches every path) to one
-// cluster or to weighted clusters.
+// cluster or to weighted clusters; `routes_before` come before it, in order (A28: the first
+// route that matches a call takes it).
 type virtualHostSpec struct {
 	Name             *string             `json:"name"`
 	Domains          []string            `json:"domains"`
 	Prefix           *string             `json:"prefix"`
+	Cluster          *string             `json:"cluster"`
+	WeightedClusters []weightedClusterSp `json:"weighted_clusters"`
+	RoutesBefore     []routeEntrySpec    `json:"routes_before"`
+}
+
+// One route: by path prefix, or by whole path (`path`), optionally case-insensitive, to one
+// cluster or to weighted clusters.
+type routeEntrySpec struct {
+	Prefix           *string             `json:"prefix"`
+	Path             *string             `json:"path"`
+	CaseInsensitive  bool                `json:"case_insensitive"`
 	Cluster          *string             `json:"cluster"`
 	WeightedClusters []weightedClusterSp `json:"weighted_clusters"`
 }
@@ -338,34 +350,55 @@ func routeConfig(s routeSpec) (*routev3.RouteConfiguration, error) {
 		if vh.Prefix != nil {
 			prefix = *vh.Prefix
 		}
-		action := &routev3.RouteAction{}
-		switch {
-		case vh.Cluster != nil && len(vh.WeightedClusters) > 0:
-			return nil, fmt.Errorf("route %q, virtual host %q: both cluster and weighted_clusters", s.Name, name)
-		case vh.Cluster != nil:
-			action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: *vh.Cluster}
-		case len(vh.WeightedClusters) > 0:
-			wc := &routev3.WeightedCluster{}
-			for _, c := range vh.WeightedClusters {
-				wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{
-					Name:   c.Name,
-					Weight: u32(c.Weight),
-				})
+		var routes []*routev3.Route
+		for _, r := range append(vh.RoutesBefore, routeEntrySpec{Prefix: &prefix, Cluster: vh.Cluster, WeightedClusters: vh.WeightedClusters}) {
+			route, err := routeOf(r)
+			if err != nil {
+				return nil, fmt.Errorf("route %q, virtual host %q: %v", s.Name, name, err)
 			}
-			action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
-		default:
-			return nil, fmt.Errorf("route %q, virtual host %q: neither cluster nor weighted_clusters", s.Name, name)
+			routes = append(routes, route)
 		}
 		rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{
 			Name:    name,
 			Domains: vh.Domains,
-			Routes: []*routev3.Route{{
-				Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: prefix}},
-				Action: &routev3.Route_Route{Route: action},
-			}},
+			Routes:  routes,
 		})
 	}
 	return rc, nil
+}
+
+func routeOf(r routeEntrySpec) (*routev3.Route, error) {
+	action := &routev3.RouteAction{}
+	switch {
+	case r.Cluster != nil && len(r.WeightedClusters) > 0:
+		return nil, fmt.Errorf("both cluster and weighted_clusters")
+	case r.Cluster != nil:
+		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: *r.Cluster}
+	case len(r.WeightedClusters) > 0:
+		wc := &routev3.WeightedCluster{}
+		for _, c := range r.WeightedClusters {
+			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{
+				Name:   c.Name,
+				Weight: u32(c.Weight),
+			})
+		}
+		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
+	default:
+		return nil, fmt.Errorf("neither cluster nor weighted_clusters")
+	}
+	match := &routev3.RouteMatch{}
+	switch {
+	case r.Path != nil:
+		match.PathSpecifier = &routev3.RouteMatch_Path{Path: *r.Path}
+	case r.Prefix != nil:
+		match.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: *r.Prefix}
+	default:
+		match.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: ""}
+	}
+	if r.CaseInsensitive {
+		match.CaseSensitive = wrapperspb.Bool(false)
+	}
+	return &routev3.Route{Match: match, Action: &routev3.Route_Route{Route: action}}, nil
 }
 
 func cluster(s clusterSpec) (*clusterv3.Cluster, error) {

@@ -145,10 +145,22 @@ fn route(
     deadline: Option<Pin<Box<Sleep>>>,
     obs: CallObs,
 ) -> ResponseFuture {
-    // An xDS route that splits the calls among clusters: the call goes through its cluster's
-    // channel, whole (its retries and hedges stay in the cluster).
-    if let Some(cluster) = shared.split.as_ref().and_then(split::Split::draw) {
-        return route(&cluster, req, deadline, obs);
+    // An xDS route table: the call goes through its cluster's channel, whole (its retries
+    // and hedges stay in the cluster), or nowhere if no route takes it.
+    if let Some(split) = &shared.split {
+        match split.draw(req.uri().path()) {
+            split::Draw::Own => {}
+            split::Draw::To(cluster) => return route(&cluster, req, deadline, obs),
+            split::Draw::Refused(why) => {
+                let mut obs = obs;
+                obs.refused(&shared.totals);
+                tracing::debug!(reason = %why, "call refused");
+                return ResponseFuture::over(
+                    crate::error::no_usable_instance(format!("tonic-balancer: {why}")),
+                    CallObs::default(),
+                );
+            }
+        }
     }
     if let Some(admission) = &shared.admission {
         if let Err(status) = admit(shared, admission) {

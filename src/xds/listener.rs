@@ -47,6 +47,8 @@ pub(crate) struct Route {
     /// The path prefix it matches (`""`: every call), or the whole path with `exact`.
     pub(crate) path: String,
     pub(crate) exact: bool,
+    /// A28's `case_sensitive` (true when unset).
+    pub(crate) case_sensitive: bool,
     /// Whether it also asks for what this client does not match on (headers, a runtime
     /// fraction, a regex): such a route is passed over.
     pub(crate) unsupported_match: bool,
@@ -253,17 +255,26 @@ fn route(buf: &[u8]) -> Result<Option<Route>, Invalid> {
             _ => {}
         }
     }
-    Ok(m.map(|(path, exact, unsupported_match)| Route {
-        path,
-        exact,
-        unsupported_match,
+    Ok(m.map(|m| Route {
+        path: m.path,
+        exact: m.exact,
+        case_sensitive: m.case_sensitive,
+        unsupported_match: m.more,
         action,
     }))
 }
 
-/// (path, exact, asks for more than the path).
-fn route_match(buf: &[u8]) -> Result<Option<(String, bool, bool)>, Invalid> {
-    let (mut path, mut exact, mut more) = (None, false, false);
+/// What a route matches, as read.
+struct Match {
+    path: String,
+    exact: bool,
+    case_sensitive: bool,
+    /// It asks for more than the path.
+    more: bool,
+}
+
+fn route_match(buf: &[u8]) -> Result<Option<Match>, Invalid> {
+    let (mut path, mut exact, mut more, mut case_sensitive) = (None, false, false, true);
     for f in fields(buf, "RouteMatch") {
         match f? {
             (1, v) => path = Some(v.str("prefix")?.to_owned()),
@@ -271,14 +282,21 @@ fn route_match(buf: &[u8]) -> Result<Option<(String, bool, bool)>, Invalid> {
                 path = Some(v.str("path")?.to_owned());
                 exact = true;
             }
-            // headers, runtime_fraction, safe_regex, path_separated_prefix, grpc...
-            (6 | 9 | 10 | 14 | 15, _) => more = true,
+            (4, v) => {
+                case_sensitive = wrapped(v.message("case_sensitive")?, "case_sensitive")? != 0
+            }
+            // headers, query_parameters, runtime_fraction, safe_regex, path_separated_prefix,
+            // path_match_policy
+            (6 | 7 | 9 | 10 | 14 | 15, _) => more = true,
             _ => {}
         }
     }
-    Ok(path
-        .or_else(|| more.then(String::new))
-        .map(|p| (p, exact, more)))
+    Ok(path.or_else(|| more.then(String::new)).map(|path| Match {
+        path,
+        exact,
+        case_sensitive,
+        more,
+    }))
 }
 
 fn route_action(buf: &[u8]) -> Result<Action, Invalid> {
@@ -359,6 +377,7 @@ mod tests {
         let r = |path: &str, exact, more| Route {
             path: path.into(),
             exact,
+            case_sensitive: true,
             unsupported_match: more,
             action: Action::Cluster("c".into()),
         };

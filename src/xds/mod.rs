@@ -18,10 +18,12 @@
 //! names them, state of the world (A27):
 //! - LDS: an API listener whose HTTP connection manager has its route configuration inline or
 //!   by RDS name, the router its last filter (A39: other filters only if optional);
-//! - RDS: the virtual host of the target's name (exact, suffix, prefix, then `*`); the first
-//!   route that takes every call (prefix `""` or `/`) and its cluster, or its weighted clusters
-//!   (A28: each call draws its cluster by weight, and goes through that cluster's own channel,
-//!   retries and hedges included; see `call::split` and `split.rs`);
+//! - RDS: the virtual host of the target's name (exact, suffix, prefix, then `*`); its routes
+//!   by path (A28's `prefix` or `path`, `case_sensitive`), each to a cluster or to weighted
+//!   clusters: each call takes the first route that matches its path and draws its cluster by
+//!   weight, and goes through that cluster's own channel, retries and hedges included (see
+//!   `call::split` and `split.rs`); where the first route takes every call and names one
+//!   cluster, the channel's own set follows that cluster;
 //! - CDS: clusters of type EDS (with `ads` or `self` config sources); the load-balancing
 //!   policy (`lb_policy` ROUND_ROBIN or LEAST_REQUEST, or A52's list with round_robin,
 //!   least_request, client_side_weighted_round_robin, wrr_locality of those; a cluster
@@ -41,8 +43,8 @@
 //! the reason. The control plane lost: calls go on over the last resources; the stream
 //! reconnects with gRPC's backoff and subscribes again.
 //!
-//! **Not yet** (each logged where it applies, never silently): per-method routes (the channel
-//! sends every call through the first route that takes all calls), a cluster's out-of-band
+//! **Not yet** (each logged where it applies, never silently): routes that match on headers,
+//! a runtime fraction, a regex or query parameters (passed over), a cluster's out-of-band
 //! load reports
 //! (asked only where the builder turned them on), federation (A47). Locality and endpoint
 //! weights weigh the tie-break's turns, not yet robustly on a busy client (`docs/xds.md`). xDS

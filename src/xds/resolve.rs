@@ -15,10 +15,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::ads::{AdsClient, Resource, ResourceType, Watch, Watched};
-use super::listener::{Action, Routes};
+use super::listener::{Action, Route, Routes};
 use super::policy::ClusterPolicy;
-use super::split::Clusters;
+use super::split::{Clusters, RouteTo};
 use crate::call::shared::Shared;
+use crate::call::split::PathMatch;
 use crate::discover::Template;
 use crate::target::Target;
 
@@ -31,9 +32,9 @@ enum Resolution {
     Endpoints(Vec<(usize, Vec<(SocketAddr, f64)>)>, Box<Admit>),
     /// A step failed: the set empties, calls fail with this reason.
     Failed(String),
-    /// The route splits the calls among these clusters (A28's weighted clusters, two or more
-    /// with a weight): each is a channel of its own (`split.rs`).
-    Split(Vec<(String, u32)>),
+    /// The calls go by route (A28: routes by path, or weighted clusters): each cluster is a
+    /// channel of its own (`split.rs`).
+    Routes(Vec<RouteTo>),
 }
 
 /// What a channel follows: a listener (an `xds:///name` target), or one cluster (the channel
@@ -157,16 +158,16 @@ impl Follower {
     /// Applies `outcome` to the channel `p`; whether it failed over to a less preferred
     /// priority.
     fn take(&mut self, p: &Shared, outcome: Resolution) -> bool {
-        if !matches!(outcome, Resolution::Split(_) | Resolution::Pending) {
+        if !matches!(outcome, Resolution::Routes(_) | Resolution::Pending) {
             self.clusters.clear(p);
         }
         match outcome {
             Resolution::Pending => {}
-            Resolution::Split(split) => {
+            Resolution::Routes(routes) => {
                 self.answered = true;
                 self.priorities.clear();
                 self.applied = None;
-                self.clusters.apply(p, &self.name, &split);
+                self.clusters.apply(p, &self.name, &routes);
             }
             Resolution::Endpoints(by_priority, admit) => {
                 self.answered = true;
@@ -323,38 +324,69 @@ fn follow_steps(
     let host = rc
         .host_for(name)
         .ok_or_else(|| Resolution::Failed(format!("no virtual host matches {name:?}")))?;
-    // The channel has one set for all its calls: the first route that takes every call.
-    let route = host
+    // Routes that ask for more than the path (headers, a runtime fraction, a regex) are
+    // passed over: this client does not match on those.
+    let usable: Vec<&Route> = host
         .routes
         .iter()
-        .find(|r| r.takes_every_call())
-        .ok_or_else(|| Resolution::Failed(format!("no route of {name:?} takes every call")))?;
-    let cluster_name = match &route.action {
-        Action::Cluster(c) => c.clone(),
+        .filter(|r| !r.unsupported_match)
+        .collect();
+    let Some(first) = usable.first() else {
+        return Err(Resolution::Failed(format!(
+            "no route of {name:?} matches on the path alone"
+        )));
+    };
+    if !first.takes_every_call() {
+        // Routes by path, up to the first that takes every call (those after it take none).
+        let mut table = Vec::new();
+        for r in usable {
+            table.push(route_to(r));
+            if r.takes_every_call() {
+                break;
+            }
+        }
+        chain.cluster = None;
+        chain.endpoints = None;
+        return Ok(Resolution::Routes(table));
+    }
+    let cluster_name = match route_to(first).to {
+        Ok(ways) if ways.len() == 1 => ways[0].0.clone(),
+        Ok(_) => {
+            // Weighted clusters: the calls split among the clusters' own channels.
+            chain.cluster = None;
+            chain.endpoints = None;
+            return Ok(Resolution::Routes(vec![route_to(first)]));
+        }
+        Err(why) => return Err(Resolution::Failed(why)),
+    };
+    follow_cluster(client, &cluster_name, chain)
+}
+
+/// A route as the channel follows it (see [`RouteTo`]).
+fn route_to(r: &Route) -> RouteTo {
+    let paths = (!r.takes_every_call()).then(|| PathMatch {
+        path: if r.case_sensitive {
+            r.path.as_str().into()
+        } else {
+            r.path.to_ascii_lowercase().into()
+        },
+        exact: r.exact,
+        case_sensitive: r.case_sensitive,
+    });
+    let to = match &r.action {
+        Action::Cluster(c) => Ok(vec![(c.clone(), 1)]),
         Action::Weighted(list) => {
             let weighted: Vec<(String, u32)> =
                 list.iter().filter(|(_, w)| *w > 0).cloned().collect();
-            match weighted.as_slice() {
-                [] => {
-                    return Err(Resolution::Failed(
-                        "the route's weighted clusters all weigh 0".into(),
-                    ))
-                }
-                [(one, _)] => one.clone(),
-                _ => {
-                    chain.cluster = None;
-                    chain.endpoints = None;
-                    return Ok(Resolution::Split(weighted));
-                }
+            if weighted.is_empty() {
+                Err("the route's weighted clusters all weigh 0".to_owned())
+            } else {
+                Ok(weighted)
             }
         }
-        Action::Unsupported(what) => {
-            return Err(Resolution::Failed(format!(
-                "the route's action ({what}) is not supported"
-            )))
-        }
+        Action::Unsupported(what) => Err(format!("the route's action ({what}) is not supported")),
     };
-    follow_cluster(client, &cluster_name, chain)
+    RouteTo { paths, to }
 }
 
 /// Follows the chain from the cluster `cluster_name` to its endpoints.

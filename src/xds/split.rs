@@ -1,9 +1,10 @@
-//! A28's weighted clusters on one xDS channel: a channel of its own for each cluster of the
-//! route's split (built with the channel's settings, following that cluster's resources as a
-//! channel follows its listener's), and the split published for the calls to draw from
-//! (`call::split`). The clusters' channels are kept by name while the split changes, so a
-//! change of weights keeps their connections, and one that leaves the split is dropped once
-//! its calls end. The channel's connectivity is the clusters' together.
+//! A28's routes and weighted clusters on one xDS channel: a channel of its own for each
+//! cluster the routes name (built with the channel's settings, following that cluster's
+//! resources as a channel follows its listener's), and the route table published for the
+//! calls to draw from (`call::split`). The clusters' channels are kept by name while the
+//! routes change, so a change of weights keeps their connections, and one that no route names
+//! any more is dropped once its calls end. The channel's connectivity is the clusters'
+//! together.
 //!
 //! Sources: [gRFC A28](https://github.com/grpc/proposal/blob/master/A28-xds-traffic-splitting-and-routing.md).
 
@@ -13,7 +14,16 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::call::shared::Shared;
+use crate::call::split::{PathMatch, Route, Ways};
 use crate::error::Error;
+
+/// One route as the channel follows it: the paths it takes (`None`: every call), and its
+/// clusters with their weights, or why its calls cannot be sent.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RouteTo {
+    pub(crate) paths: Option<PathMatch>,
+    pub(crate) to: Result<Vec<(String, u32)>, String>,
+}
 
 /// Builds the channel of one cluster (with the xDS channel's settings).
 pub(crate) type MakeCluster = Arc<dyn Fn(&str) -> Result<Arc<Shared>, Error> + Send + Sync>;
@@ -35,39 +45,63 @@ impl Clusters {
         }
     }
 
-    /// The route splits the calls of `p` (the channel of `target`) among `split` (cluster,
-    /// weight): each cluster's channel (built if new), the split published. The channel's own
-    /// set empties: its instances drain.
-    pub(crate) fn apply(&mut self, p: &Shared, target: &str, split: &[(String, u32)]) {
-        self.channels
-            .retain(|name, _| split.iter().any(|(c, _)| c == name));
-        let mut ways = Vec::with_capacity(split.len());
-        for (name, weight) in split {
-            let channel = match self.channels.get(name) {
-                Some(c) => c.clone(),
-                None => match (self.make)(name) {
-                    Ok(c) => {
-                        self.watch(&c);
-                        self.channels.insert(name.clone(), c.clone());
-                        c
-                    }
-                    Err(e) => {
-                        tracing::warn!(target, cluster = %name, error = %e, "xDS: the cluster's channel cannot be built; the split leaves it out");
-                        continue;
-                    }
-                },
+    /// The calls of `p` (the channel of `target`) go by `routes`: each cluster's channel
+    /// (built if new), the table published. The channel's own set empties: its instances
+    /// drain.
+    pub(crate) fn apply(&mut self, p: &Shared, target: &str, routes: &[RouteTo]) {
+        let named = |name: &String| {
+            routes
+                .iter()
+                .filter_map(|r| r.to.as_ref().ok())
+                .any(|ways| ways.iter().any(|(c, _)| c == name))
+        };
+        self.channels.retain(|name, _| named(name));
+        let mut table = Vec::with_capacity(routes.len());
+        for r in routes {
+            let to = match &r.to {
+                Ok(ways) => {
+                    let ways: Vec<(u32, Arc<Shared>)> = ways
+                        .iter()
+                        .filter_map(|(name, weight)| Some((*weight, self.channel(target, name)?)))
+                        .collect();
+                    Ways::of(ways).ok_or_else(|| {
+                        "none of the route's clusters has a channel (see the log)".to_owned()
+                    })
+                }
+                Err(why) => Err(why.clone()),
             };
-            ways.push((*weight, channel));
+            table.push(Route {
+                paths: r.paths.clone(),
+                to,
+            });
         }
-        tracing::info!(target, clusters = ?split, "xDS: the route splits the calls among clusters");
-        // The split first: a call that waits for the channel's discovery, woken by the
+        tracing::info!(target, routes = ?routes, "xDS: the calls go by route to the clusters' channels");
+        // The table first: a call that waits for the channel's discovery, woken by the
         // emptied set, finds it.
         if let Some(s) = &p.split {
-            s.set(ways);
+            s.set(table);
         }
         p.set().discovery_status(None);
         p.set().sync(Vec::new());
         self.follow(p);
+    }
+
+    /// The channel of cluster `name`, built if new (`None`, logged, if it cannot be).
+    fn channel(&mut self, target: &str, name: &str) -> Option<Arc<Shared>> {
+        if let Some(c) = self.channels.get(name) {
+            return Some(c.clone());
+        }
+        match (self.make)(name) {
+            Ok(c) => {
+                self.watch(&c);
+                self.channels.insert(name.to_owned(), c.clone());
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(target, cluster = %name, error = %e, "xDS: the cluster's channel cannot be built; its routes leave it out");
+                None
+            }
+        }
     }
 
     /// No split (the route names one cluster, or nothing can be routed): the calls go to the

@@ -614,7 +614,7 @@ async fn an_unreachable_priority_hands_over_to_the_next_and_takes_back() {
 }
 
 /// Calls, some of which may fail while the channel moves, until 20 in a row succeed on `who`.
-async fn served_in_a_row(ch: &BalancedChannel, who: &str, what: &str) {
+pub(crate) async fn served_in_a_row(ch: &BalancedChannel, who: &str, what: &str) {
     let mut client = FleetClient::new(ch.clone());
     let start = Instant::now();
     let mut run = 0;

@@ -35,5 +35,6 @@ pub use control_plane::ControlPlane;
 pub use grpc_client::GrpcXdsClient;
 pub use snapshot::{
     Cluster, ClusterEndpoints, ClusterType, DropOverload, Endpoint, Health, LbPolicy, Listener,
-    Locality, OutlierDetection, Policy, RouteConfig, Snapshot, VirtualHost, WeightedCluster,
+    Locality, OutlierDetection, Policy, RouteConfig, RouteEntry, Snapshot, VirtualHost,
+    WeightedCluster,
 };

@@ -178,7 +178,8 @@ impl RouteConfig {
 }
 
 /// A virtual host with one route: path prefix `prefix` (`None`: "", every path) to `cluster`,
-/// or to `weighted_clusters` (exactly one of the two, or the peer refuses it).
+/// or to `weighted_clusters` (exactly one of the two, or the peer refuses it); and the routes
+/// `routes_before`, which come before it in order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct VirtualHost {
     /// `None`: `vh-<its index>`.
@@ -193,9 +194,60 @@ pub struct VirtualHost {
     pub cluster: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub weighted_clusters: Vec<WeightedCluster>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub routes_before: Vec<RouteEntry>,
+}
+
+/// A route of a virtual host before its last one: by path prefix, or by whole path, to one
+/// cluster or to weighted clusters.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct RouteEntry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The path compared without case (`case_sensitive` false).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub case_insensitive: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub weighted_clusters: Vec<WeightedCluster>,
+}
+
+impl RouteEntry {
+    /// Calls whose path starts with `prefix`, to `cluster`.
+    pub fn prefix(prefix: &str, cluster: &str) -> RouteEntry {
+        RouteEntry {
+            prefix: Some(prefix.to_owned()),
+            cluster: Some(cluster.to_owned()),
+            ..RouteEntry::default()
+        }
+    }
+
+    /// Calls of the path `path` exactly, to `cluster`.
+    pub fn path(path: &str, cluster: &str) -> RouteEntry {
+        RouteEntry {
+            path: Some(path.to_owned()),
+            cluster: Some(cluster.to_owned()),
+            ..RouteEntry::default()
+        }
+    }
+
+    /// The path compared without case.
+    pub fn case_insensitive(mut self) -> RouteEntry {
+        self.case_insensitive = true;
+        self
+    }
 }
 
 impl VirtualHost {
+    /// `route` before the routes it has.
+    pub fn route_before(mut self, route: RouteEntry) -> VirtualHost {
+        self.routes_before.push(route);
+        self
+    }
+
     /// Domains `*`, every call to `cluster`.
     pub fn to_cluster(cluster: &str) -> VirtualHost {
         VirtualHost {
@@ -204,6 +256,7 @@ impl VirtualHost {
             prefix: None,
             cluster: Some(cluster.to_owned()),
             weighted_clusters: Vec::new(),
+            routes_before: Vec::new(),
         }
     }
 
@@ -221,6 +274,7 @@ impl VirtualHost {
                     weight: Some(weight),
                 })
                 .collect(),
+            routes_before: Vec::new(),
         }
     }
 
