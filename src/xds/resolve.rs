@@ -64,6 +64,8 @@ struct Chain {
     route: Option<Watch>,
     cluster: Option<Watch>,
     endpoints: Option<Watch>,
+    /// The routes passed over, as last said in the log.
+    passed_over: usize,
 }
 
 /// Keeps the set in line with what the control plane says of `root` (the listener `name`, or
@@ -331,6 +333,13 @@ fn follow_steps(
         .iter()
         .filter(|r| !r.unsupported_match)
         .collect();
+    let passed_over = host.routes.len() - usable.len();
+    if passed_over != chain.passed_over {
+        chain.passed_over = passed_over;
+        if passed_over > 0 {
+            tracing::warn!(target = %name, routes = passed_over, "xDS: routes that match on headers, a runtime fraction, a regex or query parameters are passed over (this client matches on the path alone)");
+        }
+    }
     let Some(first) = usable.first() else {
         return Err(Resolution::Failed(format!(
             "no route of {name:?} matches on the path alone"
