@@ -96,6 +96,18 @@ def escape(name):
     return urllib.parse.quote(name, safe="!\"#$&'()*+,-./:;<>?@[\\]^_`{|}~")
 
 
+def seconds_option(opts, key, default):
+    """The value of `key=<ms>` among a command's options, in seconds; any other option is an
+    error."""
+    seconds = default
+    for opt in opts:
+        name, _, value = opt.partition("=")
+        if name != key:
+            raise ValueError(f"unknown option {opt!r}")
+        seconds = int(value) / 1000.0
+    return seconds
+
+
 class State:
     def __init__(self, channel):
         self.state = None
@@ -123,12 +135,7 @@ def main():
         try:
             if words[0] == "calls" and len(words) >= 2:
                 n = int(words[1])
-                deadline = 5.0
-                for opt in words[2:]:
-                    key, _, value = opt.partition("=")
-                    if key != "deadline_ms":
-                        raise ValueError(f"unknown option {opt!r}")
-                    deadline = int(value) / 1000.0
+                deadline = seconds_option(words[2:], "deadline_ms", 5.0)
                 counts, failed = {}, 0
                 for _ in range(n):
                     next_id += 1
@@ -145,12 +152,7 @@ def main():
                 print("COUNTS " + " ".join(tokens), flush=True)
             elif words[0] == "until" and len(words) >= 2:
                 want = words[1]
-                limit = 30.0
-                for opt in words[2:]:
-                    key, _, value = opt.partition("=")
-                    if key != "limit_ms":
-                        raise ValueError(f"unknown option {opt!r}")
-                    limit = int(value) / 1000.0
+                limit = seconds_option(words[2:], "limit_ms", 30.0)
                 calls = failed = 0
                 start = time.monotonic()
                 first = None
