@@ -32,6 +32,8 @@ pub(crate) type MakeCluster = Arc<dyn Fn(&str) -> Result<Arc<Shared>, Error> + S
 pub(crate) struct Clusters {
     make: MakeCluster,
     channels: BTreeMap<String, Arc<Shared>>,
+    /// The routes of the table published (`None`: no table).
+    published: Option<Vec<RouteTo>>,
     /// Notified when a cluster's connectivity changes.
     moved: Arc<Notify>,
 }
@@ -41,6 +43,7 @@ impl Clusters {
         Clusters {
             make,
             channels: BTreeMap::new(),
+            published: None,
             moved: Arc::new(Notify::new()),
         }
     }
@@ -49,6 +52,9 @@ impl Clusters {
     /// (built if new), the table published. The channel's own set empties: its instances
     /// drain.
     pub(crate) fn apply(&mut self, p: &Shared, target: &str, routes: &[RouteTo]) {
+        if self.published.as_deref() == Some(routes) {
+            return;
+        }
         let named = |name: &String| {
             routes
                 .iter()
@@ -81,6 +87,7 @@ impl Clusters {
         if let Some(s) = &p.split {
             s.set(table);
         }
+        self.published = Some(routes.to_vec());
         p.set().discovery_status(None);
         p.set().sync(Vec::new());
         self.follow(p);
@@ -107,7 +114,7 @@ impl Clusters {
     /// No split (the route names one cluster, or nothing can be routed): the calls go to the
     /// channel's own set; the clusters' channels go once their calls end.
     pub(crate) fn clear(&mut self, p: &Shared) {
-        if self.channels.is_empty() {
+        if self.published.take().is_none() {
             return;
         }
         if let Some(s) = &p.split {
