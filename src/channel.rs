@@ -190,7 +190,9 @@ impl BalancedChannel {
     }
 
     /// The strategy this channel routes with now: the builder's, or on an xDS channel the
-    /// cluster's policy where the builder chose none (see the `xds` module).
+    /// cluster's policy where the builder chose none (see the `xds` module). On an xDS channel
+    /// whose routes send the calls to several clusters, each cluster's channel runs its own
+    /// cluster's policy, and this is the builder's.
     pub fn strategy(&self) -> Strategy {
         self.shared.picker.strategy.get()
     }

@@ -219,7 +219,8 @@ impl RouteConfig {
 
 impl Route {
     /// Whether the route takes every call (a prefix `""` or `/`, nothing more to match): the
-    /// route of a channel that has one set for all its calls.
+    /// last route a call can reach; where it is the first and names one cluster, the
+    /// channel's own set follows that cluster.
     pub(crate) fn takes_every_call(&self) -> bool {
         !self.exact && !self.unsupported_match && (self.path.is_empty() || self.path == "/")
     }

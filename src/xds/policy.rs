@@ -91,11 +91,12 @@ impl ClusterPolicy {
             }
         }
         let (builder_rules, set) = &self.ejection;
+        let outlier_changed = self.applied.as_ref().is_none_or(|a| a.2 != asked.2);
         if *set {
-            if outlier.is_some() && self.applied.as_ref().is_none_or(|a| a.2 != asked.2) {
+            if outlier.is_some() && outlier_changed {
                 tracing::info!(target, cluster, "xDS: the cluster's outlier detection is not applied: the builder's `ejection` set the rules");
             }
-        } else if self.applied.as_ref().is_none_or(|a| a.2 != asked.2) {
+        } else if outlier_changed {
             let rules = outlier.map_or_else(|| builder_rules.clone(), Outlier::ejection);
             match rules.validate() {
                 Ok(()) => {

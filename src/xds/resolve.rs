@@ -358,15 +358,16 @@ fn follow_steps(
         chain.endpoints = None;
         return Ok(Resolution::Routes(table));
     }
-    let cluster_name = match route_to(first).to {
+    let every_call = route_to(first);
+    let cluster_name = match &every_call.to {
         Ok(ways) if ways.len() == 1 => ways[0].0.clone(),
         Ok(_) => {
             // Weighted clusters: the calls split among the clusters' own channels.
             chain.cluster = None;
             chain.endpoints = None;
-            return Ok(Resolution::Routes(vec![route_to(first)]));
+            return Ok(Resolution::Routes(vec![every_call]));
         }
-        Err(why) => return Err(Resolution::Failed(why)),
+        Err(why) => return Err(Resolution::Failed(why.clone())),
     };
     follow_cluster(client, &cluster_name, chain)
 }
