@@ -19,7 +19,7 @@ use super::report::{LoadReport, TRAILER};
 use super::reported::{OthersInFlight, Reported};
 use super::tie::{
     GateRule, Method, Noise, TieBreak, FAILED_AS, FIRST_CHARGE_TURNS, GATE_AT, GATE_TURNS,
-    MAX_GATE, MAX_WEIGHT, SCALE_ONE, UNIT, WEIGHT_ONE,
+    MAX_GATE, MAX_OWED, MAX_WEIGHT, SCALE_ONE, UNIT, WEIGHT_ONE,
 };
 
 impl ChannelLoad {
@@ -209,8 +209,9 @@ impl Latency {
     }
 }
 
-/// A slow answer that comes more than this many times its method's reference after the
-/// instance's previous answer gates at once, without waiting for a second one: a client that
+/// A slow answer to a call sent more than this many times its method's reference after the
+/// instance's previous answer gates at once (the gap before the call: the call's own time is
+/// no sign that answers come rarely), without waiting for a second one: a client that
 /// sees an instance rarely (one of many clients, or a low rate) would get its confirmation after
 /// the slow spell is over (50 clients sharing 2,000 calls/s see each of 20 instances about
 /// twice a second; what waiting for two cost there: `docs/design.md`, the default's section).
@@ -250,7 +251,7 @@ impl TieBreak {
         }
         // How many slow answers in a row it takes is judged before this answer counts.
         let before = noise.word();
-        if rule.confirm && self.slow_run.load(Ordering::Relaxed) == 0 {
+        if !rule.failure && self.slow_run.load(Ordering::Relaxed) == 0 {
             noise.observe(before, sample_ns > GATE_AT * reference_ns);
         }
         let prev = self.learn(sample_ns / reference_ns);
@@ -262,7 +263,7 @@ impl TieBreak {
         let last = self.answered_at.swap(now_ns, Ordering::Relaxed);
         let sparse = rule.confirm
             && last != 0
-            && now_ns.saturating_sub(last) as f64 > SPARSE_REFS * reference_ns;
+            && sent_ns.saturating_sub(last) as f64 > SPARSE_REFS * reference_ns;
         if excess > 0.0 {
             let gated_at = self.gated_at.load(Ordering::Relaxed);
             let strikes = self.strikes_so_far(rule);
@@ -273,9 +274,14 @@ impl TieBreak {
             }
             let (strikes, floor) = if rule.confirm {
                 let confirm = Noise::run_for(before);
-                let Some(gate) =
-                    self.confirmed(now_ns, sent_ns, reference_ns, rule, confirm, sparse)
-                else {
+                let shared = noise.slow_shared(self as *const TieBreak as u64);
+                let Some(gate) = self.confirmed(
+                    now_ns,
+                    sent_ns,
+                    reference_ns,
+                    rule,
+                    (confirm, sparse, shared),
+                ) else {
                     return 0;
                 };
                 gate
@@ -292,8 +298,16 @@ impl TieBreak {
             };
             self.close(excess, floor, strikes, rule, before, now_ns)
         } else {
+            if rule.confirm {
+                noise.fast();
+            }
             self.slow_run.store(0, Ordering::Relaxed);
-            self.recheck_at.store(0, Ordering::Relaxed);
+            if self.recheck_at.swap(0, Ordering::Relaxed) != 0 {
+                self.gate_ended(before);
+            } else if self.forgiven.load(Ordering::Relaxed) != 0 {
+                // Open: the turns forgiven since the last answer were a busy instance's.
+                self.forgiven.store(0, Ordering::Relaxed);
+            }
             self.strikes.store(0, Ordering::Relaxed);
             0
         }
@@ -337,7 +351,27 @@ impl TieBreak {
         let until = now_ns.saturating_add(gate as u64);
         self.recheck_at.store(until, Ordering::Relaxed);
         self.gated_at.store(now_ns, Ordering::Relaxed);
+        self.gate_end.store(until, Ordering::Relaxed);
         until
+    }
+
+    /// A fast answer ended a gate; `noise`: the channel's noise word before it. Where the
+    /// client is noisy (its answers are slow by chance often enough, see [`Noise::is_noisy`]),
+    /// a gate for slowness (not a failure's) whose slow re-checks chance could give ended
+    /// the way a gate the client's own delays set ends: a busy client holds up answers from
+    /// every instance alike, and a run of them on one instance gates it. The turns the floor
+    /// forgave it while gated are owed back (see `TieBreak::owed`), so that such a gate moves
+    /// calls in time but not in share. On a quiet client a gate is the instance's own
+    /// slowness, and an instance that was slow under load is not handed more calls for it.
+    #[cold]
+    fn gate_ended(&self, noise: u64) {
+        let forgiven = self.forgiven.swap(0, Ordering::Relaxed);
+        let strikes = self.strikes.load(Ordering::Relaxed);
+        if forgiven > 0 && strikes & FAILURE_GATE == 0 && Noise::is_noisy(noise, strikes) {
+            let owed = self.owed.load(Ordering::Relaxed);
+            self.owed
+                .store((owed + forgiven).min(MAX_OWED), Ordering::Relaxed);
+        }
     }
 
     /// The slow re-checks in a row so far, as an answer under `rule` counts them; `None` if
@@ -398,22 +432,28 @@ impl TieBreak {
         sent_ns: u64,
         reference_ns: f64,
         rule: GateRule,
-        confirm: u32,
-        sparse: bool,
+        (confirm, sparse, shared): (u32, bool, bool),
     ) -> Option<(u32, f64)> {
         let last = self.slow_at.swap(now_ns, Ordering::Relaxed);
-        let run = if last != 0 && now_ns.saturating_sub(last) <= MAX_GATE as u64 {
+        let run = if shared {
+            // The client's, as likely: it does not lengthen the run.
+            self.slow_run.load(Ordering::Relaxed)
+        } else if last != 0 && now_ns.saturating_sub(last) <= MAX_GATE as u64 {
             self.slow_run.load(Ordering::Relaxed).saturating_add(1)
         } else {
             1
         };
         self.slow_run.store(run, Ordering::Relaxed);
-        if run < confirm - u32::from(sparse) {
+        if shared || run < confirm - u32::from(sparse) {
             return None;
         }
         let strikes = match self.strikes_so_far(rule) {
             Some(_) if self.recheck_at.load(Ordering::Relaxed) == 0 => 0,
-            Some(n) if sent_ns >= self.gated_at.load(Ordering::Relaxed) => {
+            // A slow re-check: a call sent once the gate was over. A call sent while it was
+            // still gated went to it because every instance was gated or the open ones were
+            // busy (a busy client's burst of slow answers gates them all): its answer is no
+            // re-check, and its slowness is as likely the client's.
+            Some(n) if sent_ns >= self.gate_end.load(Ordering::Relaxed) => {
                 (n + 1).min(rule.max_strikes)
             }
             Some(n) => n,

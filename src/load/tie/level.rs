@@ -42,6 +42,9 @@ impl TieBreak {
     /// [`CREDIT`](super::CREDIT) turns in a row from every client at once: with 50
     /// clients, 400 calls in a burst on an instance that gets 2 a second from each.
     pub(crate) fn join_at(&self, level: Level) {
+        // Turns owed for a false gate are not paid to an instance away since: it starts afresh.
+        self.owed.store(0, Ordering::Relaxed);
+        self.forgiven.store(0, Ordering::Relaxed);
         self.pass.fetch_max(level.pass, Ordering::Relaxed);
         self.expensive_pass
             .fetch_max(level.expensive_pass, Ordering::Relaxed);

@@ -191,6 +191,10 @@ pub(crate) struct TieBreak {
     pub(super) expensive_pass: AtomicU64,
     /// When the gate was last set: an answer to a call sent before then is no re-check.
     pub(super) gated_at: AtomicU64,
+    /// When the gate set last ends (as first set: a re-check's hold does not move it): an
+    /// answer to a call sent before then is no re-check for a gate that waits for
+    /// confirmation.
+    pub(super) gate_end: AtomicU64,
     /// Slow answers in a row to re-checks, and `FAILURE_GATE` (`learn.rs`) if the gate set last was a
     /// failed answer's.
     pub(super) strikes: AtomicU32,
@@ -206,7 +210,22 @@ pub(crate) struct TieBreak {
     /// that it wins a third as many ties. Folded into `stride` when that is written, so the
     /// pick reads one number.
     pub(super) scale: AtomicU32,
+    /// The turns its pass was moved on by since its gate was set (`Chosen::floor`: an instance
+    /// behind the others is owed at most [`CREDIT`] of the turns it missed): those a gate
+    /// that proves false (see [`TieBreak::owed`]) made it miss.
+    pub(super) forgiven: AtomicU64,
+    /// Turns (in pass units) it is owed for a gate that proved false: its first re-check
+    /// answered fast. Until they are paid, each tie it wins advances its pass by half its
+    /// stride, so that it takes twice its share of the ties, not every tie: without this a
+    /// gate that the client's own delays set moved calls from it to the others for good (with
+    /// weights 3:1 on a busy client, a share of 56% instead of 75%), and with it, a burst of
+    /// calls on an instance just found fast would come from every client at once.
+    pub(super) owed: AtomicU64,
 }
+
+/// The most turns a false gate's debt repays: a gate of seconds at a high rate would
+/// otherwise owe thousands, paid over a long spell at twice the share.
+pub(crate) const MAX_OWED: u64 = 4096 * UNIT;
 
 /// A stride multiple of one (see `TieBreak::scale`).
 pub(crate) const SCALE_ONE: u32 = 256;
@@ -225,11 +244,14 @@ impl TieBreak {
             weight: AtomicU32::new(WEIGHT_ONE as u32),
             expensive_pass: AtomicU64::new(0),
             gated_at: AtomicU64::new(0),
+            gate_end: AtomicU64::new(0),
             strikes: AtomicU32::new(0),
             slow_run: AtomicU32::new(0),
             slow_at: AtomicU64::new(0),
             answered_at: AtomicU64::new(0),
             scale: AtomicU32::new(SCALE_ONE),
+            forgiven: AtomicU64::new(0),
+            owed: AtomicU64::new(0),
         }
     }
 
@@ -362,8 +384,28 @@ impl TieBreak {
 
     #[inline]
     fn step(&self, floor: u64, stride: u64) {
-        let pass = self.pass.load(Ordering::Relaxed).max(floor);
+        let pass = self.pass.load(Ordering::Relaxed);
+        if floor > pass || self.owed.load(Ordering::Relaxed) != 0 {
+            return self.step_owed(pass, floor, stride);
+        }
         self.pass.store(pass + stride, Ordering::Relaxed);
+    }
+
+    /// [`step`](Self::step) for an instance behind the floor, or owed turns: the turns the
+    /// floor forgives are noted (a false gate's are owed back), and owed turns are paid half a
+    /// stride per tie won.
+    #[cold]
+    fn step_owed(&self, pass: u64, floor: u64, stride: u64) {
+        if floor > pass {
+            self.forgiven.fetch_add(floor - pass, Ordering::Relaxed);
+        }
+        let owed = self.owed.load(Ordering::Relaxed);
+        let paid = (stride / 2).min(owed);
+        if paid > 0 {
+            self.owed.store(owed - paid, Ordering::Relaxed);
+        }
+        self.pass
+            .store(pass.max(floor) + stride - paid, Ordering::Relaxed);
     }
 
     #[inline]

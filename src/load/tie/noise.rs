@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// ([`Noise::run_for`]). An instance that is slow, rather than unlucky, answers slowly
 /// every time, and only its first slow answer counts here, so it does not raise the share.
 #[derive(Debug, Default)]
-pub(crate) struct Noise(AtomicU64);
+pub(crate) struct Noise(AtomicU64, AtomicU64);
 
 /// [`Noise`]'s average starts as if it had seen this many fast answers, and weighs each new
 /// answer as one of those seen (the plain mean) until it has seen [`NOISE_WINDOW`] in all;
@@ -26,6 +26,9 @@ const NOISE_KNOWN: u32 = 32;
 const NOISE_WINDOW: u32 = 128;
 /// Below this share, chance counts for nothing (and the average stops being written).
 const NOISE_FLOOR: f32 = 1e-4;
+/// Above this share of answers slow by chance, the channel is noisy: two slow answers in a row
+/// come by chance more than once in a thousand (a gate waits for three or more).
+const NOISY: f64 = 0.0316;
 /// The longest run of slow answers a gate waits for.
 const MAX_CONFIRM: u32 = 8;
 
@@ -70,11 +73,50 @@ impl Noise {
         (word >> 32) >= u64::from(NOISE_KNOWN)
     }
 
+    /// Whether, where the average's word was `word`, the channel is noisy (it knows how often
+    /// answers are slow by chance, and that is more than one in [`NOISY`]'s) and `strikes`
+    /// slow answers in a row from one instance come by chance more than once in a thousand.
+    #[cold]
+    pub(in crate::load) fn is_noisy(word: u64, strikes: u32) -> bool {
+        let share = f64::from(f32::from_bits(word as u32));
+        Self::is_known(word) && share > NOISY && share.powi(strikes as i32) > 1e-3
+    }
+
+    /// A slow answer from the instance `tag` (its record's address), under a rule that waits
+    /// for confirmation: whether the answer before it on the channel was slow too and another
+    /// instance's. Such slowness is shared: a busy client holds up whatever answers are on
+    /// their way at that moment, whichever instance sent them, so a run of slow answers that
+    /// such answers make up is no evidence against one instance (sequential calls beside two
+    /// spinning processes: one answer in four was held up, often several in a row).
+    #[inline]
+    pub(in crate::load) fn slow_shared(&self, tag: u64) -> bool {
+        let before = self.1.swap(tag, Ordering::Relaxed);
+        before != 0 && before != tag
+    }
+
+    /// A fast answer, under a rule that waits for confirmation: the channel's last answer is
+    /// fast (written only where it was slow, so a quiet channel writes nothing).
+    #[inline]
+    pub(in crate::load) fn fast(&self) {
+        if self.1.load(Ordering::Relaxed) != 0 {
+            self.1.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// For fixtures (the benchmarks' fleet, tests): as if the channel had seen a window of
     /// answers, all fast.
     pub(crate) fn settle_quiet(&self) {
         self.0
             .store(u64::from(NOISE_WINDOW) << 32, Ordering::Relaxed);
+    }
+
+    /// For tests: as if the channel had seen a window of answers, `share` of them slow.
+    #[cfg(test)]
+    pub(crate) fn settle_at(&self, share: f32) {
+        self.0.store(
+            (u64::from(NOISE_WINDOW) << 32) | u64::from(share.to_bits()),
+            Ordering::Relaxed,
+        );
     }
 
     /// [`run_for`](Self::run_for) the average as it is now.
@@ -113,10 +155,7 @@ mod tests {
         noise.settle_quiet();
         assert_eq!(noise.run_to_gate(), 2);
         let at = |share: f32| {
-            noise.0.store(
-                (u64::from(NOISE_WINDOW) << 32) | u64::from(share.to_bits()),
-                Ordering::Relaxed,
-            );
+            noise.settle_at(share);
             noise.run_to_gate()
         };
         assert_eq!(at(0.03), 2);

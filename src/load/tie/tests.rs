@@ -204,14 +204,25 @@ fn the_default_gates_after_two_slow_answers_in_a_row() {
     assert!(t.weight(5_000) > WEIGHT_ONE, "gated, its calls weigh more");
     let until = t.observe_gated(15.0 * MS, 5.0 * MS, 4_500, 6_000, rule, &quiet);
     assert_eq!(until - 6_000, (200.0 * 5.0 * MS) as u64, "the long minimum");
-    // Where answers come rarely (the previous one more than 50 usual call times before),
-    // one slow answer sets the long gate at once: no second one would come in time.
+    // Where answers come rarely (the call sent more than 50 usual call times after the
+    // previous answer), one slow answer sets the long gate at once: no second one would come
+    // in time.
     let t = TieBreak::new();
     let quiet = quiet_client();
     t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
-    let later = 1_000 + (50.0 * 5.0 * MS) as u64 + 1;
-    let until = t.observe_gated(15.0 * MS, 5.0 * MS, later - 1, later, rule, &quiet);
-    assert_eq!(until - later, (200.0 * 5.0 * MS) as u64);
+    let sent = 1_000 + (50.0 * 5.0 * MS) as u64 + 1;
+    let until = t.observe_gated(15.0 * MS, 5.0 * MS, sent, sent + 1, rule, &quiet);
+    assert_eq!(until - (sent + 1), (200.0 * 5.0 * MS) as u64);
+    // A call sent at once that took that long itself is no rare answer: its own time is no
+    // gap (a client that stalled for 20 ms gated the instance for 200 ms at its first slow
+    // answer, and with weights 3:1 the heavier one's share fell to 65%).
+    let t = TieBreak::new();
+    t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
+    let later = 1_000 + (60.0 * 5.0 * MS) as u64;
+    assert_eq!(
+        t.observe_gated(300.0 * MS, 5.0 * MS, 1_000, later, rule, &quiet),
+        0
+    );
 }
 
 /// Moderately slower: a stride that grows smoothly with the slowness, no cliff.
@@ -312,4 +323,98 @@ fn a_gate_weighs_calls_only_once_chance_is_known() {
     t.observe_gated(30.0 * MS, 5.0 * MS, 1_000, 2_000, rule, &quiet);
     t.observe_gated(30.0 * MS, 5.0 * MS, 2_000, 3_000, rule, &quiet);
     assert!(t.weight(3_000) > WEIGHT_ONE);
+}
+
+/// A slow answer right after another instance's slow answer lengthens no run: a busy client
+/// holds up whatever answers are on their way, whichever instance sent them. Two instances
+/// whose slow answers come by turns are not gated; one whose slow answers come between the
+/// other's fast answers is, at its second in a row.
+#[test]
+fn slowness_the_instances_share_gates_none() {
+    let rule = GateRule::FEWEST_THEN_FASTEST;
+    let quiet = quiet_client();
+    let (a, b) = (TieBreak::new(), TieBreak::new());
+    a.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
+    b.observe_gated(5.0 * MS, 5.0 * MS, 1_000, 2_000, rule, &quiet);
+    let mut at = 2_000;
+    for _ in 0..4 {
+        for t in [&a, &b] {
+            at += 1_000;
+            let until = t.observe_gated(15.0 * MS, 5.0 * MS, at - 1_000, at, rule, &quiet);
+            assert_eq!(until, 0, "slow by turns, at {at}");
+        }
+    }
+    let quiet = quiet_client();
+    let (a, b) = (TieBreak::new(), TieBreak::new());
+    a.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
+    b.observe_gated(5.0 * MS, 5.0 * MS, 1_000, 2_000, rule, &quiet);
+    assert_eq!(
+        a.observe_gated(15.0 * MS, 5.0 * MS, 2_000, 3_000, rule, &quiet),
+        0
+    );
+    b.observe_gated(5.0 * MS, 5.0 * MS, 3_000, 4_000, rule, &quiet);
+    assert!(a.observe_gated(15.0 * MS, 5.0 * MS, 4_000, 5_000, rule, &quiet) > 0);
+}
+
+/// A slow answer to a call sent while the instance was still gated (it went there because
+/// every instance was gated, or the open ones were busy) is no slow re-check: the gate is
+/// not doubled for it. A slow answer to a call sent after the gate ended is one, and doubles
+/// it.
+#[test]
+fn only_a_call_sent_after_the_gate_is_a_re_check() {
+    let rule = GateRule::FEWEST_THEN_FASTEST;
+    let quiet = quiet_client();
+    let t = TieBreak::new();
+    t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &quiet);
+    t.observe_gated(15.0 * MS, 5.0 * MS, 1_000, 2_000, rule, &quiet);
+    let first = t.observe_gated(15.0 * MS, 5.0 * MS, 2_000, 3_000, rule, &quiet);
+    assert_eq!(first - 3_000, (10.0 * 5.0 * MS) as u64);
+    let long = (200.0 * 5.0 * MS) as u64;
+    // Sent while gated: the long minimum (a third slow answer in a row), not doubled.
+    let until = t.observe_gated(15.0 * MS, 5.0 * MS, 3_500, 4_000, rule, &quiet);
+    assert_eq!(until - 4_000, long);
+    // Sent after that gate ended: a slow re-check, doubled.
+    let (sent, at) = (until + 1, until + 1_000);
+    assert_eq!(
+        t.observe_gated(15.0 * MS, 5.0 * MS, sent, at, rule, &quiet) - at,
+        2 * long
+    );
+}
+
+/// On a noisy client (one answer in ten slow by chance), a gate whose re-check answers fast
+/// was as likely the client's delays as the instance's: the turns the floor forgave the
+/// instance while gated are owed back, paid as half a stride off each tie it wins (twice its
+/// share of the ties until paid). On a quiet client a gate is the instance's own slowness,
+/// and nothing is owed.
+#[test]
+fn a_false_gate_on_a_noisy_client_is_paid_back() {
+    let rule = GateRule::FEWEST_THEN_FASTEST;
+    for (share, owed) in [(0.1, 100 * UNIT), (0.0, 0)] {
+        let noise = Noise::default();
+        noise.settle_at(share);
+        let t = TieBreak::new();
+        t.observe_gated(5.0 * MS, 5.0 * MS, 0, 1_000, rule, &noise);
+        let (mut at, mut until) = (1_000, 0);
+        while until == 0 {
+            until = t.observe_gated(15.0 * MS, 5.0 * MS, at, at + 1_000, rule, &noise);
+            at += 1_000;
+        }
+        // The others took 100 turns more than it while it was gated: the re-check that wins
+        // a tie after the gate starts at the floor.
+        t.advance(100 * UNIT);
+        let (sent, at) = (until + 1, until + 1_000);
+        assert_eq!(
+            t.observe_gated(5.0 * MS, 5.0 * MS, sent, at, rule, &noise),
+            0
+        );
+        assert_eq!(t.owed.load(Ordering::Relaxed), owed, "a share of {share}");
+        let pass = t.pass.load(Ordering::Relaxed);
+        t.advance(0);
+        let step = t.pass.load(Ordering::Relaxed) - pass;
+        assert_eq!(step, if owed > 0 { UNIT / 2 } else { UNIT });
+        assert_eq!(
+            t.owed.load(Ordering::Relaxed),
+            owed.saturating_sub(UNIT / 2)
+        );
+    }
 }
