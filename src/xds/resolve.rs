@@ -92,6 +92,7 @@ pub(crate) async fn run(
         clusters,
         chain: Chain::default(),
         answered: false,
+        silent: false,
         priorities: Vec::new(),
         applied: None,
     };
@@ -121,6 +122,13 @@ pub(crate) async fn run(
             _ = tokio::time::sleep(FAILBACK_CHECK), if failed_over => {}
             _ = tokio::time::sleep_until(first_by), if !f.answered => {
                 f.answered = true;
+                f.silent = true;
+                let Some(p) = pool.upgrade() else { return };
+                no_answer(&p, &client, &f.name, first_within);
+            }
+            // Still no answer, and the stream failed (again): the status says why now (a
+            // handshake may fail only after the wait for the first answer is over).
+            _ = client.stream_ended(), if f.silent => {
                 let Some(p) = pool.upgrade() else { return };
                 no_answer(&p, &client, &f.name, first_within);
             }
@@ -139,6 +147,9 @@ struct Follower {
     chain: Chain,
     /// Whether the chain has come to an outcome (or the wait for the first one is over).
     answered: bool,
+    /// Whether the wait for the first outcome ended without one: calls are told why, and told
+    /// again each time the stream fails, until an outcome comes.
+    silent: bool,
     /// The usable endpoints of each priority that has any, as last resolved.
     priorities: Vec<(usize, Vec<(SocketAddr, f64)>)>,
     /// The endpoints the set was last given.
@@ -162,6 +173,9 @@ impl Follower {
     fn take(&mut self, p: &Shared, outcome: Resolution) -> bool {
         if !matches!(outcome, Resolution::Routes(_) | Resolution::Pending) {
             self.clusters.clear(p);
+        }
+        if !matches!(outcome, Resolution::Pending) {
+            self.silent = false;
         }
         match outcome {
             Resolution::Pending => {}

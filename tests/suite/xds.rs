@@ -749,3 +749,61 @@ async fn max_requests_caps_the_calls_in_flight() {
     let counts = tally(&ch, 20).await;
     assert_eq!(counts.values().sum::<u64>(), 20, "{counts:?}");
 }
+
+/// A control plane that accepts the connection but has not answered when the wait for the
+/// first answer ends (1 ms): calls fail UNAVAILABLE saying there was no answer and that the
+/// stream is not connected. When that connection then fails, calls say why: the status is
+/// written again each time the stream fails, until an answer comes (it was written once, at
+/// the end of the wait, and a handshake that failed later was never named).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_fails_after_the_wait_for_the_first_answer_says_why() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let addr = listener.local_addr().unwrap();
+    let bootstrap = Bootstrap::from_json(&format!(
+        r#"{{"xds_servers": [{{"server_uri": "{addr}", "channel_creds": [{{"type": "insecure"}}]}}],
+            "node": {{"id": "held"}}}}"#
+    ))
+    .expect("a bootstrap");
+    let ch = BalancedChannel::builder()
+        .xds("xds:///svc")
+        .xds_bootstrap(bootstrap)
+        .discovery_timeout(Duration::from_millis(1))
+        .build()
+        .expect("an xDS channel");
+    // The stream's connection, accepted and held without a byte of answer.
+    let (held, _) = tokio::task::spawn_blocking(move || listener.accept())
+        .await
+        .unwrap()
+        .expect("the stream connects");
+    let call = || async {
+        let mut request = tonic::Request::new(fleet::req(1));
+        request.set_timeout(Duration::from_secs(5));
+        FleetClient::new(ch.clone())
+            .unary(request)
+            .await
+            .expect_err("no instance")
+    };
+    let status = call().await;
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("no answer from the control plane")
+            && status.message().contains("(its stream: not connected)"),
+        "{status:?}"
+    );
+    drop(held);
+    let start = Instant::now();
+    loop {
+        let status = call().await;
+        if let Some((_, why)) = status.message().split_once("not connected: ") {
+            assert!(why.len() > 2, "{status:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the status never says why: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -157,6 +157,9 @@ struct Inner {
     /// Why the last stream ended (a connection refused, a certificate not trusted), for the
     /// status of calls that find no instance because of it.
     pub(crate) last_error: Mutex<Option<String>>,
+    /// A stream ended (its reason is in `last_error`): the channels that have had no answer
+    /// yet say why again.
+    pub(crate) stream_down: Notify,
     /// A57's health of the control plane: lost when a connection or a stream fails without a
     /// response, back with the next response (A78's `connected` and `server_failure`).
     healthy: AtomicBool,
@@ -242,6 +245,7 @@ pub(crate) fn client(bootstrap: &Bootstrap) -> Arc<AdsClient> {
                     running: AtomicBool::new(false),
                     connected: AtomicBool::new(false),
                     last_error: Mutex::default(),
+                    stream_down: Notify::new(),
                     healthy: AtomicBool::new(true),
                 }),
             });
@@ -292,6 +296,12 @@ impl AdsClient {
     /// Why the last stream ended, if one did.
     pub(crate) fn last_error(&self) -> Option<String> {
         crate::sync::lock(&self.inner.last_error).clone()
+    }
+
+    /// Resolves when a stream ends after this is first polled (the reason is then
+    /// [`last_error`](Self::last_error)).
+    pub(crate) async fn stream_ended(&self) {
+        self.inner.stream_down.notified().await;
     }
 
     /// Whether the stream is up (A78's `grpc.xds_client.connected`).

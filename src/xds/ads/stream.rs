@@ -59,6 +59,7 @@ pub(super) async fn run(inner: Arc<Inner>) {
         failures = failures.saturating_add(1);
         tracing::warn!(server = %inner.bootstrap.server_uri, error = %why, retry_in = ?delay, "xDS stream ended; the resources received are kept");
         *crate::sync::lock(&inner.last_error) = Some(why);
+        inner.stream_down.notify_waiters();
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = closed(&inner) => return,
