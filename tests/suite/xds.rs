@@ -536,15 +536,22 @@ async fn the_channel_and_grpc_agree_on_which_instances_serve() {
 /// instances; the gates held the heavier one's share down to 56% until a slow answer shared
 /// with another instance stopped counting and a false gate's turns were paid back
 /// (`pick::fastest_scenarios::weights_hold_on_a_busy_client` has the mechanism on the
-/// virtual clock).
+/// virtual clock). The servers run on the test's runtime (see the fleet below).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weights_three_to_one_share_the_calls_three_to_one() {
     const CALLS: u64 = 8_000;
     let Some(mut cp) = ControlPlane::start() else {
         return;
     };
-    let fleet = Fleet::start(2, Behavior::Ok);
-    let a = addrs(&fleet);
+    // On the test's runtime, so that a busy machine's delays fall on the client and on both
+    // servers alike (on threads of their own, the one whose thread is served the CPU late
+    // answers slower for a while: a real difference, which the default acts on).
+    let fleet = fleet::local::LocalFleet::start(2, Behavior::Ok).await;
+    let a: Vec<SocketAddr> = fleet
+        .uris()
+        .iter()
+        .map(|u| u.trim_start_matches("http://").parse().unwrap())
+        .collect();
     let by_locality = vec![
         Locality::new("r1", "z1")
             .weight(3)
