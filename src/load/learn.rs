@@ -436,8 +436,10 @@ impl TieBreak {
     ) -> Option<(u32, f64)> {
         let last = self.slow_at.swap(now_ns, Ordering::Relaxed);
         let run = if shared {
-            // The client's, as likely: it does not lengthen the run.
-            self.slow_run.load(Ordering::Relaxed)
+            // The client's, as likely, and so the run so far: it starts again (only lengthening
+            // it less, a slow spell of the client's that lasted forty calls still gated the
+            // heavier of two instances, whose answers came three in a row between the other's).
+            0
         } else if last != 0 && now_ns.saturating_sub(last) <= MAX_GATE as u64 {
             self.slow_run.load(Ordering::Relaxed).saturating_add(1)
         } else {
@@ -445,6 +447,19 @@ impl TieBreak {
         };
         self.slow_run.store(run, Ordering::Relaxed);
         if shared || run < confirm - u32::from(sparse) {
+            return None;
+        }
+        // A call sent to it while it was gated for slowness went there because every instance
+        // was gated or the open ones were busy (a busy client's slow spell gates them all):
+        // its slow answer leaves the gate as it is, to end when set and be re-checked then. Each such
+        // answer set the gate afresh at the long minimum, doubled: one instance stayed gated
+        // for 5 s by seven of them in a row while calls went on to it, a share lost.
+        let gated = self.recheck_at.load(Ordering::Relaxed) != 0
+            && self.strikes.load(Ordering::Relaxed) & FAILURE_GATE == 0;
+        if gated
+            && sent_ns >= self.gated_at.load(Ordering::Relaxed)
+            && sent_ns < self.gate_end.load(Ordering::Relaxed)
+        {
             return None;
         }
         let strikes = match self.strikes_so_far(rule) {

@@ -365,22 +365,36 @@ async fn a_client_that_stalls_gates_no_instance() {
 
 /// Weights 3:1 (an xDS locality's or endpoint's) on a busy client, measured beside two
 /// spinning processes: one caller, one call at a time, over two instances answering in 0.7
-/// to 0.9 ms; a share of the calls (5% to 24%) held up 1 to 9 ms more by the client itself,
-/// the next call held up too with chance 0.3 or 0.6 after a held one (the hold-ups come in
-/// bursts). 8,000 calls, 12 seeds each: the heavier instance's share stays within 5 points of
-/// 75%, for the default and for least pending.
+/// to 0.9 ms; a share of the calls (5% to 40%) held up 1 to 9 ms more by the client itself,
+/// the next call held up too with chance 0.3, 0.6 or 0.9 after a held one (the hold-ups come
+/// in bursts, or in spells of ten). 8,000 calls, 12 seeds each: the heavier instance's share
+/// stays within 5 points of 75%, for the default and (but in the spells) for least pending.
 ///
 /// What held the default's share there (docs/design.md, "A busy client's gates"): a slow
-/// answer right after another instance's slow one lengthens no run, a call sent while gated
-/// is no re-check, and a gate that proves false on a noisy client owes back the turns it
-/// cost. Without the first and the last the default's share went down to 58.6% in one run;
+/// answer right after another instance's slow one starts the run of slow answers again, a
+/// call sent while gated leaves the gate as it was, and a gate that proves false on a noisy
+/// client owes back the turns it cost. Without the first and the last the default's share went down to 58.6% in one run;
 /// with the repayment alone to 67.5%, with the shared rule alone to 68.6%.
 #[cfg(feature = "xds")]
 #[tokio::test]
 async fn weights_hold_on_a_busy_client() {
     let mut misses = Vec::new();
     for strategy in [Strategy::FewestThenFastest, Strategy::LeastPending] {
-        for (held_share, burst) in [(0.05, 0.3), (0.12, 0.3), (0.24, 0.3), (0.24, 0.6)] {
+        let cases = [
+            (0.05, 0.3),
+            (0.12, 0.3),
+            (0.24, 0.3),
+            (0.24, 0.6),
+            (0.24, 0.9),
+            (0.4, 0.9),
+        ];
+        for (held_share, burst) in cases {
+            // Least pending gates at every slow answer: in long spells (ten held calls in a
+            // row on average) the lighter instance's gates, three times as long, gave the
+            // heavier one up to 82%.
+            if burst > 0.6 && strategy == Strategy::LeastPending {
+                continue;
+            }
             // A held call follows a free one with this chance, so that `held_share` of the
             // calls are held.
             let start = held_share * (1.0 - burst) / (1.0 - held_share);

@@ -325,8 +325,9 @@ fn a_gate_weighs_calls_only_once_chance_is_known() {
     assert!(t.weight(3_000) > WEIGHT_ONE);
 }
 
-/// A slow answer right after another instance's slow answer lengthens no run: a busy client
-/// holds up whatever answers are on their way, whichever instance sent them. Two instances
+/// A slow answer right after another instance's slow answer starts the run of slow answers
+/// again: a busy client holds up whatever answers are on their way, whichever instance sent
+/// them. Two instances
 /// whose slow answers come by turns are not gated; one whose slow answers come between the
 /// other's fast answers is, at its second in a row.
 #[test]
@@ -356,10 +357,10 @@ fn slowness_the_instances_share_gates_none() {
     assert!(a.observe_gated(15.0 * MS, 5.0 * MS, 4_000, 5_000, rule, &quiet) > 0);
 }
 
-/// A slow answer to a call sent while the instance was still gated (it went there because
-/// every instance was gated, or the open ones were busy) is no slow re-check: the gate is
-/// not doubled for it. A slow answer to a call sent after the gate ended is one, and doubles
-/// it.
+/// A slow answer to a call sent while the instance was gated (it went there because every
+/// instance was gated, or the open ones were busy) is no slow re-check: the gate stays as it
+/// was, neither set afresh nor doubled. A slow answer to a call sent after the gate ended is
+/// one: the long minimum, doubled.
 #[test]
 fn only_a_call_sent_after_the_gate_is_a_re_check() {
     let rule = GateRule::FEWEST_THEN_FASTEST;
@@ -369,15 +370,17 @@ fn only_a_call_sent_after_the_gate_is_a_re_check() {
     t.observe_gated(15.0 * MS, 5.0 * MS, 1_000, 2_000, rule, &quiet);
     let first = t.observe_gated(15.0 * MS, 5.0 * MS, 2_000, 3_000, rule, &quiet);
     assert_eq!(first - 3_000, (10.0 * 5.0 * MS) as u64);
-    let long = (200.0 * 5.0 * MS) as u64;
-    // Sent while gated: the long minimum (a third slow answer in a row), not doubled.
-    let until = t.observe_gated(15.0 * MS, 5.0 * MS, 3_500, 4_000, rule, &quiet);
-    assert_eq!(until - 4_000, long);
-    // Sent after that gate ended: a slow re-check, doubled.
-    let (sent, at) = (until + 1, until + 1_000);
+    // Sent while gated: the gate stays.
+    assert_eq!(
+        t.observe_gated(15.0 * MS, 5.0 * MS, 3_500, 4_000, rule, &quiet),
+        0
+    );
+    assert_eq!(t.recheck_at.load(Ordering::Relaxed), first);
+    // Sent after that gate ended: a slow re-check.
+    let (sent, at) = (first + 1, first + 1_000);
     assert_eq!(
         t.observe_gated(15.0 * MS, 5.0 * MS, sent, at, rule, &quiet) - at,
-        2 * long
+        2 * (200.0 * 5.0 * MS) as u64
     );
 }
 
