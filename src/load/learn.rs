@@ -451,9 +451,9 @@ impl TieBreak {
         }
         // A call sent to it while it was gated for slowness went there because every instance
         // was gated or the open ones were busy (a busy client's slow spell gates them all):
-        // its slow answer leaves the gate as it is, to end when set and be re-checked then. Each such
-        // answer set the gate afresh at the long minimum, doubled: one instance stayed gated
-        // for 5 s by seven of them in a row while calls went on to it, a share lost.
+        // its slow answer leaves the gate as it is, to end when set and be re-checked then.
+        // Each such answer set the gate afresh at the long minimum, doubled: one instance
+        // stayed gated for 5 s by seven of them in a row while calls went on to it.
         let gated = self.recheck_at.load(Ordering::Relaxed) != 0
             && self.strikes.load(Ordering::Relaxed) & FAILURE_GATE == 0;
         if gated
@@ -464,10 +464,8 @@ impl TieBreak {
         }
         let strikes = match self.strikes_so_far(rule) {
             Some(_) if self.recheck_at.load(Ordering::Relaxed) == 0 => 0,
-            // A slow re-check: a call sent once the gate was over. A call sent while it was
-            // still gated went to it because every instance was gated or the open ones were
-            // busy (a busy client's burst of slow answers gates them all): its answer is no
-            // re-check, and its slowness is as likely the client's.
+            // A slow re-check: a call sent once the gate was over (one on its way when the gate
+            // was set adds none; one sent while it was gated returned above).
             Some(n) if sent_ns >= self.gate_end.load(Ordering::Relaxed) => {
                 (n + 1).min(rule.max_strikes)
             }
