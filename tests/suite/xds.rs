@@ -815,7 +815,8 @@ async fn a_stream_that_fails_after_the_wait_for_the_first_answer_says_why() {
     loop {
         let status = call().await;
         if let Some((_, why)) = status.message().split_once("not connected: ") {
-            assert!(why.len() > 2, "{status:?}");
+            // The connection reset, then refused once the listener is gone.
+            assert!(why.contains("transport error"), "{status:?}");
             break;
         }
         assert!(

@@ -210,9 +210,10 @@ pub(crate) struct TieBreak {
     /// that it wins a third as many ties. Folded into `stride` when that is written, so the
     /// pick reads one number.
     pub(super) scale: AtomicU32,
-    /// The turns its pass was moved on by since its gate was set (`Chosen::floor`: an instance
-    /// behind the others is owed at most [`CREDIT`] of the turns it missed): those a gate
-    /// that proves false (see [`TieBreak::owed`]) made it miss.
+    /// The turns its pass was moved on by (`Chosen::floor`: an instance behind the others is
+    /// owed at most [`CREDIT`] of the turns it missed) since its last fast answer while open:
+    /// where a gate came since and proves false (see [`TieBreak::owed`]), the turns it made
+    /// it miss.
     pub(super) forgiven: AtomicU64,
     /// Turns (in pass units) it is owed for a gate that proved false: its first re-check
     /// answered fast. Until they are paid, each tie it wins advances its pass by half its

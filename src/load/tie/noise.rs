@@ -12,7 +12,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// ([`Noise::run_for`]). An instance that is slow, rather than unlucky, answers slowly
 /// every time, and only its first slow answer counts here, so it does not raise the share.
 #[derive(Debug, Default)]
-pub(crate) struct Noise(AtomicU64, AtomicU64);
+pub(crate) struct Noise {
+    /// The share of slow answers (`f32` bits, low half) and the answers counted, up to
+    /// [`NOISE_WINDOW`] (high half): see [`observe`](Self::observe).
+    average: AtomicU64,
+    /// The instance whose answer was the channel's last and slow (its record's address), 0
+    /// if the last answer was fast: see [`slow_shared`](Self::slow_shared).
+    last_slow: AtomicU64,
+}
 
 /// [`Noise`]'s average starts as if it had seen this many fast answers, and weighs each new
 /// answer as one of those seen (the plain mean) until it has seen [`NOISE_WINDOW`] in all;
@@ -37,7 +44,7 @@ impl Noise {
     /// [`observe`](Self::observe)).
     #[inline]
     pub(in crate::load) fn word(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.average.load(Ordering::Relaxed)
     }
 
     /// An answer that counts (its instance's previous answer was fast): `slow` or not. The
@@ -54,7 +61,7 @@ impl Noise {
         let step = 1.0 / (NOISE_PRIOR + counted).min(NOISE_WINDOW) as f32;
         let share = share + step * (f32::from(u8::from(slow)) - share);
         let share = if share <= NOISE_FLOOR { 0.0 } else { share };
-        self.0.store(
+        self.average.store(
             (u64::from(counted) << 32) | u64::from(share.to_bits()),
             Ordering::Relaxed,
         );
@@ -63,7 +70,7 @@ impl Noise {
     /// The share of answers slow by chance.
     #[cfg(test)]
     pub(crate) fn share(&self) -> f64 {
-        f64::from(f32::from_bits(self.0.load(Ordering::Relaxed) as u32))
+        f64::from(f32::from_bits(self.average.load(Ordering::Relaxed) as u32))
     }
 
     /// Whether the average in `word` has counted [`NOISE_KNOWN`] answers: whether the channel
@@ -90,7 +97,7 @@ impl Noise {
     /// spinning processes: one answer in four was held up, often several in a row).
     #[inline]
     pub(in crate::load) fn slow_shared(&self, tag: u64) -> bool {
-        let before = self.1.swap(tag, Ordering::Relaxed);
+        let before = self.last_slow.swap(tag, Ordering::Relaxed);
         before != 0 && before != tag
     }
 
@@ -98,22 +105,22 @@ impl Noise {
     /// fast (written only where it was slow, so a quiet channel writes nothing).
     #[inline]
     pub(in crate::load) fn fast(&self) {
-        if self.1.load(Ordering::Relaxed) != 0 {
-            self.1.store(0, Ordering::Relaxed);
+        if self.last_slow.load(Ordering::Relaxed) != 0 {
+            self.last_slow.store(0, Ordering::Relaxed);
         }
     }
 
     /// For fixtures (the benchmarks' fleet, tests): as if the channel had seen a window of
     /// answers, all fast.
     pub(crate) fn settle_quiet(&self) {
-        self.0
+        self.average
             .store(u64::from(NOISE_WINDOW) << 32, Ordering::Relaxed);
     }
 
     /// For tests: as if the channel had seen a window of answers, `share` of them slow.
     #[cfg(test)]
     pub(crate) fn settle_at(&self, share: f32) {
-        self.0.store(
+        self.average.store(
             (u64::from(NOISE_WINDOW) << 32) | u64::from(share.to_bits()),
             Ordering::Relaxed,
         );
@@ -122,7 +129,7 @@ impl Noise {
     /// [`run_for`](Self::run_for) the average as it is now.
     #[cfg(test)]
     pub(crate) fn run_to_gate(&self) -> u32 {
-        Self::run_for(self.0.load(Ordering::Relaxed))
+        Self::run_for(self.average.load(Ordering::Relaxed))
     }
 
     /// The slow answers in a row that a gate waiting for confirmation waits for, where the
